@@ -1,0 +1,117 @@
+"""The one typed settings object of metrics-lake.
+
+Values come from, highest priority first: keyword arguments, ``LAKE_*``
+environment variables, a ``lake.toml`` in the working directory, then the
+defaults below. A bad value fails at start with the variable's name (pydantic
+reports the field; :func:`load_settings` turns it into ``LAKE_<FIELD>``).
+Secrets are :class:`pydantic.SecretStr` so they never print.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names the ``LAKE_*`` variable."""
+
+
+class LakeSettings(BaseSettings):
+    """Configuration for every lake command (see DESIGN.md §4, Configuration)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True
+    )
+
+    root: str = Field(
+        "./lakehouse",
+        description="Where the lake lives: a local directory or s3://bucket/prefix.",
+    )
+    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS); unset for AWS.")
+    s3_access_key: SecretStr | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_region: str = "us-east-1"
+    checkpoint_dir: str = Field(
+        "./lakehouse/_checkpoints",
+        description="Spark streaming checkpoints. Always a local or shared file system path, "
+        "never s3:// (Spark checkpoints go through Hadoop's FileSystem).",
+    )
+    spark_master: str = "local[*]"
+    topic: str = Field("metrics", pattern=r"^[a-z0-9_.-]{1,64}$")
+    partitions: int = Field(4, ge=1, le=1024, description="Partitions of a newly created topic.")
+    segment_roll_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Producer flushes a partition once its buffer holds this many bytes."
+    )
+    segment_roll_ms: int = Field(
+        1000, ge=10, description="Producer flushes a partition buffer at the latest after this many ms."
+    )
+    watermark_seconds: int = Field(120, ge=0, description="Event-time lateness the speed layer waits for.")
+    max_records_per_batch: int = Field(
+        1_000_000, ge=1, description="Most log records one micro-batch reads (Spark read limit)."
+    )
+    trigger_seconds: float = Field(5.0, gt=0, description="Micro-batch interval of `lake stream`.")
+    shuffle_partitions: int = Field(
+        4, ge=1, description="spark.sql.shuffle.partitions for new streaming checkpoints (fixed once a query has run)."
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _check_root(cls, value: str) -> str:
+        if "://" in value and not value.startswith("s3://"):
+            raise ValueError(f"{value!r} is not a supported root; use a local path or s3://bucket/prefix")
+        return value.rstrip("/") or "/"
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _check_checkpoint_dir(cls, value: str) -> str:
+        if "://" in value:
+            raise ValueError("must be a local or shared file system path (Spark checkpoints use Hadoop's FileSystem)")
+        return value
+
+    @property
+    def is_s3(self) -> bool:
+        """True when the lake lives in S3-compatible object storage."""
+        return self.root.startswith("s3://")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The checkpoint directory as an absolute local path."""
+        return Path(self.checkpoint_dir).expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment overrides ``lake.toml``; explicit arguments override both."""
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(**overrides) -> LakeSettings:
+    """Build :class:`LakeSettings`, turning validation errors into :class:`ConfigError`.
+
+    ``overrides`` with value ``None`` are ignored, so CLI flags can pass
+    through unset options. Raises :class:`ConfigError` naming each bad
+    ``LAKE_*`` variable and why it is bad.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return LakeSettings(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,127 @@
+"""Segment objects: immutable Parquet files holding a dense run of offsets.
+
+A segment is named by its zero-padded base offset
+(``00000000000000001234.parquet``) and holds :data:`lake_schemas.LOG_RECORD`
+rows; row ``i`` has offset ``base_offset + i``, so offsets are not stored.
+Its Parquet key-value metadata repeats what the partition index says about it
+(base offset, event-time range, producer id/sequence, append time), so the
+index can always be rebuilt from the segments alone.
+
+Format choice (bench/segment_format.py, 50k simulator events): Parquet+zstd
+is 12.5 bytes/event against 24.7 for Arrow IPC+zstd and 39.2 for IPC+lz4,
+and still encodes 3.3 M events/s and decodes 12 M events/s on one core,
+above the pipeline's 1 M events/s target. On object storage bytes are what
+cost (transfer, storage, request size), so Parquet wins.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lake_schemas import LOG_RECORD
+
+SEGMENT_SUFFIX = ".parquet"
+OFFSET_DIGITS = 20  # enough for any int64 offset, so names sort numerically
+_META_KEY = b"lake.segment"
+
+
+def segment_name(base_offset: int) -> str:
+    """File name of the segment starting at ``base_offset``."""
+    return f"{base_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Base offset encoded in ``name``, or ``None`` if it is not a segment name."""
+    stem = name.removesuffix(SEGMENT_SUFFIX)
+    if name.endswith(SEGMENT_SUFFIX) and len(stem) == OFFSET_DIGITS and stem.isdigit():
+        return int(stem)
+    return None
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """What the index records about one segment.
+
+    Offsets are ``[base_offset, end_offset)``; times are epoch milliseconds
+    (``min_ts``/``max_ts`` are event time over valid records, ``None`` if the
+    segment holds only rejects); ``size_bytes`` is the object size.
+    """
+
+    base_offset: int
+    end_offset: int
+    min_ts: int | None
+    max_ts: int | None
+    appended_at: int
+    size_bytes: int
+    producer_id: str | None = None
+    producer_seq: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The segment's file name."""
+        return segment_name(self.base_offset)
+
+    @property
+    def record_count(self) -> int:
+        """Records in the segment."""
+        return self.end_offset - self.base_offset
+
+    def to_json(self) -> dict:
+        """JSON-ready dict."""
+        return asdict(self)
+
+
+def encode_segment(
+    records: pa.Table,
+    *,
+    base_offset: int,
+    appended_at: int,
+    producer_id: str | None,
+    producer_seq: int | None,
+) -> tuple[bytes, SegmentInfo]:
+    """Serialise ``records`` (:data:`LOG_RECORD` rows) as a segment.
+
+    Returns the bytes and the :class:`SegmentInfo` for the index. Raises
+    ``ValueError`` if ``records`` is empty or does not match the schema.
+    """
+    if records.num_rows == 0:
+        raise ValueError("a segment must hold at least one record")
+    if not records.schema.equals(LOG_RECORD, check_metadata=False):
+        raise ValueError(f"records do not match LOG_RECORD:\n{records.schema}")
+    ts = pc.min_max(records.column("ts").cast(pa.int64()))
+    min_ts, max_ts = ts["min"].as_py(), ts["max"].as_py()
+    info = SegmentInfo(
+        base_offset=base_offset,
+        end_offset=base_offset + records.num_rows,
+        min_ts=min_ts,
+        max_ts=max_ts,
+        appended_at=appended_at,
+        size_bytes=0,
+        producer_id=producer_id,
+        producer_seq=producer_seq,
+    )
+    meta = {_META_KEY: json.dumps(info.to_json()).encode()}
+    sink = io.BytesIO()
+    pq.write_table(records.replace_schema_metadata(meta), sink, compression="zstd")
+    data = sink.getvalue()
+    return data, SegmentInfo(**{**info.to_json(), "size_bytes": len(data)})
+
+
+def read_segment_info(source, size_bytes: int) -> SegmentInfo:
+    """Recover a segment's :class:`SegmentInfo` from its Parquet footer alone."""
+    metadata = pq.read_metadata(source).metadata or {}
+    if _META_KEY not in metadata:
+        raise ValueError("not a lake segment: footer lacks lake.segment metadata")
+    fields = json.loads(metadata[_META_KEY])
+    return SegmentInfo(**{**fields, "size_bytes": size_bytes})
+
+
+def decode_segment(source) -> pa.Table:
+    """Read a segment's records (:data:`LOG_RECORD`, without offsets)."""
+    return pq.read_table(source, schema=LOG_RECORD).replace_schema_metadata(None)

@@ -1,0 +1,232 @@
+"""Delta tables of the lake, through delta-rs (``deltalake``).
+
+Every table lives at ``<LAKE_ROOT>/tables/<name>`` with the schema and
+partition columns declared in :mod:`lake_schemas`. The exactly-once commit
+path is here:
+
+- :func:`commit_files` commits data files written elsewhere (by Spark
+  executors) as one Delta version carrying the transaction action
+  ``txn(appId, version=batchId)``;
+- :func:`merge_rows` upserts rows by key in one Delta version with the same
+  kind of transaction action.
+
+Both first read ``transaction_version(appId)`` and do nothing when it is
+already ``>= batchId``: exactly how Delta-Spark's streaming sink skips a
+micro-batch it has committed before (DeltaSink.addBatch, Delta PROTOCOL.md
+"Transaction Identifiers"). The check and the commit are not one atomic step,
+which is safe because one streaming query (one appId) commits its batches
+sequentially.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction
+
+from lake.storage import LocalStore
+from lake_schemas import TABLES
+
+
+def table_uri(store: LocalStore, name: str) -> str:
+    """URI of table ``name`` for delta-rs and Spark readers."""
+    return store.uri(f"tables/{name}")
+
+
+def ensure_table(store: LocalStore, name: str) -> DeltaTable:
+    """Open table ``name``, creating it empty (schema from :mod:`lake_schemas`) if absent.
+
+    Raises ``KeyError`` for a name not declared in :data:`lake_schemas.TABLES`.
+    """
+    schema, partition_by = TABLES[name]
+    uri = table_uri(store, name)
+    try:
+        return DeltaTable(uri, storage_options=store.storage_options())
+    except TableNotFoundError:
+        return DeltaTable.create(
+            uri, schema, mode="ignore", partition_by=partition_by, name=name,
+            storage_options=store.storage_options(),
+        )
+
+
+def open_table(store: LocalStore, name: str, version: int | None = None) -> DeltaTable:
+    """Open an existing table, optionally at ``version`` (time travel).
+
+    Raises ``deltalake.exceptions.TableNotFoundError`` if it does not exist.
+    """
+    return DeltaTable(table_uri(store, name), version=version, storage_options=store.storage_options())
+
+
+def list_tables(store: LocalStore) -> list[str]:
+    """Names of tables that exist under ``tables/``."""
+    return [name for name in store.list("tables") if store.exists(f"tables/{name}/_delta_log")]
+
+
+def committed_batch(table: DeltaTable, app_id: str) -> int:
+    """Highest batch id committed by ``app_id`` (``-1`` if none)."""
+    version = table.transaction_version(app_id)
+    return -1 if version is None else int(version)
+
+
+def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
+        custom_metadata={"lake.operation": operation, "lake.appId": app_id, "lake.batchId": str(batch_id)},
+    )
+
+
+def commit_files(store: LocalStore, name: str, actions: list[AddAction], *, app_id: str, batch_id: int) -> bool:
+    """Commit ``actions`` (files already written under the table) for one micro-batch.
+
+    Returns False, committing nothing, if ``app_id`` already committed
+    ``batch_id`` or later; True after committing one Delta version. An empty
+    ``actions`` list still commits, so the batch id is recorded.
+    """
+    table = ensure_table(store, name)
+    if committed_batch(table, app_id) >= batch_id:
+        return False
+    schema, partition_by = TABLES[name]
+    table.create_write_transaction(
+        actions,
+        mode="append",
+        schema=schema,
+        partition_by=partition_by,
+        commit_properties=_commit_properties(app_id, batch_id, "STREAMING UPDATE"),
+    )
+    return True
+
+
+def merge_rows(store: LocalStore, name: str, rows: pa.Table, key: list[str], *, app_id: str, batch_id: int) -> bool:
+    """Upsert ``rows`` into table ``name`` by ``key`` columns for one micro-batch.
+
+    Matching rows are replaced whole, new keys inserted. Returns False,
+    changing nothing, if ``app_id`` already committed ``batch_id``.
+    """
+    table = ensure_table(store, name)
+    if committed_batch(table, app_id) >= batch_id:
+        return False
+    schema, partition_by = TABLES[name]
+    rows = rows.select(schema.names).cast(schema)
+    predicate = " AND ".join(f"t.`{column}` = s.`{column}`" for column in key)
+    # Literal partition filter so delta-rs prunes files of untouched days.
+    for column in partition_by:
+        values = ", ".join(f"'{value}'" for value in pc.unique(rows.column(column)).to_pylist())
+        predicate += f" AND t.`{column}` IN ({values})"
+    (
+        table.merge(
+            rows, predicate, source_alias="s", target_alias="t",
+            commit_properties=_commit_properties(app_id, batch_id, "STREAMING MERGE"),
+        )
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute()
+    )
+    return True
+
+
+def _stat_value(value):
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def file_stats(data: pa.Table) -> str:
+    """Delta ``stats`` JSON for a data file (PROTOCOL.md "Per-file Statistics").
+
+    ``numRecords`` and ``nullCount`` for every column; ``minValues`` and
+    ``maxValues`` for numeric and date columns, and for timestamps rounded
+    outward to milliseconds (the precision Delta stats carry), so a
+    reader's data skipping never excludes a file that holds a match.
+    """
+    stats: dict = {"numRecords": data.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for field in data.schema:
+        column = data.column(field.name)
+        if pa.types.is_map(field.type) or pa.types.is_nested(field.type):
+            continue
+        stats["nullCount"][field.name] = column.null_count
+        if data.num_rows == column.null_count:
+            continue
+        if pa.types.is_timestamp(field.type):
+            as_ms = column.cast(pa.timestamp("us", tz="UTC"))
+            lo = pc.floor_temporal(pc.min(as_ms), unit="millisecond")
+            hi = pc.ceil_temporal(pc.max(as_ms), unit="millisecond")
+            stats["minValues"][field.name] = _stat_value(lo.as_py())
+            stats["maxValues"][field.name] = _stat_value(hi.as_py())
+        elif pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_date(field.type):
+            bounds = pc.min_max(column)
+            lo, hi = _stat_value(bounds["min"].as_py()), _stat_value(bounds["max"].as_py())
+            if lo is not None and hi is not None:
+                stats["minValues"][field.name] = lo
+                stats["maxValues"][field.name] = hi
+    return json.dumps(stats)
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A data file written for table ``table``, ready to commit (picklable for Spark)."""
+
+    table: str
+    path: str
+    size: int
+    partition_values: dict[str, str]
+    stats: str
+    modification_time: int
+
+    def add_action(self) -> AddAction:
+        """The Delta ``add`` action for this file."""
+        return AddAction(
+            self.path, self.size, self.partition_values, self.modification_time, True, self.stats
+        )
+
+
+def write_data_files(store: LocalStore, name: str, data: pa.Table) -> list[WrittenFile]:
+    """Write ``data`` (the table's full schema) as Parquet files, one per partition value.
+
+    Partition columns are dropped from the files and recorded as partition
+    values (Delta convention). Files get unique names, so a retried Spark
+    task never clobbers another attempt's file; files never committed stay
+    invisible and are removed by VACUUM. Returns one :class:`WrittenFile` per
+    file.
+    """
+    schema, partition_by = TABLES[name]
+    data = data.select(schema.names).cast(schema)
+    if data.num_rows == 0:
+        return []
+    groups = data.group_by(partition_by).aggregate([]).to_pylist() if partition_by else [{}]
+    written = []
+    for group in groups:
+        part = data
+        for column, value in group.items():
+            part = part.filter(pc.equal(part.column(column), pa.scalar(value, schema.field(column).type)))
+        values = {column: _stat_value(value) for column, value in group.items()}
+        directory = "/".join(f"{column}={value}" for column, value in values.items())
+        relative = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
+        body = part.drop_columns(partition_by)
+        key = f"tables/{name}/{relative}"
+        store.path(key).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(body, store.path(key), compression="zstd")
+        written.append(
+            WrittenFile(
+                table=name,
+                path=relative,
+                size=store.size(key),
+                partition_values={k: str(v) for k, v in values.items()},
+                stats=file_stats(body),
+                modification_time=int(time.time() * 1000),
+            )
+        )
+    return written

@@ -1,0 +1,124 @@
+"""Every schema of metrics-lake, declared once as pyarrow schemas.
+
+The log record schema (what a segment holds) and each Delta table's schema are
+module constants here; Spark ``StructType`` versions are derived with
+:func:`spark_schema` so the two can never drift apart.
+
+Units: every timestamp is UTC. Event time in the log is millisecond precision;
+Delta tables store microseconds because that is the Delta protocol's
+``timestamp`` type (Delta PROTOCOL.md, "Primitive Types").
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+UTC_MS = pa.timestamp("ms", tz="UTC")
+UTC_US = pa.timestamp("us", tz="UTC")
+TAGS = pa.map_(pa.string(), pa.string())
+
+#: One metric event as producers hand it to the log (before an offset exists).
+#: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and
+#: a ``reason`` and may have any other field null, so nothing is dropped.
+LOG_RECORD = pa.schema(
+    [
+        pa.field("ts", UTC_MS),
+        pa.field("server", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("tags", TAGS),
+        pa.field("raw", pa.string()),
+        pa.field("reason", pa.string()),
+    ]
+)
+
+#: What the consumer API and the Spark log source yield: a log record plus its
+#: position. ``offset`` is dense per (topic, partition); ``ingested_at`` is the
+#: wall-clock time its segment was appended.
+LOG_ROW = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        *LOG_RECORD,
+        pa.field("ingested_at", UTC_MS, nullable=False),
+    ]
+)
+
+#: ``tables/bronze_events``: every valid event exactly once.
+BRONZE_EVENTS = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("ts", UTC_US),
+        pa.field("server", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("tags", TAGS),
+        pa.field("ingested_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+BRONZE_EVENTS_PARTITION_BY = ["event_date"]
+
+#: ``tables/quarantine_events``: every rejected payload, with its reason and
+#: source position. Partitioned by the day it was ingested (event time may be
+#: missing or unparseable).
+QUARANTINE_EVENTS = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("raw", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("ingested_at", UTC_US),
+        pa.field("ingest_date", pa.date32()),
+    ]
+)
+QUARANTINE_EVENTS_PARTITION_BY = ["ingest_date"]
+
+#: ``tables/metric_windows_1m``: one row per (metric, server, window_start) of
+#: a 1-minute event-time tumbling window. ``sketch`` is a serialized Apache
+#: DataSketches KLL doubles sketch (Spark's ``kll_sketch_agg_double``, k=200),
+#: mergeable across windows and servers; p50/p95/p99 are read from it.
+METRIC_WINDOWS_1M = pa.schema(
+    [
+        pa.field("metric", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("window_start", UTC_US),
+        pa.field("window_end", UTC_US),
+        pa.field("count", pa.int64()),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("avg", pa.float64()),
+        pa.field("p50", pa.float64()),
+        pa.field("p95", pa.float64()),
+        pa.field("p99", pa.float64()),
+        pa.field("sketch", pa.binary()),
+        pa.field("updated_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+METRIC_WINDOWS_1M_PARTITION_BY = ["event_date"]
+METRIC_WINDOWS_1M_KEY = ["event_date", "metric", "server", "window_start"]
+
+#: Table name -> (schema, partition columns), for creating and listing tables.
+TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
+    "bronze_events": (BRONZE_EVENTS, BRONZE_EVENTS_PARTITION_BY),
+    "quarantine_events": (QUARANTINE_EVENTS, QUARANTINE_EVENTS_PARTITION_BY),
+    "metric_windows_1m": (METRIC_WINDOWS_1M, METRIC_WINDOWS_1M_PARTITION_BY),
+}
+
+
+def spark_schema(schema: pa.Schema):
+    """Derive a Spark ``StructType`` from one of the pyarrow schemas above.
+
+    Timestamps with a zone become Spark ``TIMESTAMP`` (UTC instants), not
+    ``TIMESTAMP_NTZ``. Imports pyspark lazily so non-Spark users (agents,
+    the log) never pay for it.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(schema, prefer_timestamp_ntz=False)

@@ -1,0 +1,159 @@
+"""The event contract (DESIGN.md §4) and its validator.
+
+One event is a JSON object::
+
+    {"ts": ISO-8601 string with a zone, or epoch milliseconds (int),
+     "server": str of 1..128 chars,
+     "metric": str matching [a-z0-9_.]{1,128},
+     "value": finite number,
+     "tags": {str: str}  (optional)}
+
+Unknown extra fields are ignored (forward compatibility). An event that breaks
+the contract is never dropped: :func:`to_log_records` turns it into a log
+record with the raw payload and a reason ``"<code>: <detail>"`` where code is
+one of :data:`REASON_CODES`, and the pipeline routes it to
+``quarantine_events``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+
+from lake_schemas import LOG_RECORD
+
+METRIC_NAME = re.compile(r"[a-z0-9_.]{1,128}")
+MAX_SERVER_LEN = 128
+# Plausible event-time range, epoch ms: catches seconds sent as milliseconds.
+MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+MAX_TS_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
+
+REASON_CODES = (
+    "invalid_json",
+    "not_an_object",
+    "missing_field",
+    "wrong_type",
+    "non_finite_value",
+    "bad_metric_name",
+    "bad_server",
+    "bad_timestamp",
+    "bad_tags",
+)
+
+
+class ContractViolation(ValueError):
+    """An event breaks the contract; ``reason`` is ``"<code>: <detail>"``."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        assert code in REASON_CODES, code
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.reason = f"{code}: {detail}"
+
+
+def _parse_ts(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ContractViolation("wrong_type", "ts must be an ISO-8601 string or epoch milliseconds, got bool")
+    if isinstance(value, int):
+        ms = value
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            raise ContractViolation("bad_timestamp", f"{value[:64]!r} is not ISO-8601") from None
+        if parsed.tzinfo is None:
+            raise ContractViolation("bad_timestamp", f"{value[:64]!r} has no time zone")
+        ms = int(parsed.timestamp() * 1000)
+    else:
+        raise ContractViolation(
+            "wrong_type", f"ts must be an ISO-8601 string or epoch milliseconds, got {type(value).__name__}"
+        )
+    if not MIN_TS_MS <= ms < MAX_TS_MS:
+        raise ContractViolation("bad_timestamp", f"{value!r} is outside 2000..2100 (epoch milliseconds expected)")
+    return ms
+
+
+def validate_event(event: Any) -> dict:
+    """Check one decoded event against the contract.
+
+    Returns ``{"ts": epoch ms, "server", "metric", "value": float, "tags":
+    list of (key, value) or None}``. Raises :class:`ContractViolation`.
+    """
+    if not isinstance(event, dict):
+        raise ContractViolation("not_an_object", f"expected a JSON object, got {type(event).__name__}")
+    for name in ("ts", "server", "metric", "value"):
+        if name not in event or event[name] is None:
+            raise ContractViolation("missing_field", name)
+    ts = _parse_ts(event["ts"])
+    server = event["server"]
+    if not isinstance(server, str):
+        raise ContractViolation("wrong_type", f"server must be a string, got {type(server).__name__}")
+    if not 1 <= len(server) <= MAX_SERVER_LEN:
+        raise ContractViolation("bad_server", f"length {len(server)} not in 1..{MAX_SERVER_LEN}")
+    metric = event["metric"]
+    if not isinstance(metric, str):
+        raise ContractViolation("wrong_type", f"metric must be a string, got {type(metric).__name__}")
+    if not METRIC_NAME.fullmatch(metric):
+        raise ContractViolation("bad_metric_name", f"{metric[:64]!r} does not match [a-z0-9_.]{{1,128}}")
+    value = event["value"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ContractViolation("wrong_type", f"value must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ContractViolation("non_finite_value", repr(value))
+    tags = event.get("tags")
+    if tags is not None:
+        if not isinstance(tags, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise ContractViolation("bad_tags", "tags must be an object of string to string")
+        tags = list(tags.items())
+    return {"ts": ts, "server": server, "metric": metric, "value": value, "tags": tags}
+
+
+def _reject_constant(token: str) -> float:
+    # json.loads accepts NaN/Infinity by default; keep them so they are
+    # quarantined as non-finite values rather than as invalid JSON.
+    return float(token)
+
+
+def parse_payload(payload: str | bytes | dict) -> dict:
+    """Decode (if needed) and validate one event; raises :class:`ContractViolation`."""
+    if isinstance(payload, str | bytes):
+        try:
+            payload = json.loads(payload, parse_constant=_reject_constant)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ContractViolation("invalid_json", str(exc)) from None
+    return validate_event(payload)
+
+
+def _raw_text(payload: str | bytes | dict) -> str:
+    if isinstance(payload, bytes):
+        return payload.decode("utf-8", errors="backslashreplace")
+    if isinstance(payload, str):
+        return payload
+    return json.dumps(payload, default=str, allow_nan=True)
+
+
+def to_log_records(payloads: list[str | bytes | dict]) -> pa.Table:
+    """Validate ``payloads`` into a :data:`LOG_RECORD` table, keeping input order.
+
+    Valid events fill ts/server/metric/value/tags with ``raw``/``reason``
+    null; rejected ones carry ``raw`` (the payload as text) and ``reason``.
+    Never raises for bad events.
+    """
+    columns: dict[str, list] = {name: [] for name in LOG_RECORD.names}
+    for payload in payloads:
+        try:
+            event = parse_payload(payload)
+        except ContractViolation as violation:
+            event = {"ts": None, "server": None, "metric": None, "value": None, "tags": None}
+            event["raw"], event["reason"] = _raw_text(payload), violation.reason
+        else:
+            event["raw"] = event["reason"] = None
+        for name in LOG_RECORD.names:
+            columns[name].append(event[name])
+    return pa.table(columns, schema=LOG_RECORD)

@@ -1,0 +1,203 @@
+"""The speed layer: log -> bronze/quarantine and 1-minute windows, exactly once.
+
+Two Spark Structured Streaming queries read the same topic (format
+``lakelog``), each with its own checkpoint under ``LAKE_CHECKPOINT_DIR``:
+
+``bronze``
+    log rows -> ``lakebronze`` sink (append): valid events to
+    ``bronze_events``, rejected ones to ``quarantine_events``, each Delta
+    commit carrying ``txn(appId, batchId)``.
+``windows``
+    valid events -> event-time watermark -> 1-minute tumbling windows per
+    (metric, server) with count/sum/min/max and a KLL sketch, in **update**
+    mode -> ``foreachBatch`` upsert into ``metric_windows_1m`` with delta-rs
+    ``merge`` carrying ``txn(appId, batchId)``. Python data source sinks are
+    append-only in Spark 4.2, hence foreachBatch for update mode.
+
+Exactly once: Spark writes a batch's offsets to its offset log before running
+it and re-runs the same batch id with the same offsets after a crash; the
+source returns the same rows (immutable segments); each sink skips a batch id
+its table already recorded for the query's appId. Events later than the
+watermark are in bronze but not in the speed layer's windows; the nightly
+recompute from bronze covers them.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lake.config import LakeSettings
+from lake.log.log import SegmentLog
+from lake.storage import LocalStore, ObjectExistsError, open_store
+from lake.tables import ensure_table, merge_rows
+from lake_schemas import METRIC_WINDOWS_1M_KEY, TABLES
+
+log = logging.getLogger(__name__)
+WINDOWS_TABLE = "metric_windows_1m"
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def query_app_id(checkpoint: Path) -> str:
+    """The appId of the query checkpointed at ``checkpoint``, created on first use.
+
+    It lives inside the checkpoint, so it is stable across restarts and
+    changes only when the checkpoint is deleted, which also restarts batch
+    ids at 0 (the same lifetime Delta-Spark gives its sink's queryId).
+    """
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    store = LocalStore(checkpoint)
+    try:
+        store.create("lake_app_id", f"{checkpoint.name}-{uuid.uuid4().hex}".encode())
+    except ObjectExistsError:
+        pass
+    return store.read("lake_app_id").decode()
+
+
+def log_stream(spark, settings: LakeSettings):
+    """The topic as a streaming DataFrame of log rows."""
+    return (
+        spark.readStream.format("lakelog")
+        .option("root", settings.root)
+        .option("topic", settings.topic)
+        .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
+        .load()
+    )
+
+
+def window_aggregates(events, watermark_seconds: int):
+    """Streaming 1-minute tumbling-window aggregates of valid events.
+
+    Output columns: ``metric, server, window (struct start,end), count, sum,
+    min, max, sketch`` (KLL doubles sketch, binary).
+    """
+    from pyspark.sql import functions as F
+
+    return (
+        events.where(F.col("reason").isNull())
+        .withWatermark("ts", f"{watermark_seconds} seconds")
+        .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum("value").alias("sum"),
+            F.min("value").alias("min"),
+            F.max("value").alias("max"),
+            F.expr("kll_sketch_agg_double(value)").alias("sketch"),
+        )
+    )
+
+
+def finalize_windows(aggregates):
+    """Add ``avg`` and p50/p95/p99 (read from the sketch) in the table's column order."""
+    from pyspark.sql import functions as F
+
+    quantiles = ", ".join(f"{q}D" for q in QUANTILES)
+    return (
+        aggregates.withColumn("q", F.expr(f"kll_sketch_get_quantile_double(sketch, array({quantiles}))"))
+        .select(
+            "metric",
+            "server",
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "count",
+            "sum",
+            "min",
+            "max",
+            (F.col("sum") / F.col("count")).alias("avg"),
+            F.col("q")[0].alias("p50"),
+            F.col("q")[1].alias("p95"),
+            F.col("q")[2].alias("p99"),
+            "sketch",
+            F.current_timestamp().alias("updated_at"),
+            F.to_date("window.start").alias("event_date"),
+        )
+    )
+
+
+def upsert_windows(store: LocalStore, app_id: str) -> Callable:
+    """foreachBatch function: merge a batch's updated windows into ``metric_windows_1m``.
+
+    The batch is always computed (so Spark's state store commits its
+    version) but only merged if this appId has not committed ``batch_id``.
+    """
+
+    def upsert(batch_df, batch_id: int) -> None:
+        rows = finalize_windows(batch_df).toArrow()
+        if rows.num_rows:
+            merge_rows(store, WINDOWS_TABLE, rows, METRIC_WINDOWS_1M_KEY, app_id=app_id, batch_id=batch_id)
+
+    return upsert
+
+
+@dataclass
+class StreamHandles:
+    """The two running queries."""
+
+    bronze: object
+    windows: object
+
+    def all(self) -> list:
+        """Both queries."""
+        return [self.bronze, self.windows]
+
+
+def start_queries(spark, settings: LakeSettings, *, once: bool) -> StreamHandles:
+    """Start the bronze and windows queries for ``settings.topic``.
+
+    ``once``: ``availableNow`` trigger (process everything available, in
+    batches of at most ``max_records_per_batch``, then stop); otherwise a
+    processing-time trigger every ``trigger_seconds``.
+    """
+    store = open_store(settings)
+    SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
+    for name in TABLES:
+        ensure_table(store, name)
+    base = settings.checkpoint_path / settings.topic
+
+    def trigger(writer):
+        if once:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=f"{settings.trigger_seconds} seconds")
+
+    events = log_stream(spark, settings)
+    bronze = trigger(
+        events.writeStream.format("lakebronze")
+        .queryName(f"bronze[{settings.topic}]")
+        .option("root", settings.root)
+        .option("appId", query_app_id(base / "bronze"))
+        .option("checkpointLocation", str(base / "bronze"))
+    ).start()
+    windows = trigger(
+        window_aggregates(events, settings.watermark_seconds)
+        .writeStream.outputMode("update")
+        .queryName(f"windows[{settings.topic}]")
+        .foreachBatch(upsert_windows(store, query_app_id(base / "windows")))
+        .option("checkpointLocation", str(base / "windows"))
+    ).start()
+    return StreamHandles(bronze, windows)
+
+
+def run_stream(spark, settings: LakeSettings, *, once: bool) -> None:
+    """Run the speed layer; with ``once``, until all available data is processed.
+
+    Without ``once`` it runs until interrupted (Ctrl-C / SIGTERM stop it
+    cleanly between batches) or until a query fails. Raises
+    ``pyspark.errors.StreamingQueryException`` if a query fails.
+    """
+    handles = start_queries(spark, settings, once=once)
+    try:
+        if once:
+            for query in handles.all():
+                query.awaitTermination()
+        else:
+            spark.streams.awaitAnyTermination()
+        for query in handles.all():
+            if query.exception() is not None:
+                raise query.exception()
+    finally:
+        for query in handles.all():
+            if query.isActive:
+                query.stop()

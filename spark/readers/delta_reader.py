@@ -1,0 +1,139 @@
+"""Spark batch reader over a Delta snapshot (format ``lakedelta``).
+
+The driver asks delta-rs for the snapshot's active files (optionally at an
+older ``version``: time travel); executors read those Parquet files with
+pyarrow and add the partition columns from the ``add`` actions' partition
+values (Delta convention: partition columns are not stored in data files).
+
+Options: ``root`` (lake root), ``table`` (a name in
+:data:`lake_schemas.TABLES`), ``version`` (optional int).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from lake.config import load_settings
+from lake.storage import open_store
+from lake.tables import open_table, table_uri
+from lake_schemas import TABLES, spark_schema
+
+FILES_PER_TASK_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One active data file: absolute path and its partition values (as strings)."""
+
+    path: str
+    size: int
+    partition_values: tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True)
+class FileGroup(InputPartition):
+    """The files one Spark task reads."""
+
+    files: tuple[DataFile, ...]
+
+
+def snapshot_files(root: str, table: str, version: int | None) -> list[DataFile]:
+    """Active files of ``table`` at ``version`` (latest if None).
+
+    Raises ``ValueError`` if the table needs reader features this reader
+    does not implement (deletion vectors, column mapping), rather than
+    returning wrong rows.
+    """
+    store = open_store(load_settings(root=root))
+    delta = open_table(store, table, version)
+    features = set(delta.protocol().reader_features or [])
+    unsupported = features & {"deletionVectors", "columnMapping"}
+    if unsupported:
+        raise ValueError(f"table {table} uses reader features this reader lacks: {sorted(unsupported)}")
+    base = table_uri(store, table).rstrip("/")
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
+    files = []
+    for row in actions.to_pylist():
+        path = unquote(row["path"])
+        full = path if "://" in path or path.startswith("/") else f"{base}/{path}"
+        values = tuple(
+            (c.removeprefix("partition."), None if row[c] is None else str(row[c])) for c in partition_columns
+        )
+        files.append(DataFile(full, int(row["size_bytes"]), values))
+    return files
+
+
+def group_files(files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES) -> list[FileGroup]:
+    """Pack files into tasks of about ``target_bytes`` each, in file order."""
+    groups, current, size = [], [], 0
+    for data_file in files:
+        if current and size + data_file.size > target_bytes:
+            groups.append(FileGroup(tuple(current)))
+            current, size = [], 0
+        current.append(data_file)
+        size += data_file.size
+    if current:
+        groups.append(FileGroup(tuple(current)))
+    return groups
+
+
+def read_data_file(data_file: DataFile, schema: pa.Schema) -> pa.Table:
+    """One data file with its partition columns restored, cast to ``schema``."""
+    data = pq.read_table(data_file.path)
+    for name, value in data_file.partition_values:
+        if name not in data.column_names:
+            column = pa.array([value] * data.num_rows, pa.string()).cast(schema.field(name).type)
+            data = data.append_column(name, column)
+    return data.select(schema.names).cast(schema)
+
+
+class DeltaSnapshotReader(DataSourceReader):
+    """Reads the active files of one Delta snapshot."""
+
+    def __init__(self, options, schema: pa.Schema) -> None:
+        self.root = options["root"]
+        self.table = options["table"]
+        self.version = int(options["version"]) if options.get("version") not in (None, "") else None
+        self.arrow_schema = schema
+
+    def partitions(self) -> list[FileGroup]:
+        """One task per ~128 MiB of files."""
+        return group_files(snapshot_files(self.root, self.table, self.version))
+
+    def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
+        """Arrow batches of the task's files (runs on executors)."""
+        for data_file in partition.files:
+            yield from read_data_file(data_file, self.arrow_schema).to_batches(max_chunksize=65_536)
+
+
+class DeltaSnapshotDataSource(DataSource):
+    """``spark.read.format("lakedelta").option("table", ...)``: a lake table as a DataFrame."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Format name: ``lakedelta``."""
+        return "lakedelta"
+
+    def _arrow_schema(self) -> pa.Schema:
+        for required in ("root", "table"):
+            if required not in self.options:
+                raise ValueError(f"lakedelta reader needs option {required!r}")
+        table = self.options["table"]
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}")
+        return TABLES[table][0]
+
+    def schema(self):
+        """The table's declared schema (:data:`lake_schemas.TABLES`) as a Spark schema."""
+        return spark_schema(self._arrow_schema())
+
+    def reader(self, schema) -> DeltaSnapshotReader:
+        """A reader of the snapshot named by the options."""
+        return DeltaSnapshotReader(self.options, self._arrow_schema())
