@@ -149,7 +149,7 @@ class FleetSimulator:
         bounds = np.flatnonzero(np.diff(bucket)) + 1
         starts = np.concatenate([[0], bounds])
         ends = np.concatenate([bounds, [len(ts)]])
-        for lo, hi in zip(starts, ends):
+        for lo, hi in zip(starts, ends, strict=False):
             yield float(bucket[lo]), table.slice(int(lo), int(hi - lo))
 
 

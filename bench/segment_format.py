@@ -62,11 +62,13 @@ def main() -> None:
         "arrow-ipc (none)": (lambda: _encode_ipc(table, None), lambda b: ipc.open_file(b).read_all()),
     }
     print(f"segment of {n:,} events, best of {args.repeat}")
-    print(f"{'format':18} {'bytes/event':>11} {'encode ev/s':>13} {'decode ev/s':>13} {'size x':>7} {'enc x':>6} {'dec x':>6}")
+    print(
+        f"{'format':18} {'bytes/event':>11} {'encode ev/s':>13} {'decode ev/s':>13} {'size x':>7} {'enc x':>6} {'dec x':>6}"
+    )
     base = None
     for name, (encode, decode) in candidates.items():
         enc_s, blob = _timed(encode, args.repeat)
-        dec_s, decoded = _timed(lambda blob=blob: decode(blob), args.repeat)
+        dec_s, decoded = _timed(lambda blob=blob, decode=decode: decode(blob), args.repeat)
         assert decoded.num_rows == n
         row = (len(blob) / n, n / enc_s, n / dec_s)
         base = base or row

@@ -27,9 +27,7 @@ class ConfigError(ValueError):
 class LakeSettings(BaseSettings):
     """Configuration for every lake command (see DESIGN.md §4, Configuration)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True)
 
     root: str = Field(
         "./lakehouse",

@@ -54,7 +54,11 @@ def ensure_table(store: LocalStore, name: str) -> DeltaTable:
         return DeltaTable(uri, storage_options=store.storage_options())
     except TableNotFoundError:
         return DeltaTable.create(
-            uri, schema, mode="ignore", partition_by=partition_by, name=name,
+            uri,
+            schema,
+            mode="ignore",
+            partition_by=partition_by,
+            name=name,
             storage_options=store.storage_options(),
         )
 
@@ -124,7 +128,10 @@ def merge_rows(store: LocalStore, name: str, rows: pa.Table, key: list[str], *, 
         predicate += f" AND t.`{column}` IN ({values})"
     (
         table.merge(
-            rows, predicate, source_alias="s", target_alias="t",
+            rows,
+            predicate,
+            source_alias="s",
+            target_alias="t",
             commit_properties=_commit_properties(app_id, batch_id, "STREAMING MERGE"),
         )
         .when_matched_update_all()
@@ -136,7 +143,7 @@ def merge_rows(store: LocalStore, name: str, rows: pa.Table, key: list[str], *, 
 
 def _stat_value(value):
     if isinstance(value, dt.datetime):
-        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, float) and not math.isfinite(value):
@@ -188,9 +195,7 @@ class WrittenFile:
 
     def add_action(self) -> AddAction:
         """The Delta ``add`` action for this file."""
-        return AddAction(
-            self.path, self.size, self.partition_values, self.modification_time, True, self.stats
-        )
+        return AddAction(self.path, self.size, self.partition_values, self.modification_time, True, self.stats)
 
 
 def write_data_files(store: LocalStore, name: str, data: pa.Table) -> list[WrittenFile]:
@@ -230,3 +235,26 @@ def write_data_files(store: LocalStore, name: str, data: pa.Table) -> list[Writt
             )
         )
     return written
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    """One table's current snapshot: Delta version, active files, rows and bytes."""
+
+    name: str
+    version: int
+    files: int
+    rows: int
+    size_bytes: int
+
+
+def summarize_tables(store: LocalStore) -> list[TableSummary]:
+    """A :class:`TableSummary` per existing table, rows counted from file statistics."""
+    summaries = []
+    for name in list_tables(store):
+        table = open_table(store, name)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        rows = pc.sum(actions.column("num_records")).as_py() if actions.num_rows else 0
+        size = pc.sum(actions.column("size_bytes")).as_py() if actions.num_rows else 0
+        summaries.append(TableSummary(name, table.version(), actions.num_rows, rows or 0, size or 0))
+    return summaries

@@ -7,10 +7,14 @@ same interpreter as the driver so they can import the lake's packages.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from pathlib import Path
 
 from lake.config import LakeSettings
+
+LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
 def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
@@ -22,6 +26,10 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark_master.startswith("local"):
+        # A local session has no business on any interface but loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
     from spark.readers.delta_reader import DeltaSnapshotDataSource
@@ -32,6 +40,8 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
         SparkSession.builder.master(settings.spark_master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

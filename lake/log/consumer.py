@@ -27,8 +27,7 @@ def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int
     index = log.index(topic, partition)
     if start < index.start_offset or end > index.next_offset:
         raise ValueError(
-            f"{topic}/{partition}: range [{start}, {end}) outside the log's "
-            f"[{index.start_offset}, {index.next_offset})"
+            f"{topic}/{partition}: range [{start}, {end}) outside the log's [{index.start_offset}, {index.next_offset})"
         )
     pieces = []
     for info in index.segments_for(start, end):

@@ -95,25 +95,22 @@ def finalize_windows(aggregates):
     from pyspark.sql import functions as F
 
     quantiles = ", ".join(f"{q}D" for q in QUANTILES)
-    return (
-        aggregates.withColumn("q", F.expr(f"kll_sketch_get_quantile_double(sketch, array({quantiles}))"))
-        .select(
-            "metric",
-            "server",
-            F.col("window.start").alias("window_start"),
-            F.col("window.end").alias("window_end"),
-            "count",
-            "sum",
-            "min",
-            "max",
-            (F.col("sum") / F.col("count")).alias("avg"),
-            F.col("q")[0].alias("p50"),
-            F.col("q")[1].alias("p95"),
-            F.col("q")[2].alias("p99"),
-            "sketch",
-            F.current_timestamp().alias("updated_at"),
-            F.to_date("window.start").alias("event_date"),
-        )
+    return aggregates.withColumn("q", F.expr(f"kll_sketch_get_quantile_double(sketch, array({quantiles}))")).select(
+        "metric",
+        "server",
+        F.col("window.start").alias("window_start"),
+        F.col("window.end").alias("window_end"),
+        "count",
+        "sum",
+        "min",
+        "max",
+        (F.col("sum") / F.col("count")).alias("avg"),
+        F.col("q")[0].alias("p50"),
+        F.col("q")[1].alias("p95"),
+        F.col("q")[2].alias("p99"),
+        "sketch",
+        F.current_timestamp().alias("updated_at"),
+        F.to_date("window.start").alias("event_date"),
     )
 
 

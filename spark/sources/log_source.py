@@ -89,8 +89,8 @@ class LogStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict:
         """Where a new query starts: the earliest retained offsets, or the latest."""
-        offsets = self._ends() if self.options.get("startingOffsets") == "latest" else start_offsets(
-            self.log, self.topic
+        offsets = (
+            self._ends() if self.options.get("startingOffsets") == "latest" else start_offsets(self.log, self.topic)
         )
         return {str(p): offset for p, offset in offsets.items()}
 

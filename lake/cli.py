@@ -1,0 +1,265 @@
+"""The ``lake`` command line: thin commands over library functions.
+
+Configuration comes from ``LAKE_*`` variables or ``lake.toml`` (see
+:mod:`lake.config`); flags cover per-run choices. Known errors become a
+one-line message and exit code 2; anything else is a bug and keeps its
+traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+import threading
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import pyarrow as pa
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+from rich.text import Text
+
+from lake.config import ConfigError, LakeSettings, load_settings
+from lake.log.log import SegmentLog, TopicNotFoundError
+from lake.log.producer import Producer
+from lake.storage import open_store
+
+app = typer.Typer(
+    help="metrics-lake: a lambda-style data lake for machine and application metrics.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+class OutputFormat(StrEnum):
+    """``lake sql`` output formats."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _settings() -> LakeSettings:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=err)])
+    return load_settings()
+
+
+def _fail(message: str) -> None:
+    err.print(f"[red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def _producer(settings: LakeSettings) -> Producer:
+    return Producer(
+        SegmentLog(open_store(settings)),
+        settings.topic,
+        partitions=settings.partitions,
+        roll_bytes=settings.segment_roll_bytes,
+        linger_ms=settings.segment_roll_ms,
+    )
+
+
+@app.command()
+def produce(
+    servers: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 10,
+    metrics: Annotated[int, typer.Option(min=1, help="Metrics per server.")] = 5,
+    seconds: Annotated[int, typer.Option(min=1, help="Seconds of event time to generate.")] = 60,
+    rate: Annotated[float, typer.Option(min=0.001, help="Samples per second per (server, metric).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="RNG seed: same seed, same events.")] = 42,
+    realtime: Annotated[bool, typer.Option(help="Pace sending to the wall clock instead of all at once.")] = False,
+    from_file: Annotated[Path | None, typer.Option(help="Import JSON Lines (.jsonl or .jsonl.gz) instead.")] = None,
+) -> None:
+    """Produce events to the log: a seeded fleet simulator, or a JSON Lines import."""
+    from agents.file_import import import_jsonl
+    from agents.simulator import FleetSimulator
+
+    settings = _settings()
+    try:
+        with _producer(settings) as producer:
+            if from_file is not None:
+                if not from_file.exists():
+                    _fail(f"--from-file {from_file}: no such file")
+                stats = import_jsonl(producer, from_file)
+                err.print(
+                    f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "
+                    f"(-> quarantine_events), {stats.blank:,} blank lines skipped"
+                )
+                return
+            simulator = FleetSimulator(
+                servers=servers,
+                metrics=metrics,
+                seconds=seconds,
+                rate=rate,
+                seed=seed,
+                start_ms=int(time.time() * 1000) if realtime else None,
+            )
+            err.print(f"simulating {simulator.total_events:,} events from {servers} servers x {metrics} metrics")
+            started = time.monotonic()
+            if realtime:
+                for offset, batch in simulator.second_batches():
+                    time.sleep(max(0.0, started + offset - time.monotonic()))
+                    producer.send(batch)
+            else:
+                producer.send(simulator.generate())
+        elapsed = time.monotonic() - started
+        err.print(
+            f"produced {producer.stats.records:,} events in {producer.stats.segments} segments "
+            f"to topic {settings.topic!r} in {elapsed:.1f} s"
+        )
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def agent(
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between samples.")] = 5.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: run until Ctrl-C).")
+    ] = None,
+    server: Annotated[str | None, typer.Option(help="Server name to report (default: hostname).")] = None,
+) -> None:
+    """Run the host agent: this machine's CPU, memory, swap, disk, network, load and process metrics."""
+    from agents.host import HostAgent
+
+    settings = _settings()
+    host = HostAgent(server)
+    stop = threading.Event()
+    err.print(
+        f"host agent for {host.server!r}: sampling every {interval:g} s into topic {settings.topic!r}; Ctrl-C stops"
+    )
+    try:
+        with _producer(settings) as producer:
+            sent = host.run(producer, interval=interval, duration=duration, stop=stop)
+    except KeyboardInterrupt:
+        stop.set()
+        err.print("stopped")
+        return
+    except ConfigError as exc:
+        _fail(str(exc))
+    err.print(f"sent {sent:,} events")
+
+
+@app.command()
+def stream(
+    once: Annotated[bool, typer.Option("--once", help="Process everything available, then stop.")] = False,
+    trigger: Annotated[
+        float | None, typer.Option(help="Micro-batch interval in seconds (LAKE_TRIGGER_SECONDS).")
+    ] = None,
+) -> None:
+    """Run the speed layer: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once."""
+    from pyspark.errors import StreamingQueryException
+
+    from spark.jobs.progress import BatchProgressPrinter
+    from spark.jobs.stream_metrics import run_stream
+    from spark.session import build_session
+
+    try:
+        settings = load_settings(trigger_seconds=trigger) if trigger else _settings()
+        spark = build_session(settings, "lake-stream")
+    except ConfigError as exc:
+        _fail(str(exc))
+    spark.streams.addListener(BatchProgressPrinter(err))
+    mode = "until all available data is processed" if once else f"every {settings.trigger_seconds:g} s until Ctrl-C"
+    err.print(f"speed layer for topic {settings.topic!r} ({mode}); checkpoints in {settings.checkpoint_path}")
+    try:
+        run_stream(spark, settings, once=once)
+    except KeyboardInterrupt:
+        err.print("stopping")
+    except StreamingQueryException as exc:
+        _fail(f"streaming query failed: {exc.getMessage().splitlines()[0]}")
+    finally:
+        spark.stop()
+
+
+def _print_arrow(result: pa.Table, fmt: OutputFormat) -> None:
+    rows = result.to_pylist()
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, bytes):
+                row[key] = value.hex() if fmt is not OutputFormat.table else f"<{len(value)} bytes>"
+    if fmt is OutputFormat.json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=str) + "\n")
+    elif fmt is OutputFormat.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=result.column_names)
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        table = Table(*result.column_names, show_lines=False)
+        for row in rows:
+            table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))
+        out.print(table)
+        err.print(f"{len(rows):,} row(s)")
+
+
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="A Spark SQL query over the lake's tables.")],
+    version: Annotated[
+        list[str] | None, typer.Option(help="Time travel: N (every table) or TABLE=N; repeatable.")
+    ] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.table,
+    limit: Annotated[int, typer.Option(min=1, help="Most rows to print.")] = 1000,
+) -> None:
+    """Run Spark SQL over every table (bronze_events, quarantine_events, metric_windows_1m, ...)."""
+    from pyspark.errors import PySparkException
+
+    from spark.jobs.sql_query import parse_versions, run_sql
+    from spark.session import build_session
+
+    try:
+        settings = _settings()
+        versions = parse_versions(version or [])
+    except (ConfigError, ValueError) as exc:
+        _fail(str(exc))
+    spark = build_session(settings, "lake-sql")
+    try:
+        result = run_sql(spark, settings, query, versions).limit(limit).toArrow()
+    except (ValueError, PySparkException) as exc:
+        _fail(str(exc).splitlines()[0])
+    finally:
+        spark.stop()
+    _print_arrow(result, format)
+
+
+@app.command()
+def tables() -> None:
+    """List the lake's tables with their Delta version, active files, rows and size."""
+    from lake.tables import summarize_tables
+
+    try:
+        summaries = summarize_tables(open_store(_settings()))
+    except ConfigError as exc:
+        _fail(str(exc))
+    table = Table("table", "version", "files", "rows", "MiB")
+    for s in summaries:
+        table.add_row(s.name, str(s.version), f"{s.files:,}", f"{s.rows:,}", f"{s.size_bytes / 2**20:.2f}")
+    out.print(table)
+
+
+@app.command()
+def demo(
+    seconds: Annotated[int, typer.Option(min=5, help="How long the agents produce, in seconds.")] = 60,
+    servers: Annotated[int, typer.Option(min=1, help="Simulated servers beside this host.")] = 20,
+    metrics: Annotated[int, typer.Option(min=1, help="Metrics per simulated server.")] = 8,
+) -> None:
+    """The main job, end to end: host agent + fleet simulator -> log -> speed layer -> Spark SQL."""
+    from lake.demo import run_demo
+
+    try:
+        settings = _settings()
+        run_demo(settings, seconds=seconds, servers=servers, metrics=metrics, console=err)
+    except (ConfigError, TopicNotFoundError) as exc:
+        _fail(str(exc))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,165 @@
+"""``lake demo``: the main job end to end on the configured lake (default ./lakehouse).
+
+For ``seconds`` seconds the host agent samples this machine every second and
+the fleet simulator sends ``servers x metrics`` series in real time, plus a
+handful of malformed events (one per quarantine reason) to show that bad
+input is kept, not dropped. Meanwhile the speed layer runs micro-batches
+every ``trigger_seconds``; when the agents stop it drains the log, then the
+demo prints row counts, this host's CPU windows and commands to try next.
+Running it again appends to the same lake (offsets and checkpoints carry on).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from agents.host import HostAgent
+from agents.simulator import FleetSimulator
+from lake.config import LakeSettings
+from lake.log.log import SegmentLog
+from lake.log.producer import Producer
+from lake.storage import open_store
+from lake.tables import summarize_tables
+
+#: One payload per kind of contract violation, sent once per demo run.
+MALFORMED_SAMPLES: list[str] = [
+    '{"ts": 1700000000000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5',
+    '["not", "an", "object"]',
+    '{"ts": 1700000000000, "server": "web-01", "value": 3.0}',
+    '{"ts": 1700000000000, "server": "web-01", "metric": "app.rpc.count", "value": "12"}',
+    '{"ts": 1700000000000, "server": "web-01", "metric": "app.rpc.latency_ms", "value": NaN}',
+    '{"ts": 1700000000000, "server": "web-01", "metric": "CPU Usage %", "value": 1.0}',
+    '{"ts": 1700000000000, "server": "", "metric": "host.cpu.utilization", "value": 1.0}',
+    '{"ts": "yesterday", "server": "web-01", "metric": "host.cpu.utilization", "value": 1.0}',
+    '{"ts": 1700000000000, "server": "web-01", "metric": "app.queue.depth", "value": 1.0, "tags": {"k": 1}}',
+]
+
+
+def _simulate(simulator: FleetSimulator, producer: Producer, stop: threading.Event) -> None:
+    started = time.monotonic()
+    for offset, batch in simulator.second_batches():
+        if stop.wait(max(0.0, started + offset - time.monotonic())):
+            return
+        producer.send(batch)
+
+
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int, console: Console) -> None:
+    """Run the demo; see the module docstring. Prints progress to ``console``."""
+    from spark.jobs.progress import BatchProgressPrinter
+    from spark.jobs.sql_query import run_sql
+    from spark.jobs.stream_metrics import start_queries
+    from spark.session import build_session
+
+    wall_start = time.monotonic()
+    store = open_store(settings)
+    console.rule("[bold]metrics-lake demo")
+    console.print(
+        f"lake root      {store.root}\ncheckpoints    {settings.checkpoint_path}\n"
+        f"topic          {settings.topic} ({settings.partitions} partitions for a new topic)"
+    )
+    producer = Producer(
+        SegmentLog(store),
+        settings.topic,
+        partitions=settings.partitions,
+        roll_bytes=settings.segment_roll_bytes,
+        linger_ms=settings.segment_roll_ms,
+    )
+    host = HostAgent()
+    simulator = FleetSimulator(
+        servers=servers,
+        metrics=metrics,
+        seconds=seconds,
+        rate=1.0,
+        seed=int(time.time()),
+        start_ms=int(time.time() * 1000),
+    )
+    stop = threading.Event()
+    agents = [
+        threading.Thread(
+            target=host.run,
+            kwargs=dict(producer=producer, interval=1.0, duration=seconds, stop=stop),
+            name="host-agent",
+            daemon=True,
+        ),
+        threading.Thread(target=_simulate, args=(simulator, producer, stop), name="simulator", daemon=True),
+    ]
+    console.print(
+        f"producing for {seconds} s: host agent on {host.server!r} every 1 s, "
+        f"{servers} simulated servers x {metrics} metrics at 1 Hz, {len(MALFORMED_SAMPLES)} malformed events"
+    )
+    producer.send_payloads(MALFORMED_SAMPLES)
+    for thread in agents:
+        thread.start()
+
+    console.print("starting Spark (local) and the speed layer ...")
+    spark = build_session(settings, "lake-demo")
+    listener = BatchProgressPrinter(console)
+    spark.streams.addListener(listener)
+    handles = start_queries(spark, settings, once=False)
+    try:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[events]:,} events"),
+            TimeRemainingColumn(),
+            console=console,
+        ) as bar:
+            task = bar.add_task("agents producing", total=seconds, events=0)
+            produce_start = time.monotonic()
+            while any(thread.is_alive() for thread in agents):
+                time.sleep(0.5)
+                bar.update(
+                    task, completed=min(time.monotonic() - produce_start, seconds), events=producer.stats.records
+                )
+            bar.update(task, completed=seconds, events=producer.stats.records)
+        producer.close()
+        console.print(
+            f"agents done: {producer.stats.records:,} events in {producer.stats.segments} segments; "
+            "draining the log ..."
+        )
+        for query in handles.all():
+            query.processAllAvailable()
+    finally:
+        stop.set()
+        for query in handles.all():
+            query.stop()
+
+    console.rule("[bold]tables")
+    summary = Table("table", "version", "files", "rows")
+    for s in summarize_tables(store):
+        summary.add_row(s.name, str(s.version), str(s.files), f"{s.rows:,}")
+    console.print(summary)
+
+    cpu_query = (
+        "SELECT window_start, count, round(avg, 1) AS avg, round(p95, 1) AS p95, round(max, 1) AS max "
+        f"FROM metric_windows_1m WHERE server = {_sql_literal(host.server)} "
+        "AND metric = 'host.cpu.utilization' ORDER BY window_start DESC LIMIT 5"
+    )
+    console.rule(f"[bold]this machine's CPU ({host.server}), 1-minute windows")
+    windows = run_sql(spark, settings, cpu_query).toPandas()
+    console.print(windows.to_string(index=False))
+    spark.stop()
+
+    console.rule("[bold]try next")
+    console.print(
+        "lake tables\n"
+        'lake sql "SELECT metric, count(*) AS windows, round(avg(p99), 2) AS avg_p99 '
+        'FROM metric_windows_1m GROUP BY metric ORDER BY metric"\n'
+        'lake sql "SELECT reason, raw FROM quarantine_events" --format json\n'
+        'lake sql "SELECT server, count(*) FROM bronze_events GROUP BY server ORDER BY 2 DESC LIMIT 5"\n'
+        'lake sql --version metric_windows_1m=1 "SELECT count(*) FROM metric_windows_1m"   # time travel\n'
+        "(inside the project's virtualenv: .venv/bin/lake, or python3 run.py lake ...)",
+        soft_wrap=True,
+        highlight=False,
+        markup=False,
+    )
+    console.print(f"demo finished in {time.monotonic() - wall_start:.0f} s")

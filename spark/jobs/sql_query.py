@@ -1,0 +1,59 @@
+"""``lake sql``: run Spark SQL over the lake's Delta tables.
+
+Every table a query names is registered as a temporary view over its current
+Delta snapshot (format ``lakedelta``), or over an older version for time
+travel. Only the tables a query mentions are opened, so a query never pays
+for, or fails on, tables it does not use.
+"""
+
+from __future__ import annotations
+
+import re
+
+from lake.config import LakeSettings
+from lake.storage import open_store
+from lake.tables import list_tables
+
+
+def referenced_tables(query: str, tables: list[str]) -> list[str]:
+    """Names from ``tables`` that occur as whole words in ``query`` (case-insensitive)."""
+    return [name for name in tables if re.search(rf"\b{re.escape(name)}\b", query, re.IGNORECASE)]
+
+
+def parse_versions(specs: list[str]) -> dict[str | None, int]:
+    """Parse ``--version`` values: ``N`` (every referenced table) or ``TABLE=N``.
+
+    Raises ``ValueError`` naming a malformed spec.
+    """
+    versions: dict[str | None, int] = {}
+    for spec in specs:
+        table, _, number = spec.rpartition("=")
+        if not number.isdigit():
+            raise ValueError(f"--version {spec!r}: expected N or TABLE=N with N a version number >= 0")
+        versions[table or None] = int(number)
+    return versions
+
+
+def register_views(spark, settings: LakeSettings, query: str, versions: dict[str | None, int]) -> list[str]:
+    """Create a temp view per table ``query`` references; returns their names.
+
+    Raises ``ValueError`` if ``--version`` names a table that does not exist.
+    """
+    existing = list_tables(open_store(settings))
+    unknown = sorted(name for name in versions if name is not None and name not in existing)
+    if unknown:
+        raise ValueError(f"--version names unknown table(s) {unknown}; tables: {existing}")
+    names = referenced_tables(query, existing)
+    for name in names:
+        reader = spark.read.format("lakedelta").option("root", settings.root).option("table", name)
+        version = versions.get(name, versions.get(None))
+        if version is not None:
+            reader = reader.option("version", str(version))
+        reader.load().createOrReplaceTempView(name)
+    return names
+
+
+def run_sql(spark, settings: LakeSettings, query: str, versions: dict[str | None, int] | None = None):
+    """Register the views ``query`` needs and return its DataFrame."""
+    register_views(spark, settings, query, versions or {})
+    return spark.sql(query)
