@@ -111,5 +111,6 @@ def load_settings(**overrides) -> LakeSettings:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+            shown = "<hidden>" if "key" in field else repr(error.get("input"))  # secrets never print
+            problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {shown})")
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -104,7 +104,7 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
     spark = build_session(settings, "lake-demo")
     listener = BatchProgressPrinter(console)
     spark.streams.addListener(listener)
-    handles = start_queries(spark, settings, once=False)
+    handles = start_queries(spark, settings, trigger_seconds=settings.trigger_seconds)
     try:
         with Progress(
             TextColumn("[progress.description]{task.description}"),

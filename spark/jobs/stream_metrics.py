@@ -141,54 +141,56 @@ class StreamHandles:
         return [self.bronze, self.windows]
 
 
-def start_queries(spark, settings: LakeSettings, *, once: bool) -> StreamHandles:
+def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> StreamHandles:
     """Start the bronze and windows queries for ``settings.topic``.
 
-    ``once``: ``availableNow`` trigger (process everything available, in
-    batches of at most ``max_records_per_batch``, then stop); otherwise a
-    processing-time trigger every ``trigger_seconds``.
+    Micro-batches start every ``trigger_seconds`` (0: back to back), each
+    reading at most ``settings.max_records_per_batch`` records.
     """
     store = open_store(settings)
     SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
     for name in TABLES:
         ensure_table(store, name)
     base = settings.checkpoint_path / settings.topic
-
-    def trigger(writer):
-        if once:
-            return writer.trigger(availableNow=True)
-        return writer.trigger(processingTime=f"{settings.trigger_seconds} seconds")
+    trigger = {"processingTime": f"{trigger_seconds} seconds"}
 
     events = log_stream(spark, settings)
-    bronze = trigger(
+    bronze = (
         events.writeStream.format("lakebronze")
         .queryName(f"bronze[{settings.topic}]")
         .option("root", settings.root)
         .option("appId", query_app_id(base / "bronze"))
         .option("checkpointLocation", str(base / "bronze"))
-    ).start()
-    windows = trigger(
+        .trigger(**trigger)
+        .start()
+    )
+    windows = (
         window_aggregates(events, settings.watermark_seconds)
         .writeStream.outputMode("update")
         .queryName(f"windows[{settings.topic}]")
         .foreachBatch(upsert_windows(store, query_app_id(base / "windows")))
         .option("checkpointLocation", str(base / "windows"))
-    ).start()
+        .trigger(**trigger)
+        .start()
+    )
     return StreamHandles(bronze, windows)
 
 
 def run_stream(spark, settings: LakeSettings, *, once: bool) -> None:
     """Run the speed layer; with ``once``, until all available data is processed.
 
-    Without ``once`` it runs until interrupted (Ctrl-C / SIGTERM stop it
-    cleanly between batches) or until a query fails. Raises
+    ``once`` runs micro-batches back to back until the queries have caught up
+    with the log, then stops. (Spark's ``availableNow`` trigger is not used:
+    for Python data sources it reads the whole backlog as one batch,
+    ignoring ``maxRecordsPerBatch``.) Without ``once`` it runs every
+    ``settings.trigger_seconds`` until interrupted or a query fails. Raises
     ``pyspark.errors.StreamingQueryException`` if a query fails.
     """
-    handles = start_queries(spark, settings, once=once)
+    handles = start_queries(spark, settings, trigger_seconds=0 if once else settings.trigger_seconds)
     try:
         if once:
             for query in handles.all():
-                query.awaitTermination()
+                query.processAllAvailable()
         else:
             spark.streams.awaitAnyTermination()
         for query in handles.all():

@@ -1,0 +1,46 @@
+"""Independent computations the tests compare the pipeline against (plain Python only)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pyarrow as pa
+
+#: Normalized rank error of a KLL sketch with k=200, the parameter Spark's
+#: kll_sketch_agg_double uses: 2.296 / k**0.9723 (Apache DataSketches,
+#: KllSketch.getNormalizedRankError, single-sided, 99% confidence).
+KLL_RANK_ERROR = 2.296 / 200**0.9723
+
+
+def expected_windows(events: pa.Table) -> dict[tuple, dict]:
+    """1-minute tumbling windows per (metric, server, window_start epoch ms) of valid events.
+
+    Returns count, sum, min, max and the sorted values (for rank checks).
+    """
+    valid = events.filter(events.column("reason").is_null()) if "reason" in events.column_names else events
+    values: dict[tuple, list[float]] = defaultdict(list)
+    for row in valid.select(["ts", "server", "metric", "value"]).to_pylist():
+        ms = int(row["ts"].timestamp() * 1000)
+        values[(row["metric"], row["server"], ms - ms % 60_000)].append(row["value"])
+    return {
+        key: {"count": len(v), "sum": math.fsum(v), "min": min(v), "max": max(v), "sorted": sorted(v)}
+        for key, v in values.items()
+    }
+
+
+def rank_bounds(sorted_values: list[float], value: float) -> tuple[float, float]:
+    """Normalized rank interval of ``value``: (fraction strictly below, fraction at or below)."""
+    import bisect
+
+    n = len(sorted_values)
+    return bisect.bisect_left(sorted_values, value) / n, bisect.bisect_right(sorted_values, value) / n
+
+
+def assert_quantile_within_bound(sorted_values: list[float], q: float, estimate: float) -> None:
+    """The estimate of quantile ``q`` has a true rank within KLL's error bound of ``q``."""
+    below, at_or_below = rank_bounds(sorted_values, estimate)
+    assert below - KLL_RANK_ERROR <= q <= at_or_below + KLL_RANK_ERROR, (
+        f"q={q}: estimate {estimate} has rank [{below:.4f}, {at_or_below:.4f}] of n={len(sorted_values)}, "
+        f"bound ±{KLL_RANK_ERROR:.4f}"
+    )

@@ -1,0 +1,141 @@
+"""The speed layer end to end: exact bronze set, quarantine, windows vs an independent computation."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+
+import pyarrow as pa
+import pytest
+
+from agents.simulator import FleetSimulator
+from lake.log.consumer import end_offsets, read_range
+from lake.log.producer import Producer
+from lake.tables import open_table
+from spark.jobs.stream_metrics import QUANTILES, run_stream
+from tests.helpers import assert_quantile_within_bound, expected_windows
+
+pytestmark = pytest.mark.spark
+START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000  # a minute boundary
+
+INVALID = [
+    "not json",
+    '{"ts": 1800000000000, "server": "web-01", "metric": "Bad Name", "value": 1}',
+    '{"ts": 1800000000000, "server": "web-01", "metric": "x.y", "value": "NaN"}',
+]
+
+
+def produced_rows(log, topic="metrics") -> pa.Table:
+    return pa.concat_tables(read_range(log, topic, p, 0, end) for p, end in end_offsets(log, topic).items())
+
+
+def table_rows(store, name: str) -> list[dict]:
+    return open_table(store, name).to_pyarrow_table().to_pylist()
+
+
+def check_windows(store, produced: pa.Table) -> int:
+    expected = expected_windows(produced)
+    actual = {
+        (r["metric"], r["server"], int(r["window_start"].timestamp() * 1000)): r
+        for r in table_rows(store, "metric_windows_1m")
+    }
+    assert actual.keys() == expected.keys()
+    for key, want in expected.items():
+        got = actual[key]
+        assert (got["count"], got["min"], got["max"]) == (want["count"], want["min"], want["max"]), key
+        assert math.isclose(got["sum"], want["sum"], rel_tol=1e-12), key
+        assert math.isclose(got["avg"], want["sum"] / want["count"], rel_tol=1e-12), key
+        assert got["window_end"] - got["window_start"] == dt.timedelta(minutes=1)
+        assert got["event_date"] == got["window_start"].date()
+        for q, column in zip(QUANTILES, ("p50", "p95", "p99"), strict=True):
+            assert_quantile_within_bound(want["sorted"], q, got[column])
+    return len(expected)
+
+
+def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, log, store):
+    # 300 samples per window (rate 5/s): KLL is in estimation mode above k=200.
+    sim = FleetSimulator(servers=6, metrics=4, seconds=180, rate=5.0, seed=11, start_ms=START_MS)
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(sim.generate())
+        producer.send_payloads(INVALID)
+    produced = produced_rows(log)
+
+    run_stream(spark, settings, once=True)
+
+    bronze = table_rows(store, "bronze_events")
+    positions = [(r["topic"], r["partition"], r["offset"]) for r in bronze]
+    valid = produced.filter(produced.column("reason").is_null())
+    assert len(positions) == len(set(positions)) == valid.num_rows == sim.total_events
+    assert set(positions) == set(
+        zip(
+            valid.column("topic").to_pylist(),
+            valid.column("partition").to_pylist(),
+            valid.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+    assert {r["event_date"] for r in bronze} == {dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()}
+
+    quarantine = table_rows(store, "quarantine_events")
+    assert sorted(r["raw"] for r in quarantine) == sorted(INVALID)
+    reasons = {r["raw"]: r["reason"].split(":")[0] for r in quarantine}
+    assert reasons == {INVALID[0]: "invalid_json", INVALID[1]: "bad_metric_name", INVALID[2]: "wrong_type"}
+
+    assert check_windows(store, produced) == 6 * 4 * 3
+
+    # Nothing new: a second run commits nothing anywhere.
+    versions = {name: open_table(store, name).version() for name in ("bronze_events", "metric_windows_1m")}
+    run_stream(spark, settings, once=True)
+    assert {name: open_table(store, name).version() for name in versions} == versions
+
+
+def test_windows_are_upserted_as_more_data_arrives_across_runs_and_batches(spark, settings, log, store):
+    settings = settings.model_copy(update={"max_records_per_batch": 700})  # several micro-batches per run
+    first = FleetSimulator(servers=3, metrics=2, seconds=90, rate=2.0, seed=1, start_ms=START_MS)
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(first.generate())
+    run_stream(spark, settings, once=True)
+    check_windows(store, produced_rows(log))
+    merges = [h for h in open_table(store, "metric_windows_1m").history() if h.get("operation") == "MERGE"]
+    assert len(merges) >= 2  # 1,080 events at <= 700 per micro-batch: at least two batches merged
+
+    # Same servers and metrics, continuing into the same last window and beyond.
+    second = FleetSimulator(servers=3, metrics=2, seconds=60, rate=2.0, seed=2, start_ms=START_MS + 90_000)
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(second.generate())
+    run_stream(spark, settings, once=True)
+    assert check_windows(store, produced_rows(log)) == 3 * 2 * 3
+    history = open_table(store, "metric_windows_1m").history()
+    merges = [h for h in history if h.get("operation") == "MERGE"]
+    assert merges and all(h["lake.appId"].startswith("windows-") for h in merges)
+
+
+def test_events_later_than_the_watermark_reach_bronze_but_not_windows(spark, settings, log, store):
+    settings = settings.model_copy(update={"watermark_seconds": 60})
+    recent = FleetSimulator(servers=1, metrics=1, seconds=60, seed=3, start_ms=START_MS + 600_000).generate()
+    late = {"ts": START_MS + 1_000, "server": "sim-0000", "metric": "host.cpu.utilization", "value": 50.0}
+    with Producer(log, settings.topic, partitions=1) as producer:
+        producer.send(recent)
+    run_stream(spark, settings, once=True)  # watermark now ~START+11min - 60 s
+    with Producer(log, settings.topic, partitions=1) as producer:
+        producer.send_payloads([json.dumps(late)])
+    run_stream(spark, settings, once=True)
+    assert len(table_rows(store, "bronze_events")) == recent.num_rows + 1
+    windows = table_rows(store, "metric_windows_1m")
+    assert sum(w["count"] for w in windows) == recent.num_rows
+    assert all(int(w["window_start"].timestamp() * 1000) >= START_MS + 600_000 for w in windows)
+
+
+def test_a_failing_query_surfaces_as_streaming_query_exception(spark, settings, log, store):
+    from pyspark.errors import StreamingQueryException
+
+    log.ensure_topic(settings.topic, 1)
+    with Producer(log, settings.topic, partitions=1) as producer:
+        producer.send(FleetSimulator(servers=1, metrics=1, seconds=5, start_ms=START_MS).generate())
+    # Corrupt the only segment: reading it must fail loudly, not yield nothing.
+    segment = next(store.path(f"log/{settings.topic}/0").glob("*.parquet"))
+    segment.chmod(0o644)
+    segment.write_bytes(b"garbage")
+    with pytest.raises(StreamingQueryException):
+        run_stream(spark, settings, once=True)
