@@ -104,8 +104,12 @@ class DeltaSnapshotReader(DataSourceReader):
         self.arrow_schema = schema
 
     def partitions(self) -> list[FileGroup]:
-        """One task per ~128 MiB of files."""
-        return group_files(snapshot_files(self.root, self.table, self.version))
+        """One task per ~128 MiB of files (one empty task for an empty snapshot).
+
+        Spark replaces an empty partition list with a bare ``InputPartition``,
+        so an empty snapshot is made an explicit task with no files.
+        """
+        return group_files(snapshot_files(self.root, self.table, self.version)) or [FileGroup(())]
 
     def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the task's files (runs on executors)."""

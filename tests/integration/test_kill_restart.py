@@ -1,0 +1,82 @@
+"""Exactly once across crashes: `lake stream` killed with SIGKILL, restarted, no loss, no duplicate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from agents.simulator import FleetSimulator
+from lake.log.consumer import end_offsets, read_range
+from lake.log.producer import Producer
+from lake.tables import open_table
+from tests.helpers import expected_windows
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+LAKE = str(Path(sys.executable).with_name("lake"))
+START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
+#: Seconds after start at which each run is killed: during JVM start-up,
+#: then (the first micro-batch finishes ~12-15 s after start on 2 cores)
+#: around and after the first commits, with later batches under way.
+KILL_AFTER = [4.0, 15.0, 19.0, 23.0, 27.0]
+
+
+def lake_env(settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LAKE_ROOT": settings.root,
+        "LAKE_CHECKPOINT_DIR": settings.checkpoint_dir,
+        "LAKE_SPARK_MASTER": "local[2]",
+        "LAKE_SHUFFLE_PARTITIONS": "2",
+        "LAKE_TRIGGER_SECONDS": "1",
+        "LAKE_MAX_RECORDS_PER_BATCH": "2500",
+        "LAKE_WATERMARK_SECONDS": "3600",  # lateness is not under test here
+    }
+
+
+def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
+    env = lake_env(settings)
+    bronze_versions = []
+    for phase, delay in enumerate(KILL_AFTER):
+        sim = FleetSimulator(
+            servers=10, metrics=5, seconds=60, rate=2.0, seed=phase, start_ms=START_MS + phase * 60_000
+        )
+        with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+            producer.send(sim.generate())
+        with open(tmp_path / f"stream-{phase}.log", "wb") as output:
+            process = subprocess.Popen(
+                [LAKE, "stream"], env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            time.sleep(delay)
+            assert process.poll() is None, (tmp_path / f"stream-{phase}.log").read_text()[-3000:]
+            os.killpg(process.pid, signal.SIGKILL)  # the driver, its JVM and Python workers at once
+            process.wait(30)
+        bronze_versions.append(
+            open_table(store, "bronze_events").version() if store.exists("tables/bronze_events/_delta_log") else -1
+        )
+
+    assert bronze_versions[-1] >= 1, f"no run got as far as a commit: {bronze_versions}"
+    final = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+
+    produced = pa.concat_tables(
+        read_range(log, settings.topic, p, 0, end) for p, end in end_offsets(log, settings.topic).items()
+    )
+    assert produced.num_rows == 5 * 10 * 5 * 120
+    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["topic", "partition", "offset"])
+    positions = Counter(zip(*(bronze.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
+    duplicates = {pos: n for pos, n in positions.items() if n > 1}
+    assert not duplicates, f"{len(duplicates)} duplicated positions, e.g. {list(duplicates)[:3]}"
+    wanted = set(zip(*(produced.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
+    assert set(positions) == wanted, f"missing {len(wanted - set(positions))}, extra {len(set(positions) - wanted)}"
+
+    windows = open_table(store, "metric_windows_1m").to_pyarrow_table().to_pylist()
+    got = {(w["metric"], w["server"], int(w["window_start"].timestamp() * 1000)): w["count"] for w in windows}
+    assert got == {key: value["count"] for key, value in expected_windows(produced).items()}

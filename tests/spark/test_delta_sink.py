@@ -1,0 +1,60 @@
+"""Exactly-once commits: the same micro-batch committed twice leaves one copy."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from agents.simulator import FleetSimulator
+from lake.log.consumer import read_range
+from lake.log.producer import Producer
+from lake.tables import merge_rows, open_table, write_data_files
+from lake_schemas import METRIC_WINDOWS_1M_KEY
+from spark.sinks.delta_sink import BRONZE, QUARANTINE, commit_batch, split_log_rows
+from spark.sources.log_source import SPARK_LOG_ROW
+
+
+def log_rows(log, n_invalid: int = 2) -> pa.Table:
+    with Producer(log, "metrics", partitions=1) as producer:
+        producer.send(FleetSimulator(servers=2, metrics=2, seconds=30, seed=4).generate())
+        producer.send_payloads(["{oops"] * n_invalid)
+    return read_range(log, "metrics", 0, 0, log.index("metrics", 0).next_offset).cast(SPARK_LOG_ROW)
+
+
+def write_batch(store, rows: pa.Table):
+    bronze, quarantine = split_log_rows(rows)
+    return write_data_files(store, BRONZE, bronze) + write_data_files(store, QUARANTINE, quarantine)
+
+
+def test_same_batch_committed_twice_leaves_one_copy(log, store):
+    rows = log_rows(log)
+    first = commit_batch(store, write_batch(store, rows), app_id="q1", batch_id=0)
+    # A replay after a crash writes new files for the same batch and commits again.
+    second = commit_batch(store, write_batch(store, rows), app_id="q1", batch_id=0)
+    assert first == {BRONZE: True, QUARANTINE: True}
+    assert second == {BRONZE: False, QUARANTINE: False}
+    bronze = open_table(store, BRONZE)
+    assert bronze.to_pyarrow_table().num_rows == rows.num_rows - 2
+    assert open_table(store, QUARANTINE).to_pyarrow_table().num_rows == 2
+    assert bronze.transaction_version("q1") == 0
+    assert bronze.version() == 1  # create + one commit
+
+
+def test_later_batches_and_other_queries_still_commit(log, store):
+    rows = log_rows(log, n_invalid=0)
+    assert commit_batch(store, write_batch(store, rows), app_id="q1", batch_id=0) == {BRONZE: True}
+    assert commit_batch(store, write_batch(store, rows), app_id="q1", batch_id=1) == {BRONZE: True}
+    assert commit_batch(store, write_batch(store, rows), app_id="q2", batch_id=0) == {BRONZE: True}
+    assert open_table(store, BRONZE).to_pyarrow_table().num_rows == 3 * rows.num_rows
+
+
+def test_same_window_merge_twice_is_skipped(spark, log, store):
+    from spark.jobs.stream_metrics import finalize_windows, window_aggregates
+
+    rows = log_rows(log, n_invalid=0)
+    events = spark.createDataFrame(rows.to_pandas())
+    windows = finalize_windows(window_aggregates(events, 120)).toArrow()
+    assert merge_rows(store, "metric_windows_1m", windows, METRIC_WINDOWS_1M_KEY, app_id="w", batch_id=5)
+    version = open_table(store, "metric_windows_1m").version()
+    assert not merge_rows(store, "metric_windows_1m", windows, METRIC_WINDOWS_1M_KEY, app_id="w", batch_id=5)
+    assert open_table(store, "metric_windows_1m").version() == version
+    assert open_table(store, "metric_windows_1m").to_pyarrow_table().num_rows == windows.num_rows
