@@ -38,18 +38,27 @@ def test_quick_start_has_exactly_two_commands_and_ci_runs_the_second():
 @pytest.mark.integration
 @pytest.mark.slow
 def test_demo_command_runs_end_to_end_in_under_three_minutes(tmp_path):
-    env = {**os.environ, "LAKE_ROOT": str(tmp_path / "lakehouse"),
-           "LAKE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "LAKE_ROOT": str(tmp_path / "lakehouse"),
+        "LAKE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "COLUMNS": "200",
+    }
     started = time.monotonic()
-    result = subprocess.run(shlex.split(quick_start_commands()[0]), cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        shlex.split(quick_start_commands()[0]), cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     elapsed = time.monotonic() - started
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert elapsed < 180, f"demo took {elapsed:.0f} s"
     assert "demo finished" in output
-    rows = {m.group(1): int(m.group(2).replace(",", "")) for m in re.finditer(
-        r"(bronze_events|quarantine_events|metric_windows_1m)\s*│\s*\d+\s*│\s*\d+\s*│\s*([\d,]+)", output)}
+    rows = {
+        m.group(1): int(m.group(2).replace(",", ""))
+        for m in re.finditer(
+            r"(bronze_events|quarantine_events|metric_windows_1m)\s*│\s*\d+\s*│\s*\d+\s*│\s*([\d,]+)", output
+        )
+    }
     assert rows["quarantine_events"] == 9  # one per malformed sample the demo sends
     assert rows["bronze_events"] > 20 * 8 * 50 and rows["metric_windows_1m"] > 20 * 8
     assert "host.cpu.utilization" in output or "window_start" in output
