@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import signal
 import sys
 import threading
 import time
@@ -47,9 +48,18 @@ class OutputFormat(StrEnum):
     json = "json"
 
 
-def _settings() -> LakeSettings:
+def _settings(**overrides) -> LakeSettings:
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=err)])
-    return load_settings()
+    return load_settings(**overrides)
+
+
+def _interrupt_on_sigterm() -> None:
+    """Turn SIGTERM (systemd, Kubernetes, Airflow) into the same clean stop as Ctrl-C."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _fail(message: str) -> None:
@@ -162,11 +172,12 @@ def stream(
     from spark.session import build_session
 
     try:
-        settings = load_settings(trigger_seconds=trigger) if trigger else _settings()
+        settings = _settings(trigger_seconds=trigger)
         spark = build_session(settings, "lake-stream")
     except ConfigError as exc:
         _fail(str(exc))
     spark.streams.addListener(BatchProgressPrinter(err))
+    _interrupt_on_sigterm()
     mode = "until all available data is processed" if once else f"every {settings.trigger_seconds:g} s until Ctrl-C"
     err.print(f"speed layer for topic {settings.topic!r} ({mode}); checkpoints in {settings.checkpoint_path}")
     try:

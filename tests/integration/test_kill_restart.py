@@ -80,3 +80,26 @@ def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     windows = open_table(store, "metric_windows_1m").to_pyarrow_table().to_pylist()
     got = {(w["metric"], w["server"], int(w["window_start"].timestamp() * 1000)): w["count"] for w in windows}
     assert got == {key: value["count"] for key, value in expected_windows(produced).items()}
+
+
+def test_sigterm_stops_the_stream_cleanly_and_keeps_what_it_committed(settings, log, store, tmp_path):
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=5, metrics=2, seconds=60, seed=1, start_ms=START_MS).generate())
+    process = subprocess.Popen(
+        [LAKE, "stream"],
+        env=lake_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        store.exists("tables/bronze_events/_delta_log") and open_table(store, "bronze_events").version() >= 1
+    ):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, output[-3000:]
+    assert "stopping" in output
+    assert open_table(store, "bronze_events").to_pyarrow_table().num_rows == 5 * 2 * 60

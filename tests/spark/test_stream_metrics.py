@@ -15,15 +15,13 @@ from lake.log.producer import Producer
 from lake.tables import open_table
 from spark.jobs.stream_metrics import QUANTILES, run_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
+from tests.lake.test_contract import INVALID as CONTRACT_CASES
 
 pytestmark = pytest.mark.spark
 START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000  # a minute boundary
 
-INVALID = [
-    "not json",
-    '{"ts": 1800000000000, "server": "web-01", "metric": "Bad Name", "value": 1}',
-    '{"ts": 1800000000000, "server": "web-01", "metric": "x.y", "value": "NaN"}',
-]
+#: One payload per quarantine reason code, with the code expected.
+INVALID = dict(CONTRACT_CASES)
 
 
 def produced_rows(log, topic="metrics") -> pa.Table:
@@ -58,7 +56,7 @@ def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, 
     sim = FleetSimulator(servers=6, metrics=4, seconds=180, rate=5.0, seed=11, start_ms=START_MS)
     with Producer(log, settings.topic, partitions=settings.partitions) as producer:
         producer.send(sim.generate())
-        producer.send_payloads(INVALID)
+        producer.send_payloads(list(INVALID))
     produced = produced_rows(log)
 
     run_stream(spark, settings, once=True)
@@ -78,9 +76,10 @@ def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, 
     assert {r["event_date"] for r in bronze} == {dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()}
 
     quarantine = table_rows(store, "quarantine_events")
-    assert sorted(r["raw"] for r in quarantine) == sorted(INVALID)
-    reasons = {r["raw"]: r["reason"].split(":")[0] for r in quarantine}
-    assert reasons == {INVALID[0]: "invalid_json", INVALID[1]: "bad_metric_name", INVALID[2]: "wrong_type"}
+    assert len(quarantine) == len(INVALID) == 9
+    assert {r["raw"]: r["reason"].split(":")[0] for r in quarantine} == INVALID
+    invalid_positions = {(r["topic"], r["partition"], r["offset"]) for r in quarantine}
+    assert not invalid_positions & set(positions)  # each event in exactly one of the two tables
 
     assert check_windows(store, produced) == 6 * 4 * 3
 
