@@ -30,7 +30,7 @@ from lake.config import load_settings
 from lake.log.log import SegmentLog
 from lake.log.producer import Producer
 from lake.storage import LocalStore
-from lake.tables import _commit_properties, ensure_table, merge_rows, open_table, table_uri
+from lake.tables import batch_commit_properties, ensure_table, merge_rows, open_table, table_uri
 from lake_schemas import BRONZE_EVENTS, METRIC_WINDOWS_1M_KEY
 from spark.jobs.stream_metrics import finalize_windows, run_stream
 from spark.session import build_session
@@ -88,7 +88,7 @@ def run_peer(spark, events: pa.Table, workdir: Path) -> float:
             bronze.cast(BRONZE_EVENTS),
             mode="append",
             partition_by=["event_date"],
-            commit_properties=_commit_properties("peer", batch_id, "PEER WRITE"),
+            commit_properties=batch_commit_properties("peer", batch_id, "PEER WRITE"),
         )
         aggregated = window_aggregates(batch_df.withColumn("reason", F.lit(None).cast("string")), 120)
         rows = finalize_windows(aggregated).toArrow()

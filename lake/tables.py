@@ -82,7 +82,12 @@ def committed_batch(table: DeltaTable, app_id: str) -> int:
     return -1 if version is None else int(version)
 
 
-def _commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
+def batch_commit_properties(app_id: str, batch_id: int, operation: str) -> CommitProperties:
+    """delta-rs commit properties for micro-batch ``batch_id`` of ``app_id``.
+
+    Carries the transaction action ``txn(app_id, batch_id)`` that makes the
+    commit idempotent, and ``lake.*`` commit info naming the operation.
+    """
     return CommitProperties(
         app_transactions=[Transaction(app_id, batch_id, int(time.time() * 1000))],
         custom_metadata={"lake.operation": operation, "lake.appId": app_id, "lake.batchId": str(batch_id)},
@@ -105,7 +110,7 @@ def commit_files(store: LocalStore, name: str, actions: list[AddAction], *, app_
         mode="append",
         schema=schema,
         partition_by=partition_by,
-        commit_properties=_commit_properties(app_id, batch_id, "STREAMING UPDATE"),
+        commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING UPDATE"),
     )
     return True
 
@@ -132,7 +137,7 @@ def merge_rows(store: LocalStore, name: str, rows: pa.Table, key: list[str], *, 
             predicate,
             source_alias="s",
             target_alias="t",
-            commit_properties=_commit_properties(app_id, batch_id, "STREAMING MERGE"),
+            commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING MERGE"),
         )
         .when_matched_update_all()
         .when_not_matched_insert_all()
