@@ -272,5 +272,73 @@ def demo(
         _fail(str(exc))
 
 
+infra_app = typer.Typer(help="A local S3 server (SeaweedFS) for the lake: up, down, status.", no_args_is_help=True)
+app.add_typer(infra_app, name="infra")
+
+DataDir = Annotated[Path, typer.Option(help="Server data, logs and identities (keep it out of git).")]
+# SeaweedFS also listens on every port + 10000 (gRPC), hence the upper bounds.
+S3Port = Annotated[int, typer.Option(min=1024, max=55535, help="S3 port on 127.0.0.1.")]
+MasterPort = Annotated[
+    int, typer.Option(min=2700, max=55535, help="SeaweedFS master port (the volume and filer ports follow it).")
+]
+
+
+def _s3_server(data_dir: Path, s3_port: int, master_port: int, bucket: str = "lake"):
+    from infra.seaweedfs import S3Server
+
+    return S3Server(data_dir.resolve(), bucket=bucket, s3_port=s3_port, master_port=master_port)
+
+
+@infra_app.command("up")
+def infra_up(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"),
+    s3_port: S3Port = 8333,
+    master_port: MasterPort = 19333,
+    bucket: Annotated[str, typer.Option(help="Bucket to create.")] = "lake",
+    identity: Annotated[str, typer.Option(help="Identity to export: agent, pipeline or analyst.")] = "pipeline",
+) -> None:
+    """Start SeaweedFS on 127.0.0.1 and print `export LAKE_...` lines: eval "$(lake infra up)"."""
+    from infra.seaweedfs import IDENTITIES, InfraError, export_lines, start
+
+    if identity not in IDENTITIES or identity == "admin":
+        _fail(f"--identity {identity!r}: choose agent, pipeline or analyst")
+    server = _s3_server(data_dir, s3_port, master_port, bucket)
+    try:
+        start(server, log=err.print)
+    except InfraError as exc:
+        _fail(str(exc))
+    for line in export_lines(server, identity):
+        print(line)
+
+
+@infra_app.command("down")
+def infra_down(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
+) -> None:
+    """Stop the local S3 server (its data stays in --data-dir)."""
+    from infra.seaweedfs import stop
+
+    if not stop(_s3_server(data_dir, s3_port, master_port), log=err.print):
+        err.print("not running")
+
+
+@infra_app.command("status")
+def infra_status(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
+) -> None:
+    """Say whether the local S3 server runs and answers; exit code 1 if not."""
+    from infra.seaweedfs import running_pid, s3_answers
+
+    server = _s3_server(data_dir, s3_port, master_port)
+    pid = running_pid(server)
+    answers = pid is not None and s3_answers(server)
+    err.print(
+        f"SeaweedFS {f'running (pid {pid})' if pid else 'not running'}; "
+        f"S3 at {server.endpoint} {'answers' if answers else 'does not answer'}; data in {server.data_dir}"
+    )
+    if not answers:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

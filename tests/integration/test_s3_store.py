@@ -1,0 +1,157 @@
+"""The object store on a real S3 server (SeaweedFS started by the suite), and least privilege.
+
+A session-scoped server started through `lake infra up` on free loopback
+ports; each test gets its own key prefix (delta-rs's conftest pattern).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from botocore.exceptions import ClientError
+from deltalake import DeltaTable, write_deltalake
+
+from infra.seaweedfs import S3Server, credentials
+from lake.storage import LocalStore, ObjectExistsError, S3Store
+
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
+LAKE = str(Path(sys.executable).with_name("lake"))
+
+
+def _free_port_pair() -> tuple[int, int]:
+    """Free S3 and master ports (SeaweedFS also takes each + 10000, and volume/filer ports below master)."""
+
+    def free(*ports: int) -> bool:
+        for port in ports:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    return False
+        return True
+
+    start = 21000 + os.getpid() % 400 * 20
+    for master in range(start, 40000, 13):
+        s3 = master + 5
+        ports = (master, master - 1253, master - 445, s3)
+        if free(*ports, *(p + 10000 for p in ports)):
+            return s3, master
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("seaweedfs")
+    s3_port, master_port = _free_port_pair()
+    args = ["--data-dir", str(data_dir), "--s3-port", str(s3_port), "--master-port", str(master_port)]
+    try:
+        up = subprocess.run([LAKE, "infra", "up", *args], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr
+        (data_dir / "exports.sh").write_text(up.stdout)
+        yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
+    finally:
+        subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
+
+
+def store_as(server: S3Server, identity: str, prefix: str = "") -> S3Store:
+    access, secret = credentials(server)[identity]
+    return S3Store(
+        f"s3://{server.bucket}/{prefix}".rstrip("/"), endpoint=server.endpoint, access_key=access, secret_key=secret
+    )
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store(request, tmp_path):
+    if request.param == "local":
+        return LocalStore(tmp_path / "lake")
+    server = request.getfixturevalue("s3_server")
+    return store_as(server, "admin", f"tests/{uuid.uuid4().hex}")
+
+
+def test_up_prints_exports_for_the_pipeline_identity(s3_server):
+    lines = (s3_server.data_dir / "exports.sh").read_text().splitlines()
+    assert lines[0] == f"export LAKE_ROOT=s3://{s3_server.bucket}"
+    assert f"export LAKE_S3_ENDPOINT={s3_server.endpoint}" in lines
+    assert any(line.startswith("export LAKE_S3_ACCESS_KEY=pipeline-") for line in lines)
+    assert (s3_server.config_file.stat().st_mode & 0o777) == 0o600
+
+
+def test_store_primitives_behave_the_same_on_both_backends(any_store):
+    any_store.create("log/t/0/a", b"first")
+    with pytest.raises(ObjectExistsError):
+        any_store.create("log/t/0/a", b"second")  # conditional create never overwrites
+    assert any_store.read("log/t/0/a") == b"first"
+    any_store.replace("log/t/0/index.json", b"{}")
+    any_store.replace("log/t/0/index.json", b'{"v": 2}')
+    assert any_store.read("log/t/0/index.json") == b'{"v": 2}'
+    assert any_store.size("log/t/0/a") == 5
+    assert any_store.list("log/t/0") == ["a", "index.json"]
+    assert any_store.list("log") == ["t"] and any_store.list("nothing") == []
+    assert any_store.exists("log/t/0/a") and any_store.exists("log/t") and not any_store.exists("log/t/0/b")
+    with any_store.open_arrow("log/t/0/a") as source:
+        assert source.read() == b"first"
+    any_store.delete("log/t/0/a")
+    with pytest.raises(FileNotFoundError):
+        any_store.read("log/t/0/a")
+
+
+def test_delta_commits_work_through_the_store_options(s3_server):
+    store = store_as(s3_server, "pipeline")
+    uri = store.uri(f"tables/t_{uuid.uuid4().hex}")
+    data = pa.table({"x": [1, 2, 3]})
+    write_deltalake(uri, data, storage_options=store.storage_options())
+    write_deltalake(uri, data, mode="append", storage_options=store.storage_options())
+    table = DeltaTable(uri, storage_options=store.storage_options())
+    assert (table.version(), table.to_pyarrow_table().num_rows) == (1, 6)
+
+
+@pytest.mark.parametrize(
+    ("identity", "allowed", "refused"),
+    [
+        ("agent", ["write log/", "read log/"], ["write tables/", "read tables/", "write quality/"]),
+        (
+            "pipeline",
+            ["read log/", "write log/_consumers/", "write tables/", "read tables/", "write quality/"],
+            ["write log/"],
+        ),
+        ("analyst", ["read tables/", "read quality/"], ["write tables/", "write quality/", "read log/", "write log/"]),
+    ],
+)
+def test_each_identity_is_refused_what_it_must_not_do(s3_server, identity, allowed, refused):
+    admin = store_as(s3_server, "admin")
+    marker = uuid.uuid4().hex
+    for prefix in ("log/", "log/_consumers/", "tables/", "quality/"):
+        admin.replace(f"{prefix}{marker}", b"seed")
+    store = store_as(s3_server, identity)
+
+    def attempt(operation: str) -> None:
+        verb, prefix = operation.split(" ")
+        if verb == "write":
+            store.replace(f"{prefix}{marker}-{identity}", b"x")
+        else:
+            assert store.read(f"{prefix}{marker}") == b"seed"
+
+    for operation in allowed:
+        attempt(operation)
+    for operation in refused:
+        with pytest.raises(ClientError) as error:
+            attempt(operation)
+        assert error.value.response["Error"]["Code"] == "AccessDenied", operation
+
+
+def test_status_and_down(tmp_path):
+    s3_port, master_port = _free_port_pair()
+    args = ["--data-dir", str(tmp_path / "sw"), "--s3-port", str(s3_port), "--master-port", str(master_port)]
+    assert subprocess.run([LAKE, "infra", "status", *args], capture_output=True).returncode == 1
+    try:
+        assert subprocess.run([LAKE, "infra", "up", *args], capture_output=True, timeout=120).returncode == 0
+        assert subprocess.run([LAKE, "infra", "status", *args], capture_output=True).returncode == 0
+    finally:
+        down = subprocess.run([LAKE, "infra", "down", *args], capture_output=True, text=True, timeout=60)
+    assert down.returncode == 0 and "stopped" in down.stderr
+    assert subprocess.run([LAKE, "infra", "status", *args], capture_output=True).returncode == 1
