@@ -163,23 +163,24 @@ class Producer:
             return self._pending[partition]
 
     def _flush_partition(self, partition: int) -> None:
+        """Append the pending batch (if a flush failed before), then the buffer."""
         with self._flush_locks[partition]:
-            taken = self._take(partition)
-            if taken is None:
-                return
-            records, seq = taken
-            for attempt in range(self.retries + 1):
-                try:
-                    self.log.append(self.topic, partition, records, producer_id=self.producer_id, producer_seq=seq)
-                    break
-                except OSError:
-                    if attempt == self.retries:
-                        raise
-                    self.stats.retries += 1
-                    time.sleep(min(0.05 * 2**attempt, 2.0))
-            with self._lock:
-                self._pending[partition] = None
-                self.stats.segments += 1
+            while (taken := self._take(partition)) is not None:
+                self._append(partition, *taken)
+
+    def _append(self, partition: int, records: pa.Table, seq: int) -> None:
+        for attempt in range(self.retries + 1):
+            try:
+                self.log.append(self.topic, partition, records, producer_id=self.producer_id, producer_seq=seq)
+                break
+            except OSError:
+                if attempt == self.retries:
+                    raise
+                self.stats.retries += 1
+                time.sleep(min(0.05 * 2**attempt, 2.0))
+        with self._lock:
+            self._pending[partition] = None
+            self.stats.segments += 1
 
     def _flush_aged_loop(self) -> None:
         interval = max(self.linger_ms / 4000.0, 0.005)

@@ -189,3 +189,25 @@ def test_concurrent_producer_processes_keep_offsets_dense(log, store):
         ends_ = [s.end_offset for s in index.segments]
         assert bases[0] == 0 and bases[1:] == ends_[:-1]  # dense, no gap, no overlap
         assert read_range(log, "m", p, 0, end).column("offset").to_pylist() == list(range(end))
+
+
+def test_a_failed_flush_is_retried_with_its_sequence_and_nothing_newer_is_left_behind(log, monkeypatch):
+    producer = Producer(log, "m", partitions=1, roll_bytes=10**9, linger_ms=60_000, retries=0)
+    real_append = log.append
+    calls = {"n": 0}
+
+    def append_that_writes_then_fails(*args, **kwargs):
+        calls["n"] += 1
+        result = real_append(*args, **kwargs)
+        if calls["n"] == 1:
+            raise OSError("timeout after the segment was written")  # the caller cannot know it landed
+        return result
+
+    monkeypatch.setattr(log, "append", append_that_writes_then_fails)
+    producer.send(records(3))
+    with pytest.raises(OSError):
+        producer.flush()  # batch 1 stays pending with its sequence number
+    producer.send(records(4, start_ms=1_900_000_000_000))
+    producer.close()  # retries batch 1 (a duplicate, skipped), then appends batch 2
+    assert log.index("m", 0).next_offset == 7
+    assert read_range(log, "m", 0, 0, 7).column("value").to_pylist() == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0]
