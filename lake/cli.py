@@ -53,13 +53,16 @@ def _settings(**overrides) -> LakeSettings:
     return load_settings(**overrides)
 
 
-def _interrupt_on_sigterm() -> None:
-    """Turn SIGTERM (systemd, Kubernetes, Airflow) into the same clean stop as Ctrl-C."""
+def _stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM (systemd, Kubernetes, Airflow) or Ctrl-C, for a clean stop between batches."""
+    stop = threading.Event()
 
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        stop.set()
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
 
 
 def _fail(message: str) -> None:
@@ -177,13 +180,15 @@ def stream(
     except ConfigError as exc:
         _fail(str(exc))
     spark.streams.addListener(BatchProgressPrinter(err))
-    _interrupt_on_sigterm()
+    stop = None if once else _stop_on_signals()
     mode = "until all available data is processed" if once else f"every {settings.trigger_seconds:g} s until Ctrl-C"
     err.print(f"speed layer for topic {settings.topic!r} ({mode}); checkpoints in {settings.checkpoint_path}")
     try:
-        run_stream(spark, settings, once=once)
+        run_stream(spark, settings, once=once, stop=stop)
+        if stop is not None and stop.is_set():
+            err.print("stopped on signal, between micro-batches")
     except KeyboardInterrupt:
-        err.print("stopping")
+        err.print("interrupted")
     except StreamingQueryException as exc:
         _fail(f"streaming query failed: {exc.getMessage().splitlines()[0]}")
     finally:

@@ -25,6 +25,7 @@ recompute from bronze covers them.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -176,15 +177,17 @@ def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> S
     return StreamHandles(bronze, windows)
 
 
-def run_stream(spark, settings: LakeSettings, *, once: bool) -> None:
+def run_stream(spark, settings: LakeSettings, *, once: bool, stop: threading.Event | None = None) -> None:
     """Run the speed layer; with ``once``, until all available data is processed.
 
     ``once`` runs micro-batches back to back until the queries have caught up
     with the log, then stops. (Spark's ``availableNow`` trigger is not used:
     for Python data sources it reads the whole backlog as one batch,
     ignoring ``maxRecordsPerBatch``.) Without ``once`` it runs every
-    ``settings.trigger_seconds`` until interrupted or a query fails. Raises
-    ``pyspark.errors.StreamingQueryException`` if a query fails.
+    ``settings.trigger_seconds`` until ``stop`` is set (a signal handler sets
+    it: raising inside a blocking py4j call could break the JVM gateway) or
+    a query fails. Raises ``pyspark.errors.StreamingQueryException`` if a
+    query fails.
     """
     handles = start_queries(spark, settings, trigger_seconds=0 if once else settings.trigger_seconds)
     try:
@@ -192,7 +195,9 @@ def run_stream(spark, settings: LakeSettings, *, once: bool) -> None:
             for query in handles.all():
                 query.processAllAvailable()
         else:
-            spark.streams.awaitAnyTermination()
+            stop = stop or threading.Event()
+            while not stop.is_set() and not spark.streams.awaitAnyTermination(1.0):
+                pass
         for query in handles.all():
             if query.exception() is not None:
                 raise query.exception()

@@ -101,5 +101,5 @@ def test_sigterm_stops_the_stream_cleanly_and_keeps_what_it_committed(settings, 
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output[-3000:]
-    assert "stopping" in output
+    assert "stopped on signal" in output
     assert open_table(store, "bronze_events").to_pyarrow_table().num_rows == 5 * 2 * 60
