@@ -22,10 +22,11 @@ from tests.helpers import expected_windows
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LAKE = str(Path(sys.executable).with_name("lake"))
 START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
-#: Seconds after start at which each run is killed: during JVM start-up,
-#: then (the first micro-batch finishes ~12-15 s after start on 2 cores)
-#: around and after the first commits, with later batches under way.
-KILL_AFTER = [4.0, 15.0, 19.0, 23.0, 27.0]
+#: How each run is killed: the first during JVM start-up (a fixed 4 s); the
+#: later ones once that run has committed a new bronze version, plus a small
+#: offset, so they land mid-stream with later batches under way on any
+#: machine speed.
+KILL_AFTER_COMMIT = [None, 0.0, 0.4, 0.9, 1.5]
 
 
 def lake_env(settings) -> dict[str, str]:
@@ -41,26 +42,35 @@ def lake_env(settings) -> dict[str, str]:
     }
 
 
+def bronze_version(store) -> int:
+    return open_table(store, "bronze_events").version() if store.exists("tables/bronze_events/_delta_log") else -1
+
+
 def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     env = lake_env(settings)
     bronze_versions = []
-    for phase, delay in enumerate(KILL_AFTER):
+    for phase, offset in enumerate(KILL_AFTER_COMMIT):
         sim = FleetSimulator(
             servers=10, metrics=5, seconds=60, rate=2.0, seed=phase, start_ms=START_MS + phase * 60_000
         )
         with Producer(log, settings.topic, partitions=settings.partitions) as producer:
             producer.send(sim.generate())
+        before = bronze_version(store)
         with open(tmp_path / f"stream-{phase}.log", "wb") as output:
             process = subprocess.Popen(
                 [LAKE, "stream"], env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
             )
-            time.sleep(delay)
+            if offset is None:
+                time.sleep(4.0)
+            else:
+                deadline = time.monotonic() + 120
+                while bronze_version(store) <= before and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(offset)
             assert process.poll() is None, (tmp_path / f"stream-{phase}.log").read_text()[-3000:]
             os.killpg(process.pid, signal.SIGKILL)  # the driver, its JVM and Python workers at once
             process.wait(30)
-        bronze_versions.append(
-            open_table(store, "bronze_events").version() if store.exists("tables/bronze_events/_delta_log") else -1
-        )
+        bronze_versions.append(bronze_version(store))
 
     assert bronze_versions[-1] >= 1, f"no run got as far as a commit: {bronze_versions}"
     final = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=600)
