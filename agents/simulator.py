@@ -18,8 +18,9 @@ and benchmarks are reproducible. Output is an Arrow table in
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,6 +152,21 @@ class FleetSimulator:
         ends = np.concatenate([bounds, [len(ts)]])
         for lo, hi in zip(starts, ends, strict=False):
             yield float(bucket[lo]), table.slice(int(lo), int(hi - lo))
+
+
+def send_in_real_time(
+    simulator: FleetSimulator, send: Callable[[pa.Table], None], stop: threading.Event | None = None
+) -> None:
+    """Hand each second of ``simulator``'s events to ``send`` when the wall clock reaches it.
+
+    Returns early, sending nothing more, once ``stop`` is set.
+    """
+    stop = stop or threading.Event()
+    started = time.monotonic()
+    for offset, batch in simulator.second_batches():
+        if stop.wait(max(0.0, started + offset - time.monotonic())):
+            return
+        send(batch)
 
 
 def _series(shape: str, rng: np.random.Generator, t_sec: np.ndarray, s: int, k: int, rate: float) -> np.ndarray:

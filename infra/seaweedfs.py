@@ -163,20 +163,13 @@ def s3_answers(server: S3Server, timeout: float = 2.0) -> bool:
     return True
 
 
-def s3_client(server: S3Server, identity: str, region: str = "us-east-1"):
-    """A boto3 S3 client signed as ``identity``."""
-    import boto3
-    from botocore.config import Config
+def store_as(server: S3Server, identity: str, prefix: str = ""):
+    """A :class:`lake.storage.S3Store` on this server's bucket, signed as ``identity``."""
+    from lake.storage import S3Store
 
     access, secret = credentials(server)[identity]
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        aws_access_key_id=access,
-        aws_secret_access_key=secret,
-        region_name=region,
-        config=Config(retries={"max_attempts": 3, "mode": "standard"}),
-    )
+    uri = f"s3://{server.bucket}/{prefix}".rstrip("/")
+    return S3Store(uri, endpoint=server.endpoint, access_key=access, secret_key=secret)
 
 
 def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
@@ -217,7 +210,7 @@ def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
         if running_pid(server) is None:
             break
         if s3_answers(server):
-            admin = admin or s3_client(server, "admin")
+            admin = admin or store_as(server, "admin").client
             try:
                 admin.head_bucket(Bucket=server.bucket)
                 log(f"bucket {server.bucket!r} ready")

@@ -27,8 +27,8 @@ from rich.table import Table
 from rich.text import Text
 
 from lake.config import ConfigError, LakeSettings, load_settings
-from lake.log.log import SegmentLog, TopicNotFoundError
-from lake.log.producer import Producer
+from lake.log.log import TopicNotFoundError
+from lake.log.producer import producer_for
 from lake.storage import open_store
 
 app = typer.Typer(
@@ -70,16 +70,6 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def _producer(settings: LakeSettings) -> Producer:
-    return Producer(
-        SegmentLog(open_store(settings)),
-        settings.topic,
-        partitions=settings.partitions,
-        roll_bytes=settings.segment_roll_bytes,
-        linger_ms=settings.segment_roll_ms,
-    )
-
-
 @app.command()
 def produce(
     servers: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 10,
@@ -92,14 +82,14 @@ def produce(
 ) -> None:
     """Produce events to the log: a seeded fleet simulator, or a JSON Lines import."""
     from agents.file_import import import_jsonl
-    from agents.simulator import FleetSimulator
+    from agents.simulator import FleetSimulator, send_in_real_time
 
     settings = _settings()
+    if from_file is not None and not from_file.exists():
+        _fail(f"--from-file {from_file}: no such file")
     try:
-        with _producer(settings) as producer:
+        with producer_for(settings) as producer:
             if from_file is not None:
-                if not from_file.exists():
-                    _fail(f"--from-file {from_file}: no such file")
                 stats = import_jsonl(producer, from_file)
                 err.print(
                     f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "
@@ -117,9 +107,7 @@ def produce(
             err.print(f"simulating {simulator.total_events:,} events from {servers} servers x {metrics} metrics")
             started = time.monotonic()
             if realtime:
-                for offset, batch in simulator.second_batches():
-                    time.sleep(max(0.0, started + offset - time.monotonic()))
-                    producer.send(batch)
+                send_in_real_time(simulator, producer.send)
             else:
                 producer.send(simulator.generate())
         elapsed = time.monotonic() - started
@@ -149,7 +137,7 @@ def agent(
         f"host agent for {host.server!r}: sampling every {interval:g} s into topic {settings.topic!r}; Ctrl-C stops"
     )
     try:
-        with _producer(settings) as producer:
+        with producer_for(settings) as producer:
             sent = host.run(producer, interval=interval, duration=duration, stop=stop)
     except KeyboardInterrupt:
         stop.set()

@@ -19,10 +19,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from agents.host import HostAgent
-from agents.simulator import FleetSimulator
+from agents.simulator import FleetSimulator, send_in_real_time
 from lake.config import LakeSettings
-from lake.log.log import SegmentLog
-from lake.log.producer import Producer
+from lake.log.producer import producer_for
 from lake.storage import open_store
 from lake.tables import summarize_tables
 
@@ -38,14 +37,6 @@ MALFORMED_SAMPLES: list[str] = [
     '{"ts": "yesterday", "server": "web-01", "metric": "host.cpu.utilization", "value": 1.0}',
     '{"ts": 1700000000000, "server": "web-01", "metric": "app.queue.depth", "value": 1.0, "tags": {"k": 1}}',
 ]
-
-
-def _simulate(simulator: FleetSimulator, producer: Producer, stop: threading.Event) -> None:
-    started = time.monotonic()
-    for offset, batch in simulator.second_batches():
-        if stop.wait(max(0.0, started + offset - time.monotonic())):
-            return
-        producer.send(batch)
 
 
 def _sql_literal(text: str) -> str:
@@ -66,13 +57,7 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
         f"lake root      {store.root}\ncheckpoints    {settings.checkpoint_path}\n"
         f"topic          {settings.topic} ({settings.partitions} partitions for a new topic)"
     )
-    producer = Producer(
-        SegmentLog(store),
-        settings.topic,
-        partitions=settings.partitions,
-        roll_bytes=settings.segment_roll_bytes,
-        linger_ms=settings.segment_roll_ms,
-    )
+    producer = producer_for(settings, store)
     host = HostAgent()
     simulator = FleetSimulator(
         servers=servers,
@@ -90,7 +75,9 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
             name="host-agent",
             daemon=True,
         ),
-        threading.Thread(target=_simulate, args=(simulator, producer, stop), name="simulator", daemon=True),
+        threading.Thread(
+            target=send_in_real_time, args=(simulator, producer.send, stop), name="simulator", daemon=True
+        ),
     ]
     console.print(
         f"producing for {seconds} s: host agent on {host.server!r} every 1 s, "
@@ -102,8 +89,7 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
 
     console.print("starting Spark (local) and the speed layer ...")
     spark = build_session(settings, "lake-demo")
-    listener = BatchProgressPrinter(console)
-    spark.streams.addListener(listener)
+    spark.streams.addListener(BatchProgressPrinter(console))
     handles = start_queries(spark, settings, trigger_seconds=settings.trigger_seconds)
     try:
         with Progress(

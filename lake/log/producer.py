@@ -26,11 +26,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lake.config import LakeSettings
 from lake.log.log import SegmentLog
+from lake.storage import LocalStore, open_store
 from lake_schemas import LOG_RECORD
 from lake_schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
+
+
+def producer_for(settings: LakeSettings, store: LocalStore | None = None) -> Producer:
+    """A :class:`Producer` for ``settings.topic`` with the configured partitions and roll size/age."""
+    return Producer(
+        SegmentLog(store or open_store(settings)),
+        settings.topic,
+        partitions=settings.partitions,
+        roll_bytes=settings.segment_roll_bytes,
+        linger_ms=settings.segment_roll_ms,
+    )
 
 
 def partition_for(key: str, partitions: int) -> int:

@@ -9,14 +9,10 @@ from rich.console import Console
 
 
 class BatchProgressPrinter(StreamingQueryListener):
-    """Prints ``[query] batch N: rows, rows/s, duration`` for every non-empty micro-batch.
-
-    Also keeps running totals of input rows per query name in :attr:`rows`.
-    """
+    """Prints ``[query] batch N: rows, rows/s, duration`` for every non-empty micro-batch."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.rows: dict[str, int] = {}
 
     def _say(self, message: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {message}", highlight=False)
@@ -31,7 +27,6 @@ class BatchProgressPrinter(StreamingQueryListener):
         rows = progress.numInputRows
         if rows == 0:
             return
-        self.rows[progress.name] = self.rows.get(progress.name, 0) + rows
         seconds = progress.batchDuration / 1000.0
         rate = rows / seconds if seconds else 0.0
         self._say(

@@ -18,8 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 from deltalake import DeltaTable, write_deltalake
 
-from infra.seaweedfs import S3Server, credentials
-from lake.storage import LocalStore, ObjectExistsError, S3Store
+from infra.seaweedfs import S3Server, store_as
+from lake.storage import LocalStore, ObjectExistsError
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 LAKE = str(Path(sys.executable).with_name("lake"))
@@ -56,13 +56,6 @@ def s3_server(tmp_path_factory):
         yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
     finally:
         subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
-
-
-def store_as(server: S3Server, identity: str, prefix: str = "") -> S3Store:
-    access, secret = credentials(server)[identity]
-    return S3Store(
-        f"s3://{server.bucket}/{prefix}".rstrip("/"), endpoint=server.endpoint, access_key=access, secret_key=secret
-    )
 
 
 @pytest.fixture(params=["local", "s3"])
