@@ -59,6 +59,20 @@ class LakeSettings(BaseSettings):
     shuffle_partitions: int = Field(
         4, ge=1, description="spark.sql.shuffle.partitions for new streaming checkpoints (fixed once a query has run)."
     )
+    lease_ttl_seconds: float = Field(
+        10.0, ge=1, description="Partition lease time-to-live; a dead writer's partitions are free after this."
+    )
+    gateway_host: str = Field("127.0.0.1", description="Address `lake gateway` listens on.")
+    gateway_port: int = Field(8787, ge=0, le=65535, description="Port `lake gateway` listens on (0: any free port).")
+    gateway_buffer_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Gateway answers 429 once this many bytes await a durable flush."
+    )
+    gateway_ack_timeout_seconds: float = Field(
+        10.0, gt=0, description="Gateway answers 503 if a batch is not durable within this time."
+    )
+    spool_dir: str = Field(
+        "./.lake-spool", description="Local disk buffer where agents keep batches the gateway has not acknowledged."
+    )
 
     @field_validator("root")
     @classmethod

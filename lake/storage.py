@@ -10,24 +10,40 @@ Guarantees the log builds on:
   fails if the name exists (POSIX link semantics), so a reader never sees a
   partial object and no writer overwrites another's.
 - :meth:`LocalStore.replace` is an atomic replace (write then ``rename(2)``).
+- :meth:`LocalStore.replace_if` is a compare-and-swap on the object's
+  version (the MD5 of its bytes, like an S3 ETag); on S3 it is a PUT with
+  ``If-Match``. Partition leases and the partition index rely on it.
+  Because the version is a content hash, callers put a changing field
+  (revision, timestamp) in every document they swap, so A-B-A cannot occur.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
-from lake.config import ConfigError, LakeSettings
+from lake.config import LakeSettings
 
 
 class ObjectExistsError(FileExistsError):
     """A create-if-absent found the object already there."""
+
+
+class VersionConflictError(RuntimeError):
+    """A :meth:`~LocalStore.replace_if` found another version than the caller expected."""
+
+
+def content_version(data: bytes | pa.Buffer) -> str:
+    """Version of an object's bytes: their MD5 in hex (an S3 single-part ETag without quotes)."""
+    return hashlib.md5(memoryview(data), usedforsecurity=False).hexdigest()
 
 
 class LocalStore:
@@ -78,6 +94,30 @@ class LocalStore:
         """Whole object as bytes; :class:`FileNotFoundError` if absent."""
         return self.path(key).read_bytes()
 
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and version; :class:`FileNotFoundError` if absent."""
+        data = self.read(key)
+        return data, content_version(data)
+
+    def replace_if(self, key: str, data: bytes | pa.Buffer, version: str | None) -> str:
+        """Write ``key`` only if its current version is ``version`` (``None``: only if absent).
+
+        Returns the new version. Raises :class:`VersionConflictError` if the
+        object changed (or exists, for ``None``). Writers on this host are
+        serialised by an ``flock`` on a hidden sidecar file, which makes the
+        check and the atomic rename one step.
+        """
+        target = self.path(key)
+        with self.lock(str(Path(key).parent / f".{target.name}.lock")):
+            try:
+                current = content_version(target.read_bytes())
+            except FileNotFoundError:
+                current = None
+            if current != version:
+                raise VersionConflictError(f"{key}: version is {current}, expected {version}")
+            self.replace(key, data)
+        return content_version(data)
+
     def open_arrow(self, key: str) -> pa.NativeFile:
         """Memory-mapped Arrow file for zero-copy reads."""
         return pa.memory_map(str(self.path(key)), "r")
@@ -91,22 +131,23 @@ class LocalStore:
         return self.path(key).stat().st_size
 
     def list(self, prefix: str) -> list[str]:
-        """Names (not keys) directly under ``prefix``, sorted; temp files excluded."""
+        """Names (not keys) directly under ``prefix``, sorted; hidden temp and lock files excluded."""
         directory = self.path(prefix)
         if not directory.is_dir():
             return []
-        return sorted(name for name in os.listdir(directory) if not name.startswith(".tmp-"))
+        return sorted(name for name in os.listdir(directory) if not name.startswith("."))
 
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
         self.path(key).unlink(missing_ok=True)
 
+    def arrow_fs(self) -> tuple[pafs.FileSystem, str]:
+        """A ``pyarrow.fs`` file system and the base path of the lake root in it."""
+        return pafs.LocalFileSystem(), str(self.root)
+
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
-        """Exclusive cross-process lock named ``key`` (``flock(2)``), held for the block.
-
-        It serialises writers of one partition across processes on this host.
-        """
+        """Exclusive cross-process lock named ``key`` (``flock(2)``), held for the block."""
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         with open(target, "a+b") as handle:
@@ -120,12 +161,13 @@ class LocalStore:
 class S3Store:
     """A lake root in S3-compatible object storage (AWS S3, MinIO, SeaweedFS), via boto3.
 
-    Same primitives as :class:`LocalStore` except :meth:`LocalStore.lock`:
-    writers of one partition on object storage coordinate through leases,
-    which this class does not provide. :meth:`create` is a conditional PUT
-    with ``If-None-Match: *`` (answered 412 when the key exists: AWS S3
-    since 2024-08, MinIO, SeaweedFS), so two writers never overwrite each
-    other; a PUT is atomic, so readers never see a partial object.
+    Same primitives as :class:`LocalStore`. :meth:`create` is a conditional
+    PUT with ``If-None-Match: *`` and :meth:`replace_if` one with
+    ``If-Match: <etag>``; both are answered 412 when the condition fails
+    (AWS S3 since 2024-08 and 2024-11, MinIO, SeaweedFS), so two writers
+    never overwrite each other. A PUT is atomic: readers never see a
+    partial object. Objects are written in one part, so an ETag is the MD5
+    of the bytes, the same as :func:`content_version`.
     """
 
     def __init__(
@@ -144,6 +186,7 @@ class S3Store:
             raise ValueError(f"{uri!r} is not an s3:// URI")
         self.bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.prefix = prefix.strip("/")
+        self.root = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.endpoint = endpoint
         self.region = region
         self._access_key = access_key
@@ -173,9 +216,26 @@ class S3Store:
             options.update(AWS_ACCESS_KEY_ID=self._access_key, AWS_SECRET_ACCESS_KEY=self._secret_key)
         return options
 
+    def arrow_fs(self) -> tuple[pafs.FileSystem, str]:
+        """A ``pyarrow.fs.S3FileSystem`` with this store's endpoint and keys, and ``bucket/prefix``."""
+        scheme = "https"
+        endpoint = None
+        if self.endpoint:
+            scheme, _, endpoint = self.endpoint.partition("://")
+        fs = pafs.S3FileSystem(
+            access_key=self._access_key,
+            secret_key=self._secret_key,
+            region=self.region,
+            endpoint_override=endpoint,
+            scheme=scheme,
+        )
+        return fs, f"{self.bucket}/{self.prefix}".rstrip("/")
+
     @staticmethod
     def _code(exc) -> str:
         return str(exc.response.get("Error", {}).get("Code", ""))
+
+    _PRECONDITION = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 
     def create(self, key: str, data: bytes | pa.Buffer) -> None:
         """Create ``key`` only if absent; :class:`ObjectExistsError` if it exists."""
@@ -184,9 +244,37 @@ class S3Store:
         try:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), IfNoneMatch="*")
         except ClientError as exc:
-            if self._code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if self._code(exc) in self._PRECONDITION:
                 raise ObjectExistsError(key) from exc
             raise
+
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and version (its ETag); :class:`FileNotFoundError` if absent."""
+        from botocore.exceptions import ClientError
+
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if self._code(exc) in ("NoSuchKey", "404"):
+                raise FileNotFoundError(self.uri(key)) from None
+            raise
+        return answer["Body"].read(), answer["ETag"].strip('"')
+
+    def replace_if(self, key: str, data: bytes | pa.Buffer, version: str | None) -> str:
+        """Write ``key`` only if its ETag is ``version`` (``None``: only if absent); returns the new ETag.
+
+        Raises :class:`VersionConflictError` when the server answers 412.
+        """
+        from botocore.exceptions import ClientError
+
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": f'"{version}"'}
+        try:
+            answer = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), **condition)
+        except ClientError as exc:
+            if self._code(exc) in self._PRECONDITION:
+                raise VersionConflictError(f"{self.uri(key)}: changed since version {version}") from exc
+            raise
+        return answer["ETag"].strip('"')
 
     def replace(self, key: str, data: bytes | pa.Buffer) -> None:
         """Write ``key``, replacing any previous version (one atomic PUT)."""
@@ -194,14 +282,7 @@ class S3Store:
 
     def read(self, key: str) -> bytes:
         """Whole object as bytes; :class:`FileNotFoundError` if absent."""
-        from botocore.exceptions import ClientError
-
-        try:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404"):
-                raise FileNotFoundError(self.uri(key)) from None
-            raise
+        return self.read_versioned(key)[0]
 
     def open_arrow(self, key: str) -> pa.NativeFile:
         """The object as an in-memory Arrow file."""
@@ -240,7 +321,7 @@ class S3Store:
         ):
             names.update(entry["Key"][len(base) :] for entry in page.get("Contents", []))
             names.update(entry["Prefix"][len(base) :].rstrip("/") for entry in page.get("CommonPrefixes", []))
-        return sorted(name for name in names if name and not name.startswith(".tmp-"))
+        return sorted(name for name in names if name and not name.startswith("."))
 
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
@@ -262,17 +343,9 @@ def s3_store(settings: LakeSettings) -> S3Store:
     )
 
 
-def open_store(settings: LakeSettings) -> LocalStore:
-    """The store for ``settings.root``.
+Store = LocalStore | S3Store
 
-    Raises :class:`ConfigError` for ``s3://`` roots: :class:`S3Store` has
-    the object primitives, but the log on object storage also needs
-    partition leases with fencing, and Delta data files and Spark reads
-    need to go through it; until then the pipeline runs on local roots only.
-    """
-    if settings.is_s3:
-        raise ConfigError(
-            f"LAKE_ROOT={settings.root}: the pipeline does not run on S3 in this build yet "
-            "(partition leases are missing); use a local path such as ./lakehouse"
-        )
-    return LocalStore(settings.root)
+
+def open_store(settings: LakeSettings) -> Store:
+    """The store for ``settings.root``: :class:`S3Store` for ``s3://…``, else :class:`LocalStore`."""
+    return s3_store(settings) if settings.is_s3 else LocalStore(settings.root)

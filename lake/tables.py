@@ -34,16 +34,16 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
-from lake.storage import LocalStore
+from lake.storage import Store
 from lake_schemas import TABLES
 
 
-def table_uri(store: LocalStore, name: str) -> str:
+def table_uri(store: Store, name: str) -> str:
     """URI of table ``name`` for delta-rs and Spark readers."""
     return store.uri(f"tables/{name}")
 
 
-def ensure_table(store: LocalStore, name: str) -> DeltaTable:
+def ensure_table(store: Store, name: str) -> DeltaTable:
     """Open table ``name``, creating it empty (schema from :mod:`lake_schemas`) if absent.
 
     Raises ``KeyError`` for a name not declared in :data:`lake_schemas.TABLES`.
@@ -63,7 +63,7 @@ def ensure_table(store: LocalStore, name: str) -> DeltaTable:
         )
 
 
-def open_table(store: LocalStore, name: str, version: int | None = None) -> DeltaTable:
+def open_table(store: Store, name: str, version: int | None = None) -> DeltaTable:
     """Open an existing table, optionally at ``version`` (time travel).
 
     Raises ``deltalake.exceptions.TableNotFoundError`` if it does not exist.
@@ -71,7 +71,7 @@ def open_table(store: LocalStore, name: str, version: int | None = None) -> Delt
     return DeltaTable(table_uri(store, name), version=version, storage_options=store.storage_options())
 
 
-def list_tables(store: LocalStore) -> list[str]:
+def list_tables(store: Store) -> list[str]:
     """Names of tables that exist under ``tables/``."""
     return [name for name in store.list("tables") if store.exists(f"tables/{name}/_delta_log")]
 
@@ -94,7 +94,7 @@ def batch_commit_properties(app_id: str, batch_id: int, operation: str) -> Commi
     )
 
 
-def commit_files(store: LocalStore, name: str, actions: list[AddAction], *, app_id: str, batch_id: int) -> bool:
+def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: str, batch_id: int) -> bool:
     """Commit ``actions`` (files already written under the table) for one micro-batch.
 
     Returns False, committing nothing, if ``app_id`` already committed
@@ -115,7 +115,7 @@ def commit_files(store: LocalStore, name: str, actions: list[AddAction], *, app_
     return True
 
 
-def merge_rows(store: LocalStore, name: str, rows: pa.Table, key: list[str], *, app_id: str, batch_id: int) -> bool:
+def merge_rows(store: Store, name: str, rows: pa.Table, key: list[str], *, app_id: str, batch_id: int) -> bool:
     """Upsert ``rows`` into table ``name`` by ``key`` columns for one micro-batch.
 
     Matching rows are replaced whole, new keys inserted. Returns False,
@@ -203,7 +203,7 @@ class WrittenFile:
         return AddAction(self.path, self.size, self.partition_values, self.modification_time, True, self.stats)
 
 
-def write_data_files(store: LocalStore, name: str, data: pa.Table) -> list[WrittenFile]:
+def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFile]:
     """Write ``data`` (the table's full schema) as Parquet files, one per partition value.
 
     Partition columns are dropped from the files and recorded as partition
@@ -227,13 +227,15 @@ def write_data_files(store: LocalStore, name: str, data: pa.Table) -> list[Writt
         relative = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
         body = part.drop_columns(partition_by)
         key = f"tables/{name}/{relative}"
-        store.path(key).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(body, store.path(key), compression="zstd")
+        sink = pa.BufferOutputStream()
+        pq.write_table(body, sink, compression="zstd")
+        encoded = sink.getvalue()
+        store.create(key, encoded)
         written.append(
             WrittenFile(
                 table=name,
                 path=relative,
-                size=store.size(key),
+                size=encoded.size,
                 partition_values={k: str(v) for k, v in values.items()},
                 stats=file_stats(body),
                 modification_time=int(time.time() * 1000),
@@ -253,7 +255,7 @@ class TableSummary:
     size_bytes: int
 
 
-def summarize_tables(store: LocalStore) -> list[TableSummary]:
+def summarize_tables(store: Store) -> list[TableSummary]:
     """A :class:`TableSummary` per existing table, rows counted from file statistics."""
     summaries = []
     for name in list_tables(store):

@@ -2,16 +2,23 @@
 
 Following PySpark's and Delta's own test suites: one session-scoped
 SparkSession (2 local cores, 2 shuffle partitions, UI off); each test gets its
-own lake root and checkpoint directory, so tests never share state.
+own lake root and checkpoint directory, so tests never share state. The S3
+server is also session-scoped; each test gets its own key prefix (delta-rs's
+conftest pattern).
 """
 
 from __future__ import annotations
 
+import subprocess
+import uuid
+
 import pytest
 
+from infra.seaweedfs import S3Server, store_as
 from lake.config import LakeSettings, load_settings
 from lake.log.log import SegmentLog
 from lake.storage import LocalStore
+from tests.helpers import LAKE, free_port_pair
 
 
 @pytest.fixture
@@ -51,3 +58,27 @@ def spark(tmp_path_factory):
     )
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A SeaweedFS S3 server for the whole run, started through `lake infra up` on free loopback ports."""
+    data_dir = tmp_path_factory.mktemp("seaweedfs")
+    s3_port, master_port = free_port_pair()
+    args = ["--data-dir", str(data_dir), "--s3-port", str(s3_port), "--master-port", str(master_port)]
+    try:
+        up = subprocess.run([LAKE, "infra", "up", *args], capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr
+        (data_dir / "exports.sh").write_text(up.stdout)
+        yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
+    finally:
+        subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=[pytest.mark.integration, pytest.mark.s3])])
+def any_store(request, tmp_path):
+    """Each backend in turn: a local directory, and a fresh key prefix on the S3 server (admin identity)."""
+    if request.param == "local":
+        return LocalStore(tmp_path / "lake")
+    server = request.getfixturevalue("s3_server")
+    return store_as(server, "admin", f"tests/{uuid.uuid4().hex}")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -44,3 +48,25 @@ def assert_quantile_within_bound(sorted_values: list[float], q: float, estimate:
         f"q={q}: estimate {estimate} has rank [{below:.4f}, {at_or_below:.4f}] of n={len(sorted_values)}, "
         f"bound ±{KLL_RANK_ERROR:.4f}"
     )
+
+
+LAKE = str(Path(sys.executable).with_name("lake"))
+
+
+def free_port_pair() -> tuple[int, int]:
+    """Free S3 and master ports (SeaweedFS also takes each + 10000, and volume/filer ports below master)."""
+
+    def free(*ports: int) -> bool:
+        for port in ports:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    return False
+        return True
+
+    start = 21000 + os.getpid() % 400 * 20
+    for master in range(start, 40000, 13):
+        s3 = master + 5
+        ports = (master, master - 1253, master - 445, s3)
+        if free(*ports, *(p + 10000 for p in ports)):
+            return s3, master
+    raise RuntimeError("no free ports")

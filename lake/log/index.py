@@ -1,12 +1,16 @@
 """The per-partition index: segment -> offset range, event-time range, size.
 
-Stored as ``log/<topic>/<partition>/index.json`` and replaced atomically after
-every segment append. It also remembers, per producer id, the last sequence
-number appended and the offsets it got, which makes producer retries
-idempotent (the same scheme as Kafka's idempotent producer, KIP-98).
+Stored as ``log/<topic>/<partition>/index.json``. Only the partition's lease
+holder changes it, and every change is a compare-and-swap on the object's
+version, so a writer that lost its lease cannot overwrite it (see
+:mod:`lake.log.lease`). The index also records the lease ``epoch`` of the
+writer that last committed, and, per producer id, the last sequence number
+appended with the offsets it got, which makes producer retries idempotent
+(the scheme of Kafka's idempotent producer, KIP-98). Producer ids unseen for
+:data:`PRODUCER_EXPIRY_MS` are forgotten, as Kafka expires them after
+``transactional.id.expiration.ms`` (7 days), so the index stays small.
 
-The segments are the source of truth: a segment created just before a crash
-but missing from the index is added back by :meth:`PartitionIndex.repair`.
+A segment becomes visible to consumers when the index names it.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import bisect
 import json
 from dataclasses import dataclass, field
 
-from lake.log.segment import SegmentInfo, parse_segment_name, read_segment_info
-from lake.storage import LocalStore
+from lake.log.segment import SegmentInfo
+from lake.storage import Store
 
 INDEX_NAME = "index.json"
+PRODUCER_EXPIRY_MS = 7 * 24 * 3600 * 1000
 
 
 def partition_prefix(topic: str, partition: int) -> str:
@@ -28,10 +33,19 @@ def partition_prefix(topic: str, partition: int) -> str:
 
 @dataclass
 class PartitionIndex:
-    """Index of one partition's segments, ordered by base offset."""
+    """Index of one partition's segments, ordered by base offset.
+
+    ``epoch``: lease epoch of the last committing writer; ``revision``:
+    incremented on every save (it also keeps the stored bytes, hence the
+    object version, unique); ``version``: the stored object version this
+    index was loaded at or saved as (``None`` if never stored).
+    """
 
     segments: list[SegmentInfo] = field(default_factory=list)
     producers: dict[str, dict] = field(default_factory=dict)
+    epoch: int = 0
+    revision: int = 0
+    version: str | None = None
 
     @property
     def start_offset(self) -> int:
@@ -44,61 +58,64 @@ class PartitionIndex:
         return self.segments[-1].end_offset if self.segments else 0
 
     @classmethod
-    def load(cls, store: LocalStore, topic: str, partition: int) -> PartitionIndex:
+    def load(cls, store: Store, topic: str, partition: int) -> PartitionIndex:
         """Read the index; an empty index if the partition has none yet."""
         key = f"{partition_prefix(topic, partition)}/{INDEX_NAME}"
         try:
-            doc = json.loads(store.read(key))
+            data, version = store.read_versioned(key)
         except FileNotFoundError:
             return cls()
+        doc = json.loads(data)
         return cls(
-            segments=[SegmentInfo(**entry) for entry in doc["segments"]],
+            segments=[SegmentInfo.from_json(entry) for entry in doc["segments"]],
             producers=doc.get("producers", {}),
+            epoch=int(doc.get("epoch", 0)),
+            revision=int(doc.get("revision", 0)),
+            version=version,
         )
 
-    def save(self, store: LocalStore, topic: str, partition: int) -> None:
-        """Atomically replace the stored index with this one."""
+    def save(self, store: Store, topic: str, partition: int) -> None:
+        """Store this index if the stored one is still at :attr:`version` (compare-and-swap).
+
+        Raises :class:`lake.storage.VersionConflictError` if another writer
+        saved in between; on success :attr:`version` is the new version.
+        """
+        self.revision += 1
         doc = {
-            "format": 1,
+            "format": 2,
+            "epoch": self.epoch,
+            "revision": self.revision,
             "next_offset": self.next_offset,
             "segments": [info.to_json() for info in self.segments],
             "producers": self.producers,
         }
-        store.replace(f"{partition_prefix(topic, partition)}/{INDEX_NAME}", json.dumps(doc).encode())
+        key = f"{partition_prefix(topic, partition)}/{INDEX_NAME}"
+        self.version = store.replace_if(key, json.dumps(doc).encode(), self.version)
 
     def add(self, info: SegmentInfo) -> None:
-        """Record a newly appended segment; it must start at :attr:`next_offset`."""
+        """Record a newly appended segment; it must start at :attr:`next_offset`.
+
+        Every producer named in the segment gets its sequence and the
+        segment's offsets recorded; producers idle for longer than
+        :data:`PRODUCER_EXPIRY_MS` are dropped.
+        """
         if info.base_offset != self.next_offset:
             raise ValueError(f"segment base {info.base_offset} != log end offset {self.next_offset}")
         self.segments.append(info)
-        if info.producer_id is not None:
-            self.producers[info.producer_id] = {
-                "seq": info.producer_seq,
+        for producer_id, seq in info.producers.items():
+            self.producers[producer_id] = {
+                "seq": seq,
                 "base_offset": info.base_offset,
                 "end_offset": info.end_offset,
+                "at": info.appended_at,
             }
+        horizon = info.appended_at - PRODUCER_EXPIRY_MS
+        self.producers = {k: v for k, v in self.producers.items() if v.get("at", info.appended_at) >= horizon}
 
-    def repair(self, store: LocalStore, topic: str, partition: int) -> bool:
-        """Add segments present in storage but missing from the index.
-
-        Returns True if anything was added. Raises ``RuntimeError`` if a
-        missing segment does not continue the offsets densely (storage was
-        tampered with): appending past a gap would break offset density.
-        """
-        prefix = partition_prefix(topic, partition)
-        changed = False
-        for name in store.list(prefix):
-            base = parse_segment_name(name)
-            if base is None or base < self.next_offset:
-                continue
-            if base != self.next_offset:
-                raise RuntimeError(f"{prefix}/{name}: gap in offsets, index ends at {self.next_offset}")
-            key = f"{prefix}/{name}"
-            with store.open_arrow(key) as source:
-                info = read_segment_info(source, store.size(key))
-            self.add(info)
-            changed = True
-        return changed
+    def last_seq(self, producer_id: str) -> int | None:
+        """Highest sequence number appended by ``producer_id``, or ``None`` if unknown."""
+        entry = self.producers.get(producer_id)
+        return None if entry is None else int(entry["seq"])
 
     def segments_for(self, start: int, end: int) -> list[SegmentInfo]:
         """Segments overlapping offsets ``[start, end)``, in order."""

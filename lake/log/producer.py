@@ -3,23 +3,33 @@
 Events are partitioned by a stable hash of ``server`` (CRC-32, identical in
 every process and Python version, unlike ``hash()``), so one server's events
 stay in one partition and in order. Rejected records (no server) hash their
-raw payload instead.
+raw payload instead. A producer may be limited to a subset of the partitions
+(a gateway owns some, see :mod:`lake.gateway`): it then routes over those.
 
 Each partition has a buffer that is flushed into one segment when it holds
 ``roll_bytes`` of (uncompressed Arrow) data, when its oldest record is
 ``linger_ms`` old (a background thread checks), or on :meth:`Producer.flush`.
 Every flush carries this producer's id and a per-partition sequence number,
 so retrying a flush that failed half-way never appends twice (see
-:meth:`lake.log.log.SegmentLog.append`).
+:meth:`lake.log.log.PartitionWriter.append`).
+
+To write a partition the producer holds its lease (:mod:`lake.log.lease`),
+taken at the first flush (waiting up to ``lease_wait_s`` for another
+producer to finish), renewed by the background thread and released on
+:meth:`Producer.close`. If the lease is lost (this process stalled past the
+TTL and another writer took over), the flush is retried under a newly taken
+lease, with the same sequence number.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 import zlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,22 +37,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lake.config import LakeSettings
-from lake.log.log import SegmentLog
-from lake.storage import LocalStore, open_store
+from lake.log.lease import FencedError
+from lake.log.log import AppendResult, PartitionWriter, SegmentLog
+from lake.storage import Store, open_store
 from lake_schemas import LOG_RECORD
 from lake_schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
 
 
-def producer_for(settings: LakeSettings, store: LocalStore | None = None) -> Producer:
-    """A :class:`Producer` for ``settings.topic`` with the configured partitions and roll size/age."""
+def producer_for(settings: LakeSettings, store: Store | None = None, **options) -> Producer:
+    """A :class:`Producer` for ``settings.topic`` with the configured partitions, roll size/age and lease TTL.
+
+    ``options`` are passed on to :class:`Producer` (``owned``, ``lease_wait_s``...).
+    """
     return Producer(
         SegmentLog(store or open_store(settings)),
         settings.topic,
         partitions=settings.partitions,
         roll_bytes=settings.segment_roll_bytes,
         linger_ms=settings.segment_roll_ms,
+        lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),
+        **options,
     )
 
 
@@ -67,13 +83,19 @@ class ProducerStats:
     rejected: int = 0
     segments: int = 0
     retries: int = 0
+    segment_bytes: int = 0
 
 
 @dataclass
-class _Buffer:
+class _Batch:
+    """Records buffered (or being flushed) for one partition, and the future their flush resolves."""
+
     tables: list[pa.Table] = field(default_factory=list)
     nbytes: int = 0
     first_at: float = 0.0
+    sources: dict[str, int] = field(default_factory=dict)
+    done: Future = field(default_factory=Future)
+    seq: int = 0
 
 
 class Producer:
@@ -82,8 +104,11 @@ class Producer:
     ``roll_bytes``: flush a partition buffer at this many bytes;
     ``linger_ms``: flush at the latest this long after the first record was
     buffered; ``retries``: attempts per flush on ``OSError`` (each retry
-    re-sends the same sequence number). Use as a context manager, or call
-    :meth:`close`, so buffered records are flushed.
+    re-sends the same sequence number); ``owned``: the partitions this
+    producer writes (default all); ``lease_ttl_ms``/``lease_wait_s``: lease
+    time-to-live, and how long to wait for a partition leased to another
+    writer before raising :class:`~lake.log.lease.LeaseHeldError`. Use as a
+    context manager, or call :meth:`close`, so buffered records are flushed.
     """
 
     def __init__(
@@ -96,21 +121,30 @@ class Producer:
         linger_ms: int = 1000,
         retries: int = 5,
         producer_id: str | None = None,
+        owned: list[int] | None = None,
+        lease_ttl_ms: int = 10_000,
+        lease_wait_s: float = 60.0,
     ) -> None:
         self.log = log
         self.topic = topic
         self.partitions = log.ensure_topic(topic, partitions)
+        self.owned = sorted(set(owned)) if owned is not None else list(range(self.partitions))
+        if not self.owned or not all(0 <= p < self.partitions for p in self.owned):
+            raise ValueError(f"owned partitions {owned} must be a non-empty subset of 0..{self.partitions - 1}")
         self.roll_bytes = roll_bytes
         self.linger_ms = linger_ms
         self.retries = retries
+        self.lease_ttl_ms = lease_ttl_ms
+        self.lease_wait_s = lease_wait_s
         self.producer_id = producer_id or uuid.uuid4().hex
         self.stats = ProducerStats()
         self._seq = [0] * self.partitions
-        self._buffers = [_Buffer() for _ in range(self.partitions)]
+        self._buffers = [_Batch() for _ in range(self.partitions)]
         # A flush that failed keeps its records *and* sequence number here and
         # is retried before anything newer, so a half-done append (segment
         # written, index not) is recognised as a duplicate, never re-appended.
-        self._pending: list[tuple[pa.Table, int] | None] = [None] * self.partitions
+        self._pending: list[_Batch | None] = [None] * self.partitions
+        self._writers: list[PartitionWriter | None] = [None] * self.partitions
         self._lock = threading.Lock()
         # One flush at a time per partition keeps sequence numbers in order.
         self._flush_locks = [threading.Lock() for _ in range(self.partitions)]
@@ -118,44 +152,108 @@ class Producer:
         self._flusher = threading.Thread(target=self._flush_aged_loop, name="producer-linger", daemon=True)
         self._flusher.start()
 
-    def send(self, records: pa.Table) -> None:
-        """Buffer :data:`LOG_RECORD` rows; may flush full partitions before returning."""
+    def writer(self, partition: int) -> PartitionWriter:
+        """This producer's writer of ``partition``, taking the lease if not held (call under the flush lock)."""
+        if self._writers[partition] is None:
+            self._writers[partition] = self.log.writer(
+                self.topic, partition, self.producer_id, ttl_ms=self.lease_ttl_ms, wait_s=self.lease_wait_s
+            )
+        return self._writers[partition]
+
+    def acquire(self) -> None:
+        """Take the leases of all owned partitions now rather than at their first flush."""
+        for p in self.owned:
+            with self._flush_locks[p]:
+                self.writer(p)
+
+    def route(self, records: pa.Table) -> np.ndarray:
+        """Partition of every row of a :data:`LOG_RECORD` table, among the owned partitions (int32 array)."""
+        slot = assign_partitions(records, len(self.owned))
+        return np.asarray(self.owned, dtype=np.int32)[slot]
+
+    def send(self, records: pa.Table, *, source: tuple[str, int] | None = None) -> list[Future]:
+        """Buffer :data:`LOG_RECORD` rows; may flush full partitions before returning.
+
+        Returns one future per partition written, resolved with the
+        :class:`~lake.log.log.AppendResult` once the records are durable in
+        the log. A flush that keeps failing stays pending and is retried by
+        the background thread, so wait on the futures with a timeout.
+        ``source`` = (upstream producer id, sequence), e.g. an agent's
+        request: records of a source sequence already committed to a
+        partition, or already buffered, are not buffered again, which makes
+        an agent's retried request idempotent.
+        """
         if records.num_rows == 0:
-            return
+            return []
         if self._closed.is_set():
             raise RuntimeError("producer is closed")
         records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
-        assignment = assign_partitions(records, self.partitions)
-        full = []
-        with self._lock:
-            self.stats.records += records.num_rows
-            self.stats.rejected += records.num_rows - records.column("reason").null_count
-            for p in np.unique(assignment):
-                part = records.filter(pa.array(assignment == p))
+        assignment = self.route(records)
+        futures, full = [], []
+        for p in (int(p) for p in np.unique(assignment)):
+            part = records.filter(pa.array(assignment == p))
+            with self._flush_locks[p] if source else contextlib.nullcontext():
+                committed = self.writer(p).last_seq(source[0]) if source else None
+            with self._lock:
+                if source:
+                    known = self._known_batch(p, *source)
+                    if known is not None:
+                        futures.append(known)
+                        continue
+                    if committed is not None and committed >= source[1]:
+                        futures.append(_resolved(AppendResult(0, 0, duplicate=True)))
+                        continue
+                self.stats.records += part.num_rows
+                self.stats.rejected += part.num_rows - part.column("reason").null_count
                 buffer = self._buffers[p]
                 if not buffer.tables:
                     buffer.first_at = time.monotonic()
                 buffer.tables.append(part)
                 buffer.nbytes += part.nbytes
+                if source:
+                    buffer.sources[source[0]] = source[1]
+                futures.append(buffer.done)
                 if buffer.nbytes >= self.roll_bytes:
-                    full.append(int(p))
+                    full.append(p)
         for p in full:
             self._flush_partition(p)
+        return futures
 
-    def send_payloads(self, payloads: list[str | bytes | dict]) -> None:
+    def _known_batch(self, partition: int, source_id: str, seq: int) -> Future | None:
+        for batch in (self._pending[partition], self._buffers[partition]):
+            if batch is not None and batch.sources.get(source_id, -1) >= seq:
+                return batch.done
+        return None
+
+    def send_payloads(self, payloads: list[str | bytes | dict]) -> list[Future]:
         """Validate raw events (JSON text or dicts) and send them; bad ones go as rejects."""
-        self.send(to_log_records(payloads))
+        return self.send(to_log_records(payloads))
+
+    def buffered_bytes(self) -> int:
+        """Bytes buffered and not yet durable (pending flushes included)."""
+        with self._lock:
+            pending = sum(b.nbytes for b in self._pending if b is not None)
+            return pending + sum(b.nbytes for b in self._buffers)
 
     def flush(self) -> None:
         """Write every buffered record to the log."""
-        for p in range(self.partitions):
+        for p in self.owned:
             self._flush_partition(p)
 
     def close(self) -> None:
-        """Flush and stop the background flusher."""
+        """Flush, stop the background flusher and release the leases."""
         self._closed.set()
         self._flusher.join()
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            for p, writer in enumerate(self._writers):
+                if writer is not None:
+                    try:
+                        writer.release()
+                    except Exception as exc:  # the lease then just expires after its TTL
+                        log.warning("could not release lease on %s/%d: %s", self.topic, p, exc)
+                    self._writers[p] = None
 
     def __enter__(self) -> Producer:
         return self
@@ -163,30 +261,37 @@ class Producer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def _take(self, partition: int) -> tuple[pa.Table, int] | None:
+    def _take(self, partition: int) -> _Batch | None:
         with self._lock:
             if self._pending[partition] is not None:
                 return self._pending[partition]
             buffer = self._buffers[partition]
             if not buffer.tables:
                 return None
-            self._buffers[partition] = _Buffer()
+            self._buffers[partition] = _Batch()
             self._seq[partition] += 1
-            self._pending[partition] = (pa.concat_tables(buffer.tables), self._seq[partition])
-            return self._pending[partition]
+            buffer.seq = self._seq[partition]
+            self._pending[partition] = buffer
+            return buffer
 
     def _flush_partition(self, partition: int) -> None:
         """Append the pending batch (if a flush failed before), then the buffer."""
         with self._flush_locks[partition]:
-            while (taken := self._take(partition)) is not None:
-                self._append(partition, *taken)
+            while (batch := self._take(partition)) is not None:
+                self._append(partition, batch)
 
-    def _append(self, partition: int, records: pa.Table, seq: int) -> None:
+    def _append(self, partition: int, batch: _Batch) -> None:
+        records = pa.concat_tables(batch.tables)
         for attempt in range(self.retries + 1):
             try:
-                self.log.append(self.topic, partition, records, producer_id=self.producer_id, producer_seq=seq)
+                result = self.writer(partition).append(
+                    records, producer_id=self.producer_id, producer_seq=batch.seq, sources=batch.sources
+                )
                 break
-            except OSError:
+            except (OSError, FencedError) as exc:
+                if isinstance(exc, FencedError):
+                    log.warning("%s; taking the lease again", exc)
+                    self._writers[partition] = None
                 if attempt == self.retries:
                     raise
                 self.stats.retries += 1
@@ -194,15 +299,38 @@ class Producer:
         with self._lock:
             self._pending[partition] = None
             self.stats.segments += 1
+            self.stats.segment_bytes += result.size_bytes
+        batch.done.set_result(result)
 
     def _flush_aged_loop(self) -> None:
         interval = max(self.linger_ms / 4000.0, 0.005)
         while not self._closed.wait(interval):
             now = time.monotonic()
-            for p, buffer in enumerate(self._buffers):
+            for p in self.owned:
+                buffer = self._buffers[p]
                 aged = buffer.tables and (now - buffer.first_at) * 1000 >= self.linger_ms
-                if aged or self._pending[p] is not None:
-                    try:
+                try:
+                    if aged or self._pending[p] is not None:
                         self._flush_partition(p)
-                    except OSError as exc:  # kept pending; retried on the next tick
-                        log.warning("flush of %s/%d failed, will retry: %s", self.topic, p, exc)
+                    else:
+                        self._renew(p)
+                except Exception as exc:  # kept pending; retried on the next tick
+                    log.warning("flush of %s/%d failed, will retry: %s", self.topic, p, exc)
+
+    def _renew(self, partition: int) -> None:
+        # Skip if a flush holds the lock: an append renews the lease itself when due.
+        if self._writers[partition] is None or not self._flush_locks[partition].acquire(blocking=False):
+            return
+        try:
+            self._writers[partition].renew_if_due()
+        except FencedError as exc:
+            log.warning("%s; will take it again at the next flush", exc)
+            self._writers[partition] = None
+        finally:
+            self._flush_locks[partition].release()
+
+
+def _resolved(result: AppendResult) -> Future:
+    future: Future = Future()
+    future.set_result(result)
+    return future

@@ -4,8 +4,8 @@ A segment is named by its zero-padded base offset
 (``00000000000000001234.parquet``) and holds :data:`lake_schemas.LOG_RECORD`
 rows; row ``i`` has offset ``base_offset + i``, so offsets are not stored.
 Its Parquet key-value metadata repeats what the partition index says about it
-(base offset, event-time range, producer id/sequence, append time), so the
-index can always be rebuilt from the segments alone.
+(base offset, event-time range, writer epoch, producer sequences, append
+time), so the index can always be rebuilt from the segments alone.
 
 Format choice (bench/segment_format.py, 50k simulator events): Parquet+zstd
 is 12.5 bytes/event against 24.7 for Arrow IPC+zstd and 39.2 for IPC+lz4,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -50,7 +50,11 @@ class SegmentInfo:
 
     Offsets are ``[base_offset, end_offset)``; times are epoch milliseconds
     (``min_ts``/``max_ts`` are event time over valid records, ``None`` if the
-    segment holds only rejects); ``size_bytes`` is the object size.
+    segment holds only rejects); ``size_bytes`` is the object size;
+    ``epoch`` is the lease epoch of the writer; ``producers`` maps each
+    producer id whose records are in the segment to its highest sequence
+    number in it (the appending producer's, plus the agents a gateway
+    batched together).
     """
 
     base_offset: int
@@ -59,8 +63,17 @@ class SegmentInfo:
     max_ts: int | None
     appended_at: int
     size_bytes: int
-    producer_id: str | None = None
-    producer_seq: int | None = None
+    epoch: int = 0
+    producers: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, doc: dict) -> SegmentInfo:
+        """Inverse of :meth:`to_json`; also reads the first format's single producer id/sequence."""
+        doc = dict(doc)
+        producer_id, producer_seq = doc.pop("producer_id", None), doc.pop("producer_seq", None)
+        if producer_id is not None and producer_seq is not None:
+            doc.setdefault("producers", {producer_id: producer_seq})
+        return cls(**doc)
 
     @property
     def name(self) -> str:
@@ -82,8 +95,8 @@ def encode_segment(
     *,
     base_offset: int,
     appended_at: int,
-    producer_id: str | None,
-    producer_seq: int | None,
+    epoch: int = 0,
+    producers: dict[str, int] | None = None,
 ) -> tuple[bytes, SegmentInfo]:
     """Serialise ``records`` (:data:`LOG_RECORD` rows) as a segment.
 
@@ -103,14 +116,14 @@ def encode_segment(
         max_ts=max_ts,
         appended_at=appended_at,
         size_bytes=0,
-        producer_id=producer_id,
-        producer_seq=producer_seq,
+        epoch=epoch,
+        producers=dict(producers or {}),
     )
     meta = {_META_KEY: json.dumps(info.to_json()).encode()}
     sink = io.BytesIO()
     pq.write_table(records.replace_schema_metadata(meta), sink, compression="zstd")
     data = sink.getvalue()
-    return data, SegmentInfo(**{**info.to_json(), "size_bytes": len(data)})
+    return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)})
 
 
 def read_segment_info(source, size_bytes: int) -> SegmentInfo:
@@ -119,7 +132,7 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
     if _META_KEY not in metadata:
         raise ValueError("not a lake segment: footer lacks lake.segment metadata")
     fields = json.loads(metadata[_META_KEY])
-    return SegmentInfo(**{**fields, "size_bytes": size_bytes})
+    return SegmentInfo.from_json({**fields, "size_bytes": size_bytes})
 
 
 def decode_segment(source) -> pa.Table:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from lake.config import LakeSettings
 from lake.log.log import SegmentLog
-from lake.storage import LocalStore, ObjectExistsError, open_store
+from lake.storage import LocalStore, ObjectExistsError, Store, open_store
 from lake.tables import ensure_table, merge_rows
 from lake_schemas import METRIC_WINDOWS_1M_KEY, TABLES
 
@@ -115,7 +115,7 @@ def finalize_windows(aggregates):
     )
 
 
-def upsert_windows(store: LocalStore, app_id: str) -> Callable:
+def upsert_windows(store: Store, app_id: str) -> Callable:
     """foreachBatch function: merge a batch's updated windows into ``metric_windows_1m``.
 
     The batch is always computed (so Spark's state store commits its

@@ -2,7 +2,7 @@
 
 The driver asks delta-rs for the snapshot's active files (optionally at an
 older ``version``: time travel); executors read those Parquet files with
-pyarrow and add the partition columns from the ``add`` actions' partition
+pyarrow (``pyarrow.fs``: the local file system or S3) and add the partition columns from the ``add`` actions' partition
 values (Delta convention: partition columns are not stored in data files).
 
 Options: ``root`` (lake root), ``table`` (a name in
@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from lake.config import load_settings
 from lake.storage import open_store
-from lake.tables import open_table, table_uri
+from lake.tables import open_table
 from lake_schemas import TABLES, spark_schema
 
 FILES_PER_TASK_BYTES = 128 * 1024 * 1024
@@ -29,7 +30,7 @@ FILES_PER_TASK_BYTES = 128 * 1024 * 1024
 
 @dataclass(frozen=True)
 class DataFile:
-    """One active data file: absolute path and its partition values (as strings)."""
+    """One active data file: its path in the lake's ``pyarrow.fs`` file system, size, partition values."""
 
     path: str
     size: int
@@ -56,13 +57,14 @@ def snapshot_files(root: str, table: str, version: int | None) -> list[DataFile]
     unsupported = features & {"deletionVectors", "columnMapping"}
     if unsupported:
         raise ValueError(f"table {table} uses reader features this reader lacks: {sorted(unsupported)}")
-    base = table_uri(store, table).rstrip("/")
+    _, root_path = store.arrow_fs()
+    base = f"{root_path}/tables/{table}"
     actions = pa.table(delta.get_add_actions(flatten=True))
     partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
     files = []
     for row in actions.to_pylist():
         path = unquote(row["path"])
-        full = path if "://" in path or path.startswith("/") else f"{base}/{path}"
+        full = path.partition("://")[2] if "://" in path else path if path.startswith("/") else f"{base}/{path}"
         values = tuple(
             (c.removeprefix("partition."), None if row[c] is None else str(row[c])) for c in partition_columns
         )
@@ -84,9 +86,9 @@ def group_files(files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES)
     return groups
 
 
-def read_data_file(data_file: DataFile, schema: pa.Schema) -> pa.Table:
-    """One data file with its partition columns restored, cast to ``schema``."""
-    data = pq.read_table(data_file.path)
+def read_data_file(data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem) -> pa.Table:
+    """One data file (read from ``filesystem``) with its partition columns restored, cast to ``schema``."""
+    data = pq.read_table(data_file.path, filesystem=filesystem)
     for name, value in data_file.partition_values:
         if name not in data.column_names:
             column = pa.array([value] * data.num_rows, pa.string()).cast(schema.field(name).type)
@@ -113,8 +115,9 @@ class DeltaSnapshotReader(DataSourceReader):
 
     def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the task's files (runs on executors)."""
+        filesystem, _ = open_store(load_settings(root=self.root)).arrow_fs()
         for data_file in partition.files:
-            yield from read_data_file(data_file, self.arrow_schema).to_batches(max_chunksize=65_536)
+            yield from read_data_file(data_file, self.arrow_schema, filesystem).to_batches(max_chunksize=65_536)
 
 
 class DeltaSnapshotDataSource(DataSource):

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from lake.config import load_settings
-from lake.storage import LocalStore, open_store
+from lake.storage import Store, open_store
 from lake.tables import WrittenFile, commit_files, write_data_files
 from lake_schemas import BRONZE_EVENTS, QUARANTINE_EVENTS
 
@@ -55,7 +55,7 @@ class FilesWritten(WriterCommitMessage):
     files: list[WrittenFile] = field(default_factory=list)
 
 
-def commit_batch(store: LocalStore, files: list[WrittenFile], *, app_id: str, batch_id: int) -> dict[str, bool]:
+def commit_batch(store: Store, files: list[WrittenFile], *, app_id: str, batch_id: int) -> dict[str, bool]:
     """Commit one micro-batch's files, each table in one Delta version with ``txn(app_id, batch_id)``.
 
     Returns, per table that had files, whether it committed (False: that
@@ -78,7 +78,7 @@ class BronzeStreamWriter(DataSourceStreamArrowWriter):
             if required not in self.options:
                 raise ValueError(f"lakebronze sink needs option {required!r}")
 
-    def _store(self) -> LocalStore:
+    def _store(self) -> Store:
         return open_store(load_settings(root=self.options["root"]))
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> FilesWritten:

@@ -6,64 +6,19 @@ ports; each test gets its own key prefix (delta-rs's conftest pattern).
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import uuid
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from botocore.exceptions import ClientError
 from deltalake import DeltaTable, write_deltalake
 
-from infra.seaweedfs import S3Server, store_as
-from lake.storage import LocalStore, ObjectExistsError
+from infra.seaweedfs import store_as
+from lake.storage import ObjectExistsError, VersionConflictError, content_version
+from tests.helpers import LAKE, free_port_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
-LAKE = str(Path(sys.executable).with_name("lake"))
-
-
-def _free_port_pair() -> tuple[int, int]:
-    """Free S3 and master ports (SeaweedFS also takes each + 10000, and volume/filer ports below master)."""
-
-    def free(*ports: int) -> bool:
-        for port in ports:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    return False
-        return True
-
-    start = 21000 + os.getpid() % 400 * 20
-    for master in range(start, 40000, 13):
-        s3 = master + 5
-        ports = (master, master - 1253, master - 445, s3)
-        if free(*ports, *(p + 10000 for p in ports)):
-            return s3, master
-    raise RuntimeError("no free ports")
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("seaweedfs")
-    s3_port, master_port = _free_port_pair()
-    args = ["--data-dir", str(data_dir), "--s3-port", str(s3_port), "--master-port", str(master_port)]
-    try:
-        up = subprocess.run([LAKE, "infra", "up", *args], capture_output=True, text=True, timeout=120)
-        assert up.returncode == 0, up.stderr
-        (data_dir / "exports.sh").write_text(up.stdout)
-        yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
-    finally:
-        subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
-
-
-@pytest.fixture(params=["local", "s3"])
-def any_store(request, tmp_path):
-    if request.param == "local":
-        return LocalStore(tmp_path / "lake")
-    server = request.getfixturevalue("s3_server")
-    return store_as(server, "admin", f"tests/{uuid.uuid4().hex}")
 
 
 def test_up_prints_exports_for_the_pipeline_identity(s3_server):
@@ -88,6 +43,14 @@ def test_store_primitives_behave_the_same_on_both_backends(any_store):
     assert any_store.exists("log/t/0/a") and any_store.exists("log/t") and not any_store.exists("log/t/0/b")
     with any_store.open_arrow("log/t/0/a") as source:
         assert source.read() == b"first"
+    _, version = any_store.read_versioned("log/t/0/index.json")
+    assert version == content_version(b'{"v": 2}')
+    new_version = any_store.replace_if("log/t/0/index.json", b'{"v": 3}', version)  # compare-and-swap
+    with pytest.raises(VersionConflictError):
+        any_store.replace_if("log/t/0/index.json", b'{"v": 4}', version)  # stale version: refused
+    with pytest.raises(VersionConflictError):
+        any_store.replace_if("log/t/0/index.json", b'{"v": 4}', None)  # "only if absent": refused
+    assert any_store.read_versioned("log/t/0/index.json") == (b'{"v": 3}', new_version)
     any_store.delete("log/t/0/a")
     with pytest.raises(FileNotFoundError):
         any_store.read("log/t/0/a")
@@ -138,7 +101,7 @@ def test_each_identity_is_refused_what_it_must_not_do(s3_server, identity, allow
 
 
 def test_status_and_down(tmp_path):
-    s3_port, master_port = _free_port_pair()
+    s3_port, master_port = free_port_pair()
     args = ["--data-dir", str(tmp_path / "sw"), "--s3-port", str(s3_port), "--master-port", str(master_port)]
     assert subprocess.run([LAKE, "infra", "status", *args], capture_output=True).returncode == 1
     try:

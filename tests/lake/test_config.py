@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lake.config import ConfigError, load_settings
-from lake.storage import open_store
+from lake.storage import LocalStore, S3Store, open_store
 
 
 def test_defaults_are_the_embedded_lake(monkeypatch, tmp_path):
@@ -51,6 +51,7 @@ def test_secrets_never_appear_in_errors_or_repr(monkeypatch, tmp_path):
     assert "very-secret-value" not in str(error.value)
 
 
-def test_s3_root_is_refused_clearly_until_the_backend_exists(tmp_path):
-    with pytest.raises(ConfigError, match="LAKE_ROOT=s3://bucket/lake"):
-        open_store(load_settings(root="s3://bucket/lake"))
+def test_root_selects_the_backend(tmp_path):
+    s3 = open_store(load_settings(root="s3://bucket/lake/", s3_endpoint="http://127.0.0.1:1"))
+    assert isinstance(s3, S3Store) and (s3.bucket, s3.prefix, s3.root) == ("bucket", "lake", "s3://bucket/lake")
+    assert isinstance(open_store(load_settings(root=str(tmp_path))), LocalStore)

@@ -11,7 +11,7 @@ import pytest
 from agents.simulator import FleetSimulator
 from lake.log.consumer import end_offsets, offsets_for_time, read_range, start_offsets
 from lake.log.index import PartitionIndex
-from lake.log.log import SegmentLog, TopicNotFoundError
+from lake.log.log import PartitionWriter, SegmentLog, TopicNotFoundError
 from lake.log.producer import Producer, assign_partitions, partition_for
 from lake.log.segment import encode_segment, parse_segment_name, segment_name
 from lake.storage import LocalStore, ObjectExistsError
@@ -84,20 +84,41 @@ def test_existing_topic_keeps_its_partition_count(log):
     assert log.ensure_topic("t", 8) == 3
 
 
-def test_index_is_repaired_from_a_segment_written_before_a_crash(store, log):
+def test_a_fenced_writers_uncommitted_segment_never_becomes_visible(store, log):
     log.ensure_topic("t", 1)
     log.append("t", 0, records(4))
-    # A writer crashed after creating segment 4 but before replacing the index.
-    data, _ = encode_segment(records(2), base_offset=4, appended_at=0, producer_id="p", producer_seq=7)
+    # A writer of epoch 1 crashed after creating segment 4 but before committing the index.
+    data, _ = encode_segment(records(2), base_offset=4, appended_at=0, epoch=1, producers={"p": 7})
     store.create(f"log/t/0/{segment_name(4)}", data)
-    assert log.index("t", 0).next_offset == 4  # not yet visible to consumers
-    result = log.append("t", 0, records(1))
-    assert (result.base_offset, result.end_offset) == (6, 7)
-    assert read_range(log, "t", 0, 0, 7).column("offset").to_pylist() == list(range(7))
-    # ... and the crashed producer's retry of sequence 7 is recognised, not re-appended.
+    assert log.index("t", 0).next_offset == 4  # not visible to consumers
+    result = log.append("t", 0, records(1))  # the next writer (a higher epoch) drops the zombie
+    assert (result.base_offset, result.end_offset) == (4, 5)
+    assert read_range(log, "t", 0, 0, 5).column("value").to_pylist() == [0.0, 1.0, 2.0, 3.0, 0.0]
+    # The crashed producer's retry of sequence 7 was never acknowledged, so it is appended once.
     retry = log.append("t", 0, records(2), producer_id="p", producer_seq=7)
-    assert retry.duplicate and (retry.base_offset, retry.end_offset) == (4, 6)
-    assert log.index("t", 0).next_offset == 7
+    assert not retry.duplicate and (retry.base_offset, retry.end_offset) == (5, 7)
+    assert log.append("t", 0, records(2), producer_id="p", producer_seq=7).duplicate
+
+
+def test_a_writers_own_half_done_append_is_adopted_on_retry(store, log, monkeypatch):
+    log.ensure_topic("t", 1)
+    writer = log.writer("t", 0, "w")
+    real_save = PartitionIndex.save
+    calls = {"n": 0}
+
+    def save_that_fails_once(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("connection reset after the segment was written")
+        return real_save(self, *args)
+
+    monkeypatch.setattr(PartitionIndex, "save", save_that_fails_once)
+    with pytest.raises(OSError):
+        writer.append(records(3), producer_id="p", producer_seq=1)
+    assert log.index("t", 0).next_offset == 0  # segment created, not committed
+    again = writer.append(records(3), producer_id="p", producer_seq=1)
+    assert again.duplicate and (again.base_offset, again.end_offset) == (0, 3)
+    assert log.index("t", 0).next_offset == 3
 
 
 def test_producer_retry_with_same_sequence_is_idempotent(log):
@@ -193,17 +214,17 @@ def test_concurrent_producer_processes_keep_offsets_dense(log, store):
 
 def test_a_failed_flush_is_retried_with_its_sequence_and_nothing_newer_is_left_behind(log, monkeypatch):
     producer = Producer(log, "m", partitions=1, roll_bytes=10**9, linger_ms=60_000, retries=0)
-    real_append = log.append
+    real_append = PartitionWriter.append
     calls = {"n": 0}
 
-    def append_that_writes_then_fails(*args, **kwargs):
+    def append_that_writes_then_fails(self, *args, **kwargs):
         calls["n"] += 1
-        result = real_append(*args, **kwargs)
+        result = real_append(self, *args, **kwargs)
         if calls["n"] == 1:
             raise OSError("timeout after the segment was written")  # the caller cannot know it landed
         return result
 
-    monkeypatch.setattr(log, "append", append_that_writes_then_fails)
+    monkeypatch.setattr(PartitionWriter, "append", append_that_writes_then_fails)
     producer.send(records(3))
     with pytest.raises(OSError):
         producer.flush()  # batch 1 stays pending with its sequence number

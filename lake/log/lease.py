@@ -1,0 +1,154 @@
+"""Partition leases: one writer per partition at a time, with a fencing epoch.
+
+A lease is the object ``log/<topic>/<partition>/lease.json``::
+
+    {"owner": "<writer id>", "epoch": 7, "expires_at_ms": 1732190000000,
+     "renewed_at_ms": 1732189990000}
+
+Every change is a compare-and-swap on the object's version
+(:meth:`lake.storage.LocalStore.replace_if`; on S3 a PUT with ``If-Match`` or
+``If-None-Match: *``), so two writers can never both believe they took the
+same lease. Taking over a lease (first acquisition, or one that expired or
+was released) increments ``epoch``; renewing keeps it.
+
+Expiry is judged on the writer's wall clock, so hosts whose clocks disagree
+by more than a fraction of the TTL may hand a partition over early or late.
+Safety does not depend on clocks: the writer writes its epoch into the
+partition index with a compare-and-swap when it takes the lease
+(:class:`lake.log.log.PartitionWriter`), and a writer whose epoch is below
+the index's can no longer commit an append (fencing tokens, as in
+Kleppmann, *Designing Data-Intensive Applications*, ch. 8, "Fencing tokens").
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from lake.storage import Store, VersionConflictError
+
+LEASE_NAME = "lease.json"
+
+
+class LeaseHeldError(RuntimeError):
+    """The partition is leased to another live writer (and waiting for it timed out)."""
+
+
+class FencedError(RuntimeError):
+    """This writer's lease was taken over: it must stop writing to the partition."""
+
+
+def lease_key(topic: str, partition: int) -> str:
+    """Key of one partition's lease object."""
+    return f"log/{topic}/{partition}/{LEASE_NAME}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as read or written; ``version`` is the object version it was read or written at.
+
+    Times are epoch milliseconds (UTC wall clock of the writer).
+    """
+
+    topic: str
+    partition: int
+    owner: str
+    epoch: int
+    expires_at_ms: int
+    version: str
+
+    def remaining_ms(self, now_ms: int | None = None) -> int:
+        """Milliseconds until expiry (negative once expired)."""
+        return self.expires_at_ms - (_now_ms() if now_ms is None else now_ms)
+
+    def describe(self) -> str:
+        """``owner (epoch N), expires in X s`` for error messages and ``lake consumers``."""
+        return f"{self.owner} (epoch {self.epoch}), expires in {self.remaining_ms() / 1000:.1f} s"
+
+
+def read_lease(store: Store, topic: str, partition: int) -> Lease | None:
+    """The partition's current lease, or ``None`` if it never had one."""
+    try:
+        data, version = store.read_versioned(lease_key(topic, partition))
+    except FileNotFoundError:
+        return None
+    doc = json.loads(data)
+    return Lease(topic, partition, doc["owner"], int(doc["epoch"]), int(doc["expires_at_ms"]), version)
+
+
+def _write(store: Store, topic: str, partition: int, owner: str, epoch: int, ttl_ms: int, version: str | None) -> Lease:
+    now = _now_ms()
+    expires = now + ttl_ms if ttl_ms > 0 else 0
+    # renewed_at_ms changes on every write, so the content version (MD5) never repeats.
+    doc = {"owner": owner, "epoch": epoch, "expires_at_ms": expires, "renewed_at_ms": now}
+    new_version = store.replace_if(lease_key(topic, partition), json.dumps(doc).encode(), version)
+    return Lease(topic, partition, owner, epoch, expires, new_version)
+
+
+def try_acquire_lease(store: Store, topic: str, partition: int, owner: str, ttl_ms: int) -> Lease | None:
+    """Take the partition's lease for ``owner`` for ``ttl_ms`` if it is free; ``None`` if another holds it.
+
+    Free means: never leased, expired, released, or already ``owner``'s.
+    Taking a lease from anyone (including an expired one of ``owner``'s
+    own) bumps the epoch, which fences every earlier holder.
+    """
+    while True:
+        current = read_lease(store, topic, partition)
+        if current is not None and current.owner != owner and current.remaining_ms() > 0:
+            return None
+        epoch = 1 if current is None else current.epoch + 1
+        try:
+            return _write(store, topic, partition, owner, epoch, ttl_ms, None if current is None else current.version)
+        except VersionConflictError:
+            continue  # someone else wrote the lease in between: look again
+
+
+def acquire_lease(store: Store, topic: str, partition: int, owner: str, *, ttl_ms: int, wait_s: float = 0.0) -> Lease:
+    """Like :func:`try_acquire_lease`, but wait up to ``wait_s`` seconds for the holder to release or expire.
+
+    Raises :class:`LeaseHeldError` naming the holder when the wait runs out.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        lease = try_acquire_lease(store, topic, partition, owner, ttl_ms)
+        if lease is not None:
+            return lease
+        if time.monotonic() >= deadline:
+            holder = read_lease(store, topic, partition)
+            raise LeaseHeldError(
+                f"{topic}/{partition} is leased to {holder.describe() if holder else 'another writer'}; "
+                f"waited {wait_s:.0f} s. Stop the other producer or gateway, or wait for its lease to expire."
+            )
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+
+
+def renew_lease(store: Store, lease: Lease, ttl_ms: int) -> Lease:
+    """Extend ``lease`` by ``ttl_ms`` from now, keeping its epoch.
+
+    Raises :class:`FencedError` if the lease object changed since
+    ``lease`` was written (another writer took it over).
+    """
+    try:
+        return _write(store, lease.topic, lease.partition, lease.owner, lease.epoch, ttl_ms, lease.version)
+    except VersionConflictError:
+        now = read_lease(store, lease.topic, lease.partition)
+        raise FencedError(
+            f"lease on {lease.topic}/{lease.partition} (epoch {lease.epoch}) was taken over"
+            + (f" by {now.describe()}" if now else "")
+        ) from None
+
+
+def release_lease(store: Store, lease: Lease) -> None:
+    """Give ``lease`` up (expire it now) so the next writer need not wait for the TTL.
+
+    Does nothing if the lease was already taken over.
+    """
+    try:
+        _write(store, lease.topic, lease.partition, lease.owner, lease.epoch, 0, lease.version)
+    except VersionConflictError:
+        pass
