@@ -242,13 +242,18 @@ def stop(server: S3Server, *, timeout: float = 20.0, log=print) -> bool:
     return True
 
 
+def settings_env(server: S3Server, identity: str = "pipeline", prefix: str = "", region: str = "us-east-1") -> dict:
+    """``LAKE_*`` environment variables configuring the lake at ``prefix`` of this server for ``identity``."""
+    access, secret = credentials(server)[identity]
+    return {
+        "LAKE_ROOT": f"s3://{server.bucket}/{prefix}".rstrip("/"),
+        "LAKE_S3_ENDPOINT": server.endpoint,
+        "LAKE_S3_REGION": region,
+        "LAKE_S3_ACCESS_KEY": access,
+        "LAKE_S3_SECRET_KEY": secret,
+    }
+
+
 def export_lines(server: S3Server, identity: str = "pipeline", region: str = "us-east-1") -> list[str]:
     """Shell ``export`` lines configuring the lake for ``identity`` on this server."""
-    access, secret = credentials(server)[identity]
-    return [
-        f"export LAKE_ROOT=s3://{server.bucket}",
-        f"export LAKE_S3_ENDPOINT={server.endpoint}",
-        f"export LAKE_S3_REGION={region}",
-        f"export LAKE_S3_ACCESS_KEY={access}",
-        f"export LAKE_S3_SECRET_KEY={secret}",
-    ]
+    return [f"export {name}={value}" for name, value in settings_env(server, identity, region=region).items()]

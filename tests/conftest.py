@@ -9,8 +9,11 @@ conftest pattern).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -60,10 +63,9 @@ def spark(tmp_path_factory):
     session.stop()
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A SeaweedFS S3 server for the whole run, started through `lake infra up` on free loopback ports."""
-    data_dir = tmp_path_factory.mktemp("seaweedfs")
+@contextlib.contextmanager
+def running_s3_server(data_dir: Path) -> Iterator[S3Server]:
+    """A SeaweedFS S3 server in ``data_dir``, started through `lake infra up` on free loopback ports."""
     s3_port, master_port = free_port_pair()
     args = ["--data-dir", str(data_dir), "--s3-port", str(s3_port), "--master-port", str(master_port)]
     try:
@@ -73,6 +75,20 @@ def s3_server(tmp_path_factory):
         yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
     finally:
         subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator[S3Server]:
+    """One S3 server for the whole run; tests share it through their own key prefixes."""
+    with running_s3_server(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_s3_server(tmp_path) -> Iterator[S3Server]:
+    """An S3 server for one test, whose lake is the bucket root (where the identities' policies apply)."""
+    with running_s3_server(tmp_path / "seaweedfs") as server:
+        yield server
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=[pytest.mark.integration, pytest.mark.s3])])

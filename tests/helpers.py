@@ -70,3 +70,10 @@ def free_port_pair() -> tuple[int, int]:
         if free(*ports, *(p + 10000 for p in ports)):
             return s3, master
     raise RuntimeError("no free ports")
+
+
+def positions(rows: pa.Table | list[dict]) -> list[tuple[str, int, int]]:
+    """``(topic, partition, offset)`` of every row (a table or a list of row dicts), in row order."""
+    if isinstance(rows, pa.Table):
+        rows = rows.select(["topic", "partition", "offset"]).to_pylist()
+    return [(r["topic"], r["partition"], r["offset"]) for r in rows]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lake.config import LakeSettings
-from lake.log.log import SegmentLog
+from lake.log.log import SegmentLog, TopicNotFoundError
 from lake.storage import LocalStore, ObjectExistsError, Store, open_store
 from lake.tables import ensure_table, merge_rows
 from lake_schemas import METRIC_WINDOWS_1M_KEY, TABLES
@@ -149,7 +149,10 @@ def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> S
     reading at most ``settings.max_records_per_batch`` records.
     """
     store = open_store(settings)
-    SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
+    try:
+        SegmentLog(store).partitions(settings.topic)
+    except TopicNotFoundError:  # started before any producer: create it (needs write access to log/)
+        SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
     for name in TABLES:
         ensure_table(store, name)
     base = settings.checkpoint_path / settings.topic

@@ -82,7 +82,18 @@ class LogStreamReader(DataSourceStreamReader):
         self.split = int(self.options.get("recordsPerSplit", 500_000))
         if self.split < 1:
             raise ValueError("recordsPerSplit must be >= 1")
-        self.log = _open_log(self.options)
+        self._log: SegmentLog | None = _open_log(self.options)
+
+    @property
+    def log(self) -> SegmentLog:
+        """The log, reopened lazily after unpickling."""
+        if self._log is None:
+            self._log = _open_log(self.options)
+        return self._log
+
+    def __getstate__(self) -> dict:
+        # Spark pickles the reader; an S3 client holds sockets and locks, so it is reopened where unpickled.
+        return {**self.__dict__, "_log": None}
 
     def _ends(self) -> dict[int, int]:
         return end_offsets(self.log, self.topic)
