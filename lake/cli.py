@@ -70,6 +70,25 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+GatewayOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Send through the ingest gateway at this URL (e.g. http://127.0.0.1:8787), spooling to "
+        "LAKE_SPOOL_DIR while it is unreachable, instead of writing the log directly."
+    ),
+]
+
+
+def _sink(settings: LakeSettings, gateway: str | None):
+    """Where agents send: a gateway (through the disk spool) or the log directly."""
+    if gateway is None:
+        return producer_for(settings)
+    from agents.gateway_client import GatewaySender
+
+    err.print(f"sending through {gateway} (spool {settings.spool_dir})")
+    return GatewaySender(gateway, settings.spool_dir)
+
+
 @app.command()
 def produce(
     servers: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 10,
@@ -79,6 +98,7 @@ def produce(
     seed: Annotated[int, typer.Option(help="RNG seed: same seed, same events.")] = 42,
     realtime: Annotated[bool, typer.Option(help="Pace sending to the wall clock instead of all at once.")] = False,
     from_file: Annotated[Path | None, typer.Option(help="Import JSON Lines (.jsonl or .jsonl.gz) instead.")] = None,
+    gateway: GatewayOption = None,
 ) -> None:
     """Produce events to the log: a seeded fleet simulator, or a JSON Lines import."""
     from agents.file_import import import_jsonl
@@ -88,7 +108,7 @@ def produce(
     if from_file is not None and not from_file.exists():
         _fail(f"--from-file {from_file}: no such file")
     try:
-        with producer_for(settings) as producer:
+        with _sink(settings, gateway) as producer:
             if from_file is not None:
                 stats = import_jsonl(producer, from_file)
                 err.print(
@@ -111,8 +131,9 @@ def produce(
             else:
                 producer.send(simulator.generate())
         elapsed = time.monotonic() - started
+        unit = "acknowledged requests" if gateway else "segments"
         err.print(
-            f"produced {producer.stats.records:,} events in {producer.stats.segments} segments "
+            f"produced {producer.stats.records:,} events in {producer.stats.segments} {unit} "
             f"to topic {settings.topic!r} in {elapsed:.1f} s"
         )
     except (ConfigError, ValueError) as exc:
@@ -126,6 +147,7 @@ def agent(
         float | None, typer.Option(help="Stop after this many seconds (default: run until Ctrl-C).")
     ] = None,
     server: Annotated[str | None, typer.Option(help="Server name to report (default: hostname).")] = None,
+    gateway: GatewayOption = None,
 ) -> None:
     """Run the host agent: this machine's CPU, memory, swap, disk, network, load and process metrics."""
     from agents.host import HostAgent
@@ -137,7 +159,7 @@ def agent(
         f"host agent for {host.server!r}: sampling every {interval:g} s into topic {settings.topic!r}; Ctrl-C stops"
     )
     try:
-        with producer_for(settings) as producer:
+        with _sink(settings, gateway) as producer:
             sent = host.run(producer, interval=interval, duration=duration, stop=stop)
     except KeyboardInterrupt:
         stop.set()
@@ -146,6 +168,54 @@ def agent(
     except ConfigError as exc:
         _fail(str(exc))
     err.print(f"sent {sent:,} events")
+
+
+def _partition_list(text: str | None) -> list[int] | None:
+    """``"0,2-3"`` -> ``[0, 2, 3]``; ``None`` stays ``None`` (all partitions)."""
+    if text is None:
+        return None
+    owned: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise typer.BadParameter(f"{text!r}: use partition numbers and ranges such as 0,2-3")
+        owned.extend(range(int(lo), int(hi or lo) + 1))
+    return owned
+
+
+@app.command()
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Listen address (default LAKE_GATEWAY_HOST, 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default LAKE_GATEWAY_PORT, 8787).")] = None,
+    partitions: Annotated[
+        str | None, typer.Option(help="Partitions this gateway owns, e.g. 0-1 or 0,2 (default: all).")
+    ] = None,
+    linger_ms: Annotated[int, typer.Option(min=1, help="Group-commit window: flush a partition this often.")] = 200,
+    roll_bytes: Annotated[
+        int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
+    ] = None,
+) -> None:
+    """Run the ingest gateway: agents POST events; 200 means durable in the log (see lake/gateway.py)."""
+    from lake.gateway import Gateway, serve
+    from lake.log.lease import LeaseHeldError
+
+    settings = _settings()
+    stop = _stop_on_signals()
+    try:
+        owned = _partition_list(partitions)
+        err.print(f"gateway: taking the leases of topic {settings.topic!r} partitions {partitions or 'all'}...")
+        ingest = Gateway(settings, owned=owned, linger_ms=linger_ms, roll_bytes=roll_bytes)
+    except (LeaseHeldError, ValueError) as exc:
+        _fail(str(exc))
+
+    def ready(address) -> None:
+        err.print(
+            f"gateway {ingest.gateway_id} listening on http://{address[0]}:{address[1]} "
+            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms); Ctrl-C stops"
+        )
+
+    serve(ingest, host or settings.gateway_host, settings.gateway_port if port is None else port, stop, ready=ready)
+    err.print(f"stopped; {ingest.producer.stats.records:,} events received")
 
 
 @app.command()

@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -51,15 +52,13 @@ def producer_for(settings: LakeSettings, store: Store | None = None, **options) 
 
     ``options`` are passed on to :class:`Producer` (``owned``, ``lease_wait_s``...).
     """
-    return Producer(
-        SegmentLog(store or open_store(settings)),
-        settings.topic,
+    defaults = dict(
         partitions=settings.partitions,
         roll_bytes=settings.segment_roll_bytes,
         linger_ms=settings.segment_roll_ms,
         lease_ttl_ms=int(settings.lease_ttl_seconds * 1000),
-        **options,
     )
+    return Producer(SegmentLog(store or open_store(settings)), settings.topic, **(defaults | options))
 
 
 def partition_for(key: str, partitions: int) -> int:
@@ -107,7 +106,9 @@ class Producer:
     re-sends the same sequence number); ``owned``: the partitions this
     producer writes (default all); ``lease_ttl_ms``/``lease_wait_s``: lease
     time-to-live, and how long to wait for a partition leased to another
-    writer before raising :class:`~lake.log.lease.LeaseHeldError`. Use as a
+    writer before raising :class:`~lake.log.lease.LeaseHeldError`;
+    ``on_append(partition, result, seconds)`` is called after every
+    successful flush with the time the append took. Use as a
     context manager, or call :meth:`close`, so buffered records are flushed.
     """
 
@@ -124,6 +125,7 @@ class Producer:
         owned: list[int] | None = None,
         lease_ttl_ms: int = 10_000,
         lease_wait_s: float = 60.0,
+        on_append: Callable[[int, AppendResult, float], None] | None = None,
     ) -> None:
         self.log = log
         self.topic = topic
@@ -136,6 +138,7 @@ class Producer:
         self.retries = retries
         self.lease_ttl_ms = lease_ttl_ms
         self.lease_wait_s = lease_wait_s
+        self.on_append = on_append
         self.producer_id = producer_id or uuid.uuid4().hex
         self.stats = ProducerStats()
         self._seq = [0] * self.partitions
@@ -159,6 +162,10 @@ class Producer:
                 self.topic, partition, self.producer_id, ttl_ms=self.lease_ttl_ms, wait_s=self.lease_wait_s
             )
         return self._writers[partition]
+
+    def held_partitions(self) -> list[int]:
+        """Partitions whose lease this producer currently holds."""
+        return [p for p in self.owned if self._writers[p] is not None]
 
     def acquire(self) -> None:
         """Take the leases of all owned partitions now rather than at their first flush."""
@@ -283,6 +290,7 @@ class Producer:
     def _append(self, partition: int, batch: _Batch) -> None:
         records = pa.concat_tables(batch.tables)
         for attempt in range(self.retries + 1):
+            started = time.monotonic()
             try:
                 result = self.writer(partition).append(
                     records, producer_id=self.producer_id, producer_seq=batch.seq, sources=batch.sources
@@ -300,6 +308,8 @@ class Producer:
             self._pending[partition] = None
             self.stats.segments += 1
             self.stats.segment_bytes += result.size_bytes
+        if self.on_append is not None:
+            self.on_append(partition, result, time.monotonic() - started)
         batch.done.set_result(result)
 
     def _flush_aged_loop(self) -> None:

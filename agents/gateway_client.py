@@ -1,0 +1,217 @@
+"""Durable agent-side sending to a gateway: a disk spool, ordered delivery, retries with backoff.
+
+Every batch an agent sends is first written to the spool directory as
+``<seq>.ndjson.gz`` (20-digit sequence number, written to a temporary name
+and renamed, so a crash never leaves half a batch), then a sender thread
+POSTs the spooled batches to the gateway strictly in sequence order, one at
+a time, with headers ``X-Producer-Id`` (the agent's id, kept in the spool as
+``agent.id``) and ``X-Producer-Seq``. A batch leaves the spool only when the
+gateway answered 200 (durable) or 400 (invalid events quarantined, the rest
+durable). On 429, 5xx or a connection error it is retried with exponential
+backoff and full jitter (``sleep = random(0, min(cap, base * 2**attempt))``,
+from "Exponential Backoff And Jitter", AWS Architecture Blog, 2015), so
+agents that lost a gateway do not come back in lockstep.
+
+Because a retry carries the same producer id and sequence, the gateway
+appends each batch once even if an earlier attempt became durable but its
+answer was lost. Batches left in the spool when an agent stops are sent by
+the next run with the same spool directory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import requests
+
+log = logging.getLogger(__name__)
+
+SPOOL_SUFFIX = ".ndjson.gz"
+MAX_EVENTS_PER_REQUEST = 5_000
+
+
+@dataclass
+class SenderStats:
+    """Counters since the sender started: events spooled, events acknowledged, rejected by the gateway, retries."""
+
+    records: int = 0
+    acked: int = 0
+    rejected: int = 0
+    retries: int = 0
+    segments: int = 0  # requests acknowledged (named like Producer's counter, for the CLI summary)
+
+
+def table_to_payloads(records: pa.Table) -> list[str]:
+    """:data:`lake_schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text)."""
+    lines = []
+    for row in records.to_pylist():
+        if row["reason"] is not None:
+            lines.append(row["raw"])
+            continue
+        event = {
+            "ts": int(row["ts"].timestamp() * 1000),
+            "server": row["server"],
+            "metric": row["metric"],
+            "value": row["value"],
+        }
+        if row["tags"]:
+            event["tags"] = dict(row["tags"])
+        lines.append(json.dumps(event, separators=(",", ":")))
+    return lines
+
+
+class GatewaySender:
+    """Sends events to a gateway through a disk spool; see the module docstring.
+
+    Duck-types the parts of :class:`lake.log.producer.Producer` agents use
+    (``send``, ``send_payloads``, ``flush``, ``close``, ``stats``).
+    ``backoff_base``/``backoff_cap`` are seconds; ``timeout`` is the HTTP
+    request timeout in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        spool_dir: str | os.PathLike,
+        *,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 10.0,
+        timeout: float = 30.0,
+    ) -> None:
+        self.url = url.rstrip("/") + "/v1/events"
+        self.spool = Path(spool_dir)
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.backoff_base, self.backoff_cap, self.timeout = backoff_base, backoff_cap, timeout
+        self.agent_id = self._load_agent_id()
+        self.stats = SenderStats()
+        self._session = requests.Session()
+        self._lock = threading.Lock()
+        self._next_seq = self._last_seq() + 1
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._send_loop, name="gateway-sender", daemon=True)
+        self._thread.start()
+
+    def _load_agent_id(self) -> str:
+        path = self.spool / "agent.id"
+        if not path.exists():
+            temp = path.with_suffix(".tmp")
+            temp.write_text(f"agent-{uuid.uuid4().hex}")
+            os.replace(temp, path)
+        return path.read_text().strip()
+
+    def _spooled(self) -> list[Path]:
+        return sorted(self.spool.glob(f"*{SPOOL_SUFFIX}"))
+
+    def _last_seq(self) -> int:
+        marker = self.spool / "last.seq"
+        last = int(marker.read_text()) if marker.exists() else 0
+        files = self._spooled()
+        return max(last, int(files[-1].name.removesuffix(SPOOL_SUFFIX)) if files else 0)
+
+    def pending_batches(self) -> int:
+        """Batches in the spool not yet acknowledged."""
+        return len(self._spooled())
+
+    def send(self, records: pa.Table) -> None:
+        """Spool :data:`lake_schemas.LOG_RECORD` rows for sending."""
+        self.send_payloads(table_to_payloads(records))
+
+    def send_payloads(self, payloads: list[str | dict]) -> None:
+        """Spool raw events (JSON text or dicts), in requests of at most :data:`MAX_EVENTS_PER_REQUEST`."""
+        lines = [p if isinstance(p, str) else json.dumps(p) for p in payloads]
+        for start in range(0, len(lines), MAX_EVENTS_PER_REQUEST):
+            self._spool_batch(lines[start : start + MAX_EVENTS_PER_REQUEST])
+
+    def _spool_batch(self, lines: list[str]) -> None:
+        if not lines:
+            return
+        with self._lock:
+            seq = self._next_seq
+            self._next_seq += 1
+            target = self.spool / f"{seq:020d}{SPOOL_SUFFIX}"
+            temp = target.with_name(f".{target.name}.tmp")
+            with open(temp, "wb") as handle:
+                handle.write(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, target)
+            (self.spool / "last.seq").write_text(str(seq))  # survives the spool emptying
+            self.stats.records += len(lines)
+        self._wake.set()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the spool is empty (or ``timeout`` s pass); True if everything was acknowledged."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._spooled():
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            self._wake.set()
+            time.sleep(0.05)
+        return True
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Try to deliver the spool for up to ``timeout`` s, then stop; what is left is sent by the next run."""
+        drained = self.flush(timeout)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        if not drained:
+            log.warning("%d batches left in the spool %s; the next run sends them", self.pending_batches(), self.spool)
+
+    def __enter__(self) -> GatewaySender:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _send_loop(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            files = self._spooled()
+            if not files:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            if self._post(files[0]):
+                files[0].unlink()
+                attempt = 0
+                continue
+            self.stats.retries += 1
+            delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+            attempt += 1
+            self._stop.wait(delay)
+
+    def _post(self, path: Path) -> bool:
+        """POST one spooled batch; True if the gateway took it (200 or 400)."""
+        seq = int(path.name.removesuffix(SPOOL_SUFFIX))
+        headers = {
+            "Content-Type": "application/x-ndjson",
+            "Content-Encoding": "gzip",
+            "X-Producer-Id": self.agent_id,
+            "X-Producer-Seq": str(seq),
+        }
+        try:
+            answer = self._session.post(self.url, data=path.read_bytes(), headers=headers, timeout=self.timeout)
+        except requests.RequestException as exc:
+            log.info("gateway unreachable (%s); batch %d stays spooled", exc.__class__.__name__, seq)
+            return False
+        if answer.status_code in (200, 400):
+            body = answer.json()
+            self.stats.acked += body.get("accepted", 0)
+            self.stats.rejected += body.get("rejected", 0)
+            self.stats.segments += 1
+            return True
+        log.info("gateway answered %d for batch %d; retrying", answer.status_code, seq)
+        return False
