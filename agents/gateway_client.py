@@ -52,18 +52,18 @@ class SenderStats:
 
 
 def table_to_payloads(records: pa.Table) -> list[str]:
-    """:data:`lake_schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text)."""
+    """:data:`lake_schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text).
+
+    ``ts`` goes out as exact epoch milliseconds (from the int64 column, not
+    via float seconds, which would round some values down by 1 ms).
+    """
+    ts_ms = records.column("ts").cast(pa.int64()).to_pylist()
     lines = []
-    for row in records.to_pylist():
+    for ts, row in zip(ts_ms, records.drop_columns(["ts"]).to_pylist(), strict=True):
         if row["reason"] is not None:
             lines.append(row["raw"])
             continue
-        event = {
-            "ts": int(row["ts"].timestamp() * 1000),
-            "server": row["server"],
-            "metric": row["metric"],
-            "value": row["value"],
-        }
+        event = {"ts": ts, "server": row["server"], "metric": row["metric"], "value": row["value"]}
         if row["tags"]:
             event["tags"] = dict(row["tags"])
         lines.append(json.dumps(event, separators=(",", ":")))

@@ -10,12 +10,14 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.gateway_client import GatewaySender
+from agents.gateway_client import GatewaySender, table_to_payloads
+from agents.simulator import FleetSimulator
 from lake.config import load_settings
 from lake.gateway import Gateway, serve
 from lake.log.consumer import end_offsets, read_range
 from lake.log.log import SegmentLog
 from lake.storage import open_store
+from lake_schemas.contract import to_log_records
 
 EVENT = {"ts": 1_800_000_000_000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5}
 
@@ -145,3 +147,10 @@ def test_the_agent_spool_delivers_in_order_once_the_gateway_is_back(start_gatewa
         assert again.flush(timeout=20)
     values = [r["value"] for table in log_rows(tmp_path) for r in table.to_pylist()]
     assert values == [0.0, 1.0, 2.0, 3.0, 4.0]  # one server, one partition: in order, once
+
+
+def test_events_cross_the_wire_exactly():
+    sim = FleetSimulator(servers=3, metrics=4, seconds=30, rate=3.0, seed=5)
+    table = sim.generate()
+    again = to_log_records(table_to_payloads(table))
+    assert again.equals(table)  # ts to the millisecond, values to the bit, tags intact
