@@ -9,6 +9,7 @@ traceback.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import logging
 import signal
@@ -27,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from lake.config import ConfigError, LakeSettings, load_settings
-from lake.log.log import TopicNotFoundError
+from lake.log.log import SegmentLog, TopicNotFoundError
 from lake.log.producer import producer_for
 from lake.storage import open_store
 
@@ -216,6 +217,97 @@ def gateway(
 
     serve(ingest, host or settings.gateway_host, settings.gateway_port if port is None else port, stop, ready=ready)
     err.print(f"stopped; {ingest.producer.stats.records:,} events received")
+
+
+def _time_ms(option: str, text: str | None) -> int | None:
+    """``--from-time``/``--to-time``: ISO-8601 with a zone, or epoch milliseconds."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{option} {text!r}: use ISO-8601 such as 2026-11-21T10:00:00Z, or epoch ms") from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{option} {text!r}: add a zone (Z or +01:00); event times are UTC instants")
+    return int(moment.timestamp() * 1000)
+
+
+@app.command()
+def replay(
+    from_offset: Annotated[int | None, typer.Option(min=0, help="First offset (every partition).")] = None,
+    to_offset: Annotated[int | None, typer.Option(min=0, help="End offset, exclusive (every partition).")] = None,
+    from_time: Annotated[str | None, typer.Option(help="Events at or after this time (ISO-8601 or epoch ms).")] = None,
+    to_time: Annotated[str | None, typer.Option(help="Events before this time (ISO-8601 or epoch ms).")] = None,
+    partitions: Annotated[str | None, typer.Option(help="Only these partitions, e.g. 0,2-3.")] = None,
+    into: Annotated[
+        str | None, typer.Option(help="Write the range's events to this new table instead of bronze_events.")
+    ] = None,
+    topic: Annotated[str | None, typer.Option(help="Topic to replay (default LAKE_TOPIC).")] = None,
+) -> None:
+    """Re-read a range of the log through the bronze path; rows already in the table are skipped."""
+    from spark.jobs.replay import replay as run_replay
+    from spark.jobs.replay import replay_ranges
+
+    settings = _settings()
+    topic = topic or settings.topic
+    from_ms, to_ms = _time_ms("--from-time", from_time), _time_ms("--to-time", to_time)
+    log = SegmentLog(open_store(settings))
+    try:
+        ranges = replay_ranges(
+            log,
+            topic,
+            from_offset=from_offset,
+            to_offset=to_offset,
+            from_time_ms=from_ms,
+            to_time_ms=to_ms,
+            partitions=_partition_list(partitions),
+        )
+    except (TopicNotFoundError, IndexError) as exc:
+        _fail(str(exc))
+    total = sum(r.end - r.start for r in ranges)
+    err.print(
+        f"replaying {total:,} records of {topic!r}: " + ", ".join(f"{r.partition}:[{r.start},{r.end})" for r in ranges)
+    )
+    try:
+        stats = run_replay(
+            log,
+            topic,
+            ranges,
+            into=into,
+            from_time_ms=from_ms,
+            to_time_ms=to_ms,
+            progress=lambda r, done: err.print(f"  partition {r.partition}: {done:,}/{r.end - r.start:,}"),
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    written = ", ".join(f"{n:,} rows to {t}" for t, n in stats.written.items())
+    err.print(f"read {stats.read:,} records; wrote {written}; {stats.already_present:,} already present (skipped)")
+
+
+@app.command()
+def consumers(
+    group: Annotated[str | None, typer.Option(help="Only this consumer group.")] = None,
+) -> None:
+    """Consumer groups: committed offset, log end and lag per partition."""
+    from lake.log.consumer_groups import lag_report
+
+    settings = _settings()
+    report = lag_report(SegmentLog(open_store(settings)), group)
+    if not report:
+        err.print("no consumer group has committed offsets yet (`lake stream` commits speed-bronze and speed-windows)")
+        return
+    view = Table("group", "topic", "partition", "committed", "log start", "log end", "lag")
+    for row in report:
+        lag = Text(f"{row.lag:,}", style="red" if row.behind_retention else "")
+        committed = "-" if row.committed is None else f"{row.committed:,}"
+        view.add_row(row.group, row.topic, str(row.partition), committed, f"{row.start:,}", f"{row.end:,}", lag)
+    out.print(view)
+    behind = [r for r in report if r.behind_retention]
+    if behind:
+        err.print(f"[red]warning:[/] {len(behind)} partition(s) have unread records already removed by retention")
+        raise typer.Exit(1)
 
 
 @app.command()

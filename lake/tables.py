@@ -43,16 +43,33 @@ def table_uri(store: Store, name: str) -> str:
     return store.uri(f"tables/{name}")
 
 
-def ensure_table(store: Store, name: str) -> DeltaTable:
-    """Open table ``name``, creating it empty (schema from :mod:`lake_schemas`) if absent.
+def table_spec(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
+    """(schema, partition columns) of table ``name``.
 
-    Raises ``KeyError`` for a name not declared in :data:`lake_schemas.TABLES`.
+    Declared tables come from :data:`lake_schemas.TABLES`; any other table
+    (one made by ``lake replay --into``) from its own Delta metadata.
+    Raises ``KeyError`` if the name is neither declared nor an existing table.
     """
-    schema, partition_by = TABLES[name]
+    if name in TABLES:
+        return TABLES[name]
+    try:
+        table = open_table(store, name)
+    except TableNotFoundError:
+        raise KeyError(f"no table {name!r}: not declared in lake_schemas.TABLES and not under tables/") from None
+    return pa.schema(table.schema().to_arrow()), list(table.metadata().partition_columns)
+
+
+def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable:
+    """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``.
+
+    Raises ``KeyError`` if it must be created and that name is not declared
+    in :data:`lake_schemas.TABLES`.
+    """
     uri = table_uri(store, name)
     try:
         return DeltaTable(uri, storage_options=store.storage_options())
     except TableNotFoundError:
+        schema, partition_by = TABLES[like or name]
         return DeltaTable.create(
             uri,
             schema,
@@ -104,7 +121,7 @@ def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: s
     table = ensure_table(store, name)
     if committed_batch(table, app_id) >= batch_id:
         return False
-    schema, partition_by = TABLES[name]
+    schema, partition_by = table_spec(store, name)
     table.create_write_transaction(
         actions,
         mode="append",
@@ -156,13 +173,21 @@ def _stat_value(value):
     return value
 
 
+MAX_STRING_STAT_CHARS = 256
+
+
 def file_stats(data: pa.Table) -> str:
     """Delta ``stats`` JSON for a data file (PROTOCOL.md "Per-file Statistics").
 
     ``numRecords`` and ``nullCount`` for every column; ``minValues`` and
-    ``maxValues`` for numeric and date columns, and for timestamps rounded
-    outward to milliseconds (the precision Delta stats carry), so a
+    ``maxValues`` for numeric, date and string columns, and for timestamps
+    rounded outward to milliseconds (the precision Delta stats carry), so a
     reader's data skipping never excludes a file that holds a match.
+    Strings get bounds only while the largest value has at most
+    :data:`MAX_STRING_STAT_CHARS` characters (long raw payloads would bloat
+    the Delta log); measured with delta-rs 1.6, a string column with a zero
+    null count but no bounds is pruned as if it matched nothing, so the
+    columns we filter on (topic, server, metric) always get them.
     """
     stats: dict = {"numRecords": data.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
     for field in data.schema:
@@ -178,6 +203,12 @@ def file_stats(data: pa.Table) -> str:
             hi = pc.ceil_temporal(pc.max(as_ms), unit="millisecond")
             stats["minValues"][field.name] = _stat_value(lo.as_py())
             stats["maxValues"][field.name] = _stat_value(hi.as_py())
+        elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            bounds = pc.min_max(column)
+            lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+            if len(hi) <= MAX_STRING_STAT_CHARS:
+                stats["minValues"][field.name] = lo
+                stats["maxValues"][field.name] = hi
         elif pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_date(field.type):
             bounds = pc.min_max(column)
             lo, hi = _stat_value(bounds["min"].as_py()), _stat_value(bounds["max"].as_py())
@@ -212,7 +243,7 @@ def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFil
     invisible and are removed by VACUUM. Returns one :class:`WrittenFile` per
     file.
     """
-    schema, partition_by = TABLES[name]
+    schema, partition_by = table_spec(store, name)
     data = data.select(schema.names).cast(schema)
     if data.num_rows == 0:
         return []

@@ -58,15 +58,20 @@ def query_app_id(checkpoint: Path) -> str:
     return store.read("lake_app_id").decode()
 
 
-def log_stream(spark, settings: LakeSettings):
-    """The topic as a streaming DataFrame of log rows."""
-    return (
+#: Consumer groups of the speed layer's two queries (see ``lake consumers``).
+BRONZE_GROUP = "speed-bronze"
+WINDOWS_GROUP = "speed-windows"
+
+
+def log_stream(spark, settings: LakeSettings, consumer_group: str | None = None):
+    """The topic as a streaming DataFrame of log rows; ``consumer_group`` commits its offsets after each batch."""
+    reader = (
         spark.readStream.format("lakelog")
         .option("root", settings.root)
         .option("topic", settings.topic)
         .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
-        .load()
     )
+    return (reader.option("consumerGroup", consumer_group) if consumer_group else reader).load()
 
 
 def window_aggregates(events, watermark_seconds: int):
@@ -158,9 +163,9 @@ def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> S
     base = settings.checkpoint_path / settings.topic
     trigger = {"processingTime": f"{trigger_seconds} seconds"}
 
-    events = log_stream(spark, settings)
     bronze = (
-        events.writeStream.format("lakebronze")
+        log_stream(spark, settings, BRONZE_GROUP)
+        .writeStream.format("lakebronze")
         .queryName(f"bronze[{settings.topic}]")
         .option("root", settings.root)
         .option("appId", query_app_id(base / "bronze"))
@@ -169,7 +174,7 @@ def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> S
         .start()
     )
     windows = (
-        window_aggregates(events, settings.watermark_seconds)
+        window_aggregates(log_stream(spark, settings, WINDOWS_GROUP), settings.watermark_seconds)
         .writeStream.outputMode("update")
         .queryName(f"windows[{settings.topic}]")
         .foreachBatch(upsert_windows(store, query_app_id(base / "windows")))

@@ -22,7 +22,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from lake.config import load_settings
 from lake.storage import open_store
-from lake.tables import open_table
+from lake.tables import open_table, table_spec
 from lake_schemas import TABLES, spark_schema
 
 FILES_PER_TASK_BYTES = 128 * 1024 * 1024
@@ -132,13 +132,13 @@ class DeltaSnapshotDataSource(DataSource):
         for required in ("root", "table"):
             if required not in self.options:
                 raise ValueError(f"lakedelta reader needs option {required!r}")
-        table = self.options["table"]
-        if table not in TABLES:
-            raise ValueError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}")
-        return TABLES[table][0]
+        try:
+            return table_spec(open_store(load_settings(root=self.options["root"])), self.options["table"])[0]
+        except KeyError as exc:
+            raise ValueError(f"{exc.args[0]}; declared tables: {', '.join(TABLES)}") from None
 
     def schema(self):
-        """The table's declared schema (:data:`lake_schemas.TABLES`) as a Spark schema."""
+        """The table's schema (declared in :data:`lake_schemas.TABLES`, else its Delta schema) for Spark."""
         return spark_schema(self._arrow_schema())
 
     def reader(self, schema) -> DeltaSnapshotReader:

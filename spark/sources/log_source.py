@@ -12,7 +12,9 @@ Options:
 - ``maxRecordsPerBatch``: read limit, split fairly across partitions;
 - ``recordsPerSplit`` (default 500000): a partition's range is cut into Spark
   tasks of at most this many records;
-- ``startingOffsets``: ``earliest`` (default) or ``latest`` for a new query.
+- ``startingOffsets``: ``earliest`` (default) or ``latest`` for a new query;
+- ``consumerGroup``: commit each finished batch's end offsets under this
+  consumer group name (:mod:`lake.log.consumer_groups`), for ``lake consumers``.
 
 Rows have the :data:`lake_schemas.LOG_ROW` columns with timestamps in
 microseconds (Spark's ``TIMESTAMP``).
@@ -29,6 +31,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from lake.config import load_settings
 from lake.log.consumer import end_offsets, read_range, start_offsets
+from lake.log.consumer_groups import commit_offsets
 from lake.log.log import SegmentLog
 from lake.storage import open_store
 from lake_schemas import LOG_ROW, UTC_US, spark_schema
@@ -137,7 +140,10 @@ class LogStreamReader(DataSourceStreamReader):
         yield from table.cast(SPARK_LOG_ROW).to_batches(max_chunksize=65_536)
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: segments are retained by time, not by consumption."""
+        """Record ``end`` as the consumer group's offsets (if one is set); segments are kept by retention."""
+        group = self.options.get("consumerGroup")
+        if group:
+            commit_offsets(self.log.store, group, self.topic, {int(p): int(o) for p, o in end.items()})
 
 
 class LogDataSource(DataSource):
