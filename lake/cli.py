@@ -468,12 +468,15 @@ def infra_up(
 
 @infra_app.command("down")
 def infra_down(
-    data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"),
+    s3_port: S3Port = 8333,
+    master_port: MasterPort = 19333,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait after SIGTERM before SIGKILL.")] = 20.0,
 ) -> None:
     """Stop the local S3 server (its data stays in --data-dir)."""
     from infra.seaweedfs import stop
 
-    if not stop(_s3_server(data_dir, s3_port, master_port), log=err.print):
+    if not stop(_s3_server(data_dir, s3_port, master_port), timeout=timeout, log=err.print):
         err.print("not running")
 
 

@@ -74,7 +74,8 @@ def running_s3_server(data_dir: Path) -> Iterator[S3Server]:
         (data_dir / "exports.sh").write_text(up.stdout)
         yield S3Server(data_dir, s3_port=s3_port, master_port=master_port)
     finally:
-        subprocess.run([LAKE, "infra", "down", *args], capture_output=True, timeout=60)
+        # Test data need no graceful shutdown; SeaweedFS can take 20 s to exit on SIGTERM.
+        subprocess.run([LAKE, "infra", "down", *args, "--timeout", "2"], capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,198 @@
+"""Benchmark: ingest gateway throughput, POST-to-durable-ack latency and segment sizes.
+
+Runs `lake gateway` as its own process over a fresh lake (a local directory,
+or with ``--backend s3`` a SeaweedFS server started for the run, signed as
+the agent identity), then drives it from this process:
+
+- **demo load**: two agents at the demo's rate (one request per agent per
+  second, ~176 events/s in total) for ``--demo-seconds``;
+- **saturation**: ``--clients`` agents, each sending pre-encoded gzip NDJSON
+  batches of ``--batch`` events back to back until ``--requests`` requests
+  are acknowledged.
+
+For each it prints events/s, p50/p99 of the time from POST to the 200
+(durable) answer as the client sees it, and the average segment object size
+from the gateway's own ``/metrics``. The **peer** is the same events appended
+by a library :class:`lake.log.producer.Producer` in this process (no HTTP,
+no JSON), on the same backend; the ratio gateway/peer is printed.
+
+Run: ``python bench/gateway_throughput.py [--backend s3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from agents.gateway_client import table_to_payloads
+from agents.simulator import FleetSimulator
+from lake.config import load_settings
+from lake.log.producer import producer_for
+
+LAKE = str(Path(sys.executable).with_name("lake"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def encode(lines: list[str]) -> bytes:
+    return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1)
+
+
+def segment_stats(url: str) -> tuple[float, float]:
+    """(segments written, their total bytes) from the gateway's /metrics."""
+    values = {}
+    for family in text_string_to_metric_families(requests.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+    return values["lake_gateway_segment_bytes_count"], values["lake_gateway_segment_bytes_sum"]
+
+
+def drive(url: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None) -> tuple[float, list[float], int]:
+    """One thread per client; returns (wall seconds, ack latencies in s, events acknowledged)."""
+    latencies: list[float] = []
+    events = [0]
+    lock = threading.Lock()
+
+    def client(index: int, batches: list[tuple[bytes, int]]) -> None:
+        session = requests.Session()
+        headers = {
+            "Content-Type": "application/x-ndjson",
+            "Content-Encoding": "gzip",
+            "X-Producer-Id": f"bench-{index}",
+        }
+        start = time.monotonic()
+        for seq, (body, count) in enumerate(batches, 1):
+            if pace_s is not None:
+                time.sleep(max(0.0, start + seq * pace_s - time.monotonic()))
+            sent = time.monotonic()
+            answer = session.post(f"{url}/v1/events", data=body, headers=headers | {"X-Producer-Seq": str(seq)})
+            if answer.status_code != 200:
+                raise RuntimeError(f"gateway answered {answer.status_code}: {answer.text}")
+            with lock:
+                latencies.append(time.monotonic() - sent)
+                events[0] += count
+
+    threads = [threading.Thread(target=client, args=(i, b)) for i, b in enumerate(bodies)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started, latencies, events[0]
+
+
+def report(name: str, url: str, before: tuple[float, float], wall: float, latencies: list[float], events: int) -> None:
+    count, total = (a - b for a, b in zip(segment_stats(url), before, strict=True))
+    p50, p99 = np.percentile(np.array(latencies) * 1000, [50, 99])
+    print(
+        f"{name:<12} {events:>9,} events {events / wall:>10,.0f} ev/s   ack p50 {p50:6.1f} ms  p99 {p99:6.1f} ms   "
+        f"{count:>5.0f} segments, avg {total / max(count, 1) / 1024:8.1f} KiB"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["local", "s3"], default="local")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2000, help="events per request in the saturation run")
+    parser.add_argument("--requests", type=int, default=400, help="requests in the saturation run")
+    parser.add_argument("--demo-seconds", type=int, default=20)
+    parser.add_argument("--linger-ms", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    env = {"LAKE_ROOT": str(work / "lake"), "LAKE_PARTITIONS": str(args.partitions), "LAKE_LEASE_TTL_SECONDS": "5"}
+    infra_args = []
+    if args.backend == "s3":
+        infra_args = ["--data-dir", str(work / "s3"), "--s3-port", "28433", "--master-port", "29433"]
+        subprocess.run([LAKE, "infra", "up", *infra_args], check=True, capture_output=True)
+        from infra.seaweedfs import S3Server, settings_env
+
+        server = S3Server(work / "s3", s3_port=28433, master_port=29433)
+        env |= settings_env(server, "agent", prefix="gateway-bench")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
+    gateway = subprocess.Popen(
+        [LAKE, "gateway", "--port", str(port), "--linger-ms", str(args.linger_ms)],
+        env=clean | env,
+        stderr=open(work / "gateway.log", "wb"),
+    )
+    try:
+        while True:
+            try:
+                if requests.get(f"{url}/healthz", timeout=1).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        print(f"backend {args.backend}, {args.partitions} partitions, linger {args.linger_ms} ms, 2 cores\n")
+
+        # Demo load: 2 agents, one request per second each (the demo's ~176 events/s).
+        demo = FleetSimulator(servers=10, metrics=8, seconds=args.demo_seconds, rate=1.1, seed=1)
+        per_agent = [[], []]
+        for _, batch in demo.second_batches():
+            half = batch.num_rows // 2
+            for agent, part in enumerate((batch.slice(0, half), batch.slice(half))):
+                per_agent[agent].append((encode(table_to_payloads(part)), part.num_rows))
+        before = segment_stats(url)
+        report("demo load", url, before, *drive(url, per_agent, pace_s=1.0))
+
+        # Saturation: pre-encoded bodies, clients back to back.
+        sim = FleetSimulator(servers=200, metrics=10, seconds=max(1, args.requests * args.batch // 2000), seed=2)
+        table = sim.generate()
+        lines = table_to_payloads(table)
+        bodies = [
+            [
+                (encode(lines[(k * args.batch) % len(lines) : (k * args.batch) % len(lines) + args.batch]), args.batch)
+                for k in range(c, args.requests, args.clients)
+            ]
+            for c in range(args.clients)
+        ]
+        before = segment_stats(url)
+        wall, latencies, events = drive(url, bodies, pace_s=None)
+        report("saturation", url, before, wall, latencies, events)
+    finally:
+        gateway.terminate()
+        gateway.wait(60)
+
+    # Peer: the same number of events appended by a library producer, no HTTP or JSON.
+    peer_root = {"root": str(work / "peer")}
+    if args.backend == "s3":
+        peer_root = {"root": env["LAKE_ROOT"] + "-peer"}
+    settings = load_settings(
+        **peer_root,
+        partitions=args.partitions,
+        **{k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_S3_")},
+    )
+    peer_events = table.slice(0, events) if events <= table.num_rows else table
+    started = time.monotonic()
+    with producer_for(settings, linger_ms=args.linger_ms) as producer:
+        for start in range(0, peer_events.num_rows, args.batch):
+            producer.send(peer_events.slice(start, args.batch))
+    peer_wall = time.monotonic() - started
+    peer_rate = peer_events.num_rows / peer_wall
+    print(f"{'peer':<12} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, same backend)")
+    print(f"\ngateway / peer throughput: {events / wall / peer_rate:.2f}")
+    if args.backend == "s3":
+        subprocess.run([LAKE, "infra", "down", *infra_args], capture_output=True)
+
+
+if __name__ == "__main__":
+    main()
