@@ -5,7 +5,8 @@ or with ``--backend s3`` a SeaweedFS server started for the run, signed as
 the agent identity), then drives it from this process:
 
 - **demo load**: two agents at the demo's rate (one request per agent per
-  second, ~176 events/s in total) for ``--demo-seconds``;
+  second, 176 events/s in total: 20 servers x 8 metrics x 1.1/s) for
+  ``--demo-seconds``;
 - **saturation**: ``--clients`` agents, each sending pre-encoded gzip NDJSON
   batches of ``--batch`` events back to back until ``--requests`` requests
   are acknowledged.
@@ -14,7 +15,9 @@ For each it prints events/s, p50/p99 of the time from POST to the 200
 (durable) answer as the client sees it, and the average segment object size
 from the gateway's own ``/metrics``. The **peer** is the same events appended
 by a library :class:`lake.log.producer.Producer` in this process (no HTTP,
-no JSON), on the same backend; the ratio gateway/peer is printed.
+no JSON), on the same backend, and **peer+parse** the gateway's own NDJSON
+parsing and validation followed by that producer (everything but HTTP);
+the ratios gateway/peer are printed.
 
 Run: ``python bench/gateway_throughput.py [--backend s3]``.
 """
@@ -39,7 +42,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.gateway_client import table_to_payloads
 from agents.simulator import FleetSimulator
 from lake.config import load_settings
+from lake.gateway import parse_body
 from lake.log.producer import producer_for
+from lake_schemas.contract import to_log_records
 
 LAKE = str(Path(sys.executable).with_name("lake"))
 
@@ -145,7 +150,7 @@ def main() -> None:
         print(f"backend {args.backend}, {args.partitions} partitions, linger {args.linger_ms} ms, 2 cores\n")
 
         # Demo load: 2 agents, one request per second each (the demo's ~176 events/s).
-        demo = FleetSimulator(servers=10, metrics=8, seconds=args.demo_seconds, rate=1.1, seed=1)
+        demo = FleetSimulator(servers=20, metrics=8, seconds=args.demo_seconds, rate=1.1, seed=1)
         per_agent = [[], []]
         for _, batch in demo.second_batches():
             half = batch.num_rows // 2
@@ -186,10 +191,17 @@ def main() -> None:
     with producer_for(settings, linger_ms=args.linger_ms) as producer:
         for start in range(0, peer_events.num_rows, args.batch):
             producer.send(peer_events.slice(start, args.batch))
-    peer_wall = time.monotonic() - started
-    peer_rate = peer_events.num_rows / peer_wall
-    print(f"{'peer':<12} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, same backend)")
-    print(f"\ngateway / peer throughput: {events / wall / peer_rate:.2f}")
+    peer_rate = peer_events.num_rows / (time.monotonic() - started)
+    print(f"{'peer':<12} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, Arrow in)")
+    # Second peer: the gateway's own parsing and validation of the same NDJSON, then the producer; no HTTP.
+    ndjson = [gzip.decompress(body) for client in bodies for body, _ in client]
+    started = time.monotonic()
+    with producer_for(settings, linger_ms=args.linger_ms) as producer:
+        for body in ndjson:
+            producer.send(to_log_records(parse_body(body, "application/x-ndjson")))
+    parse_rate = events / (time.monotonic() - started)
+    print(f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (NDJSON parse + validate + Producer)")
+    print(f"\ngateway / peer: {events / wall / peer_rate:.2f};  gateway / peer+parse: {events / wall / parse_rate:.2f}")
     if args.backend == "s3":
         subprocess.run([LAKE, "infra", "down", *infra_args], capture_output=True)
 
