@@ -112,6 +112,7 @@ def report(name: str, url: str, before: tuple[float, float], wall: float, latenc
 
 
 def main() -> None:
+    """Parse the options, run the scenarios and the peers, print one line each."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["local", "s3"], default="local")
     parser.add_argument("--clients", type=int, default=8)
@@ -131,7 +132,16 @@ def main() -> None:
         from infra.seaweedfs import S3Server, settings_env
 
         server = S3Server(work / "s3", s3_port=28433, master_port=29433)
-        env |= settings_env(server, "agent", prefix="gateway-bench")
+        env |= settings_env(server, "agent")  # the bucket root: where the agent identity may write log/
+    try:
+        run(args, work, env)
+    finally:
+        if infra_args:
+            subprocess.run([LAKE, "infra", "down", *infra_args, "--timeout", "2"], capture_output=True)
+
+
+def run(args, work: Path, env: dict) -> None:
+    """Start the gateway, drive both scenarios, stop it, then time the peers on the same backend."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
@@ -142,6 +152,8 @@ def main() -> None:
     )
     try:
         while True:
+            if gateway.poll() is not None:
+                raise SystemExit(f"gateway exited; see {work / 'gateway.log'}")
             try:
                 if requests.get(f"{url}/healthz", timeout=1).ok:
                     break
@@ -178,14 +190,9 @@ def main() -> None:
         gateway.wait(60)
 
     # Peer: the same number of events appended by a library producer, no HTTP or JSON.
-    peer_root = {"root": str(work / "peer")}
-    if args.backend == "s3":
-        peer_root = {"root": env["LAKE_ROOT"] + "-peer"}
-    settings = load_settings(
-        **peer_root,
-        partitions=args.partitions,
-        **{k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_S3_")},
-    )
+    # Same lake and backend, another topic.
+    lake_env = {k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_")}
+    settings = load_settings(**(lake_env | {"topic": "peer"}))
     peer_events = table.slice(0, events) if events <= table.num_rows else table
     started = time.monotonic()
     with producer_for(settings, linger_ms=args.linger_ms) as producer:
@@ -202,8 +209,6 @@ def main() -> None:
     parse_rate = events / (time.monotonic() - started)
     print(f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (NDJSON parse + validate + Producer)")
     print(f"\ngateway / peer: {events / wall / peer_rate:.2f};  gateway / peer+parse: {events / wall / parse_rate:.2f}")
-    if args.backend == "s3":
-        subprocess.run([LAKE, "infra", "down", *infra_args], capture_output=True)
 
 
 if __name__ == "__main__":
