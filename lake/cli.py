@@ -450,13 +450,16 @@ def infra_up(
     s3_port: S3Port = 8333,
     master_port: MasterPort = 19333,
     bucket: Annotated[str, typer.Option(help="Bucket to create.")] = "lake",
-    identity: Annotated[str, typer.Option(help="Identity to export: agent, pipeline or analyst.")] = "pipeline",
+    identity: Annotated[
+        str,
+        typer.Option(help="Identity to export: agent, pipeline, analyst, or admin (all rights: single-user demos)."),
+    ] = "pipeline",
 ) -> None:
     """Start SeaweedFS on 127.0.0.1 and print `export LAKE_...` lines: eval "$(lake infra up)"."""
     from infra.seaweedfs import IDENTITIES, InfraError, export_lines, start
 
-    if identity not in IDENTITIES or identity == "admin":
-        _fail(f"--identity {identity!r}: choose agent, pipeline or analyst")
+    if identity not in IDENTITIES:
+        _fail(f"--identity {identity!r}: choose one of {', '.join(IDENTITIES)}")
     server = _s3_server(data_dir, s3_port, master_port, bucket)
     try:
         start(server, log=err.print)
