@@ -130,7 +130,7 @@ def test_killing_the_gateway_and_the_s3_server_loses_and_duplicates_nothing(own_
     retries = sum(a.stats.retries for a in agents)
     print(
         f"recovery: {acked_before} events acked before the gateway kill; restarted gateway healthy after "
-        f"{restart_gateway:.1f} s; {spooled_during_outage} batches spooled during the S3 outage; "
+        f"{restart_gateway:.1f} s; {spooled_during_outage} batches waiting in the spools during the S3 outage; "
         f"all sent and spools drained {drained:.1f} s after S3 was back; {retries} agent retries"
     )
 

@@ -69,13 +69,18 @@ def test_delta_commits_work_through_the_store_options(s3_server):
 @pytest.mark.parametrize(
     ("identity", "allowed", "refused"),
     [
-        ("agent", ["write log/", "read log/"], ["write tables/", "read tables/", "write quality/"]),
+        # Agents and gateways delete a fenced writer's uncommitted segment in log/, so they may delete there.
+        ("agent", ["write log/", "read log/", "delete log/"], ["write tables/", "read tables/", "write quality/"]),
         (
             "pipeline",
             ["read log/", "write log/_consumers/", "write tables/", "read tables/", "write quality/"],
             ["write log/"],
         ),
-        ("analyst", ["read tables/", "read quality/"], ["write tables/", "write quality/", "read log/", "write log/"]),
+        (
+            "analyst",
+            ["read tables/", "read quality/"],
+            ["write tables/", "write quality/", "read log/", "write log/", "delete tables/"],
+        ),
     ],
 )
 def test_each_identity_is_refused_what_it_must_not_do(s3_server, identity, allowed, refused):
@@ -89,6 +94,9 @@ def test_each_identity_is_refused_what_it_must_not_do(s3_server, identity, allow
         verb, prefix = operation.split(" ")
         if verb == "write":
             store.replace(f"{prefix}{marker}-{identity}", b"x")
+        elif verb == "delete":
+            store.delete(f"{prefix}{marker}")
+            assert not store.exists(f"{prefix}{marker}")
         else:
             assert store.read(f"{prefix}{marker}") == b"seed"
 
