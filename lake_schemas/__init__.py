@@ -104,11 +104,35 @@ METRIC_WINDOWS_1M = pa.schema(
 METRIC_WINDOWS_1M_PARTITION_BY = ["event_date"]
 METRIC_WINDOWS_1M_KEY = ["event_date", "metric", "server", "window_start"]
 
+#: ``tables/lambda_reconciliation``: one row per (event_date, metric) from
+#: each nightly recompute: the speed layer's count and sum for that day
+#: before the recompute replaced its windows, the batch layer's, and
+#: ``late_events`` = batch_count - speed_count (events the speed layer missed,
+#: mostly arrivals later than its watermark). The fingerprints identify the
+#: bronze files the recompute read and the window files it wrote, so a re-run
+#: with nothing changed is skipped.
+LAMBDA_RECONCILIATION = pa.schema(
+    [
+        pa.field("event_date", pa.date32()),
+        pa.field("metric", pa.string()),
+        pa.field("speed_count", pa.int64()),
+        pa.field("speed_sum", pa.float64()),
+        pa.field("batch_count", pa.int64()),
+        pa.field("batch_sum", pa.float64()),
+        pa.field("late_events", pa.int64()),
+        pa.field("computed_at", UTC_US),
+        pa.field("bronze_fingerprint", pa.string()),
+        pa.field("windows_fingerprint", pa.string()),
+    ]
+)
+LAMBDA_RECONCILIATION_PARTITION_BY = ["event_date"]
+
 #: Table name -> (schema, partition columns), for creating and listing tables.
 TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
     "bronze_events": (BRONZE_EVENTS, BRONZE_EVENTS_PARTITION_BY),
     "quarantine_events": (QUARANTINE_EVENTS, QUARANTINE_EVENTS_PARTITION_BY),
     "metric_windows_1m": (METRIC_WINDOWS_1M, METRIC_WINDOWS_1M_PARTITION_BY),
+    "lambda_reconciliation": (LAMBDA_RECONCILIATION, LAMBDA_RECONCILIATION_PARTITION_BY),
 }
 
 

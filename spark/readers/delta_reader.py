@@ -6,7 +6,9 @@ pyarrow (``pyarrow.fs``: the local file system or S3) and add the partition colu
 values (Delta convention: partition columns are not stored in data files).
 
 Options: ``root`` (lake root), ``table`` (a name in
-:data:`lake_schemas.TABLES`), ``version`` (optional int).
+:data:`lake_schemas.TABLES`), ``version`` (optional int),
+``partitionFilter`` (optional ``column=value``: read only the files of that
+partition, e.g. ``event_date=2026-11-21``).
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ class FileGroup(InputPartition):
     files: tuple[DataFile, ...]
 
 
-def snapshot_files(root: str, table: str, version: int | None) -> list[DataFile]:
-    """Active files of ``table`` at ``version`` (latest if None).
+def snapshot_files(
+    root: str, table: str, version: int | None, partition: tuple[str, str] | None = None
+) -> list[DataFile]:
+    """Active files of ``table`` at ``version`` (latest if None), only those of ``partition`` = (column, value) if given.
 
     Raises ``ValueError`` if the table needs reader features this reader
     does not implement (deletion vectors, column mapping), rather than
@@ -68,7 +72,8 @@ def snapshot_files(root: str, table: str, version: int | None) -> list[DataFile]
         values = tuple(
             (c.removeprefix("partition."), None if row[c] is None else str(row[c])) for c in partition_columns
         )
-        files.append(DataFile(full, int(row["size_bytes"]), values))
+        if partition is None or partition in values:
+            files.append(DataFile(full, int(row["size_bytes"]), values))
     return files
 
 
@@ -103,6 +108,12 @@ class DeltaSnapshotReader(DataSourceReader):
         self.root = options["root"]
         self.table = options["table"]
         self.version = int(options["version"]) if options.get("version") not in (None, "") else None
+        self.partition = None
+        if options.get("partitionFilter"):
+            column, sep, value = options["partitionFilter"].partition("=")
+            if not sep:
+                raise ValueError(f"partitionFilter {options['partitionFilter']!r}: expected column=value")
+            self.partition = (column, value)
         self.arrow_schema = schema
 
     def partitions(self) -> list[FileGroup]:
@@ -111,7 +122,7 @@ class DeltaSnapshotReader(DataSourceReader):
         Spark replaces an empty partition list with a bare ``InputPartition``,
         so an empty snapshot is made an explicit task with no files.
         """
-        return group_files(snapshot_files(self.root, self.table, self.version)) or [FileGroup(())]
+        return group_files(snapshot_files(self.root, self.table, self.version, self.partition)) or [FileGroup(())]
 
     def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the task's files (runs on executors)."""
