@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.exceptions import TableNotFoundError
 
 from lake.log.consumer import read_range
 from lake.log.log import SegmentLog
@@ -93,16 +92,8 @@ def replay_ranges(
 
 
 def _existing_positions(store: Store, table: str, topic: str, part: ReplayRange) -> pa.Table:
-    try:
-        delta = open_table(store, table)
-    except TableNotFoundError:
-        return pa.table(
-            {
-                "topic": pa.array([], pa.string()),
-                "partition": pa.array([], pa.int32()),
-                "offset": pa.array([], pa.int64()),
-            }
-        )
+    """Positions of ``part`` that ``table`` (which exists) already holds."""
+    delta = open_table(store, table)
     filters = [("topic", "=", topic), ("partition", "=", part.partition)]
     filters += [("offset", ">=", part.start), ("offset", "<", part.end)]
     return delta.to_pyarrow_table(columns=POSITION, filters=filters)
