@@ -148,10 +148,14 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     else:
         speed = _totals(open_table(store, WINDOWS).to_pyarrow_table(columns=["metric", "count", "sum"], filters=on_day))
 
+    from pyspark.sql import functions as F
+
     windows = batch_windows(spark, root, day).cache()
     try:
         files = write_windows_on_executors(windows, root)
-        batch = _totals(windows.select("metric", "count", "sum").toArrow())
+        # Sum per metric in Spark: only one row per metric reaches the driver.
+        per_metric = windows.groupBy("metric").agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"))
+        batch = _totals(per_metric.toArrow())
     finally:
         windows.unpersist()
     _replace_day(store, WINDOWS, day, files)
