@@ -202,8 +202,7 @@ class PartitionWriter:
             if base is None or base < index.next_offset:
                 continue
             key = f"{self.prefix}/{name}"
-            with self.store.open_arrow(key) as source:
-                info = read_segment_info(source, self.store.size(key))
+            info = self._stored_info(key)
             if info.epoch == self.epoch and base == index.next_offset:
                 index.add(info)
                 adopted = True
@@ -286,8 +285,7 @@ class PartitionWriter:
         try:
             self.store.create(key, data)
         except ObjectExistsError:
-            with self.store.open_arrow(key) as source:
-                existing = read_segment_info(source, self.store.size(key))
+            existing = self._stored_info(key)
             if existing.epoch < self.epoch:  # a zombie of a fenced writer
                 log.info("%s: deleting uncommitted segment of fenced epoch %d", key, existing.epoch)
                 self.store.delete(key)
@@ -297,6 +295,11 @@ class PartitionWriter:
                     f"{key} was written by epoch {existing.epoch}; this writer holds {self.epoch}"
                 ) from None
             # else: this very attempt, retried by the S3 client after a lost response
+
+    def _stored_info(self, key: str):
+        """The :class:`~lake.log.segment.SegmentInfo` of a stored segment (one GET; its size is the bytes read)."""
+        data = self.store.read(key)
+        return read_segment_info(pa.BufferReader(data), len(data))
 
     def _recover(self, info) -> PartitionIndex:
         """After a failed index swap: success if the stored index already has ``info`` (a lost response)."""

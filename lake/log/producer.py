@@ -23,7 +23,6 @@ lease, with the same sequence number.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -199,8 +198,10 @@ class Producer:
         futures, full = [], []
         for p in (int(p) for p in np.unique(assignment)):
             part = records.filter(pa.array(assignment == p))
-            with self._flush_locks[p] if source else contextlib.nullcontext():
-                committed = self.writer(p).last_seq(source[0]) if source else None
+            committed = None
+            if source:
+                with self._flush_locks[p]:
+                    committed = self.writer(p).last_seq(source[0])
             with self._lock:
                 if source:
                     known = self._known_batch(p, *source)
