@@ -35,7 +35,16 @@ def _ensure_venv() -> None:
         venv.create(VENV, with_pip=True)
     print("run.py: installing metrics-lake and its dependencies (first run takes a few minutes)", file=sys.stderr)
     subprocess.run(
-        [str(BIN / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", "-e", f"{HERE}[dev]"],
+        [
+            str(BIN / "python"),
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            "-e",
+            f"{HERE}[dev,airflow]",
+        ],
         check=True,
     )
     STAMP.write_text(digest)

@@ -317,27 +317,32 @@ def _day(option: str, text: str) -> dt.date:
         raise typer.BadParameter(f"{option} {text!r}: expected a UTC date YYYY-MM-DD") from None
 
 
+DateOption = Annotated[str | None, typer.Option("--date", help="UTC day, YYYY-MM-DD.")]
+FromOption = Annotated[str | None, typer.Option("--from", help="First UTC day of a range.")]
+ToOption = Annotated[str | None, typer.Option("--to", help="Last UTC day of a range (inclusive).")]
+
+
+def _days(date: str | None, from_day: str | None, to_day: str | None) -> list[dt.date]:
+    """The days named by ``--date`` or ``--from``/``--to``; exits with a clear error otherwise."""
+    if (date is None) == (from_day is None and to_day is None):
+        _fail("give --date DAY, or --from DAY --to DAY")
+    if date is not None:
+        return [_day("--date", date)]
+    if from_day is None or to_day is None:
+        _fail("a range needs both --from and --to")
+    first, last = _day("--from", from_day), _day("--to", to_day)
+    if last < first:
+        _fail(f"--to {last} is before --from {first}")
+    return [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+
+
 @app.command()
-def recompute(
-    date: Annotated[str | None, typer.Option("--date", help="UTC day to recompute, YYYY-MM-DD.")] = None,
-    from_day: Annotated[str | None, typer.Option("--from", help="First UTC day of a range.")] = None,
-    to_day: Annotated[str | None, typer.Option("--to", help="Last UTC day of a range (inclusive).")] = None,
-) -> None:
+def recompute(date: DateOption = None, from_day: FromOption = None, to_day: ToOption = None) -> None:
     """Batch layer: rebuild days of metric_windows_1m from bronze (late events included) and reconcile."""
     from spark.jobs.recompute import recompute as run_recompute
     from spark.session import build_session
 
-    if (date is None) == (from_day is None and to_day is None):
-        _fail("give --date DAY, or --from DAY --to DAY")
-    if date is not None:
-        days = [_day("--date", date)]
-    else:
-        if from_day is None or to_day is None:
-            _fail("a range needs both --from and --to")
-        first, last = _day("--from", from_day), _day("--to", to_day)
-        if last < first:
-            _fail(f"--to {last} is before --from {first}")
-        days = [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+    days = _days(date, from_day, to_day)
     settings = _settings()
     err.print(f"recomputing {len(days)} day(s) of metric_windows_1m from bronze_events ...")
     spark = build_session(settings, "lake-recompute")
@@ -352,6 +357,55 @@ def recompute(
             )
 
     run_recompute(spark, settings, days, progress)
+
+
+@app.command()
+def rollup(date: DateOption = None, from_day: FromOption = None, to_day: ToOption = None) -> None:
+    """Downsample days of 1-minute windows into metric_rollup_1h and metric_rollup_1d (merged KLL sketches)."""
+    from spark.jobs.rollups import rollup as run_rollup
+    from spark.session import build_session
+
+    days = _days(date, from_day, to_day)
+    settings = _settings()
+    err.print(f"rolling up {len(days)} day(s): metric_windows_1m -> metric_rollup_1h -> metric_rollup_1d ...")
+    spark = build_session(settings, "lake-rollup")
+    run_rollup(spark, settings, days, lambda r: err.print(f"{r.day}: {r.table}: {r.rows:,} rows ({r.seconds:.1f} s)"))
+
+
+@app.command()
+def queries(
+    date: DateOption = None,
+    from_day: FromOption = None,
+    to_day: ToOption = None,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", help="Stored query declarations (default: the shipped stored_queries.toml)."),
+    ] = None,
+    list_only: Annotated[bool, typer.Option("--list", help="Only parse and list the stored queries.")] = False,
+) -> None:
+    """Evaluate the stored queries (FROM … SELECT … WINDOW … COMPUTE …) for days into query_results."""
+    from lake_schemas.stored_queries import StoredQueryError, load_stored_queries
+
+    try:
+        declared = load_stored_queries(file)
+    except StoredQueryError as exc:
+        _fail(str(exc))
+    if list_only:
+        listing = Table("name", "query", "description")
+        for query in declared:
+            listing.add_row(query.name, query.text, query.description)
+        out.print(listing)
+        return
+    from spark.jobs.stored_queries import evaluate_day
+    from spark.session import build_session
+
+    days = _days(date, from_day, to_day)
+    settings = _settings()
+    err.print(f"evaluating {len(declared)} stored queries over {len(days)} day(s) into query_results ...")
+    spark = build_session(settings, "lake-queries")
+    for day in days:
+        result = evaluate_day(spark, settings, declared, day)
+        err.print(f"{day}: {result.queries} queries -> {result.rows:,} rows ({result.seconds:.1f} s)")
 
 
 @app.command()

@@ -104,6 +104,35 @@ METRIC_WINDOWS_1M = pa.schema(
 METRIC_WINDOWS_1M_PARTITION_BY = ["event_date"]
 METRIC_WINDOWS_1M_KEY = ["event_date", "metric", "server", "window_start"]
 
+#: ``tables/metric_rollup_1h`` and ``tables/metric_rollup_1d``: the same
+#: columns as the 1-minute windows, one row per (metric, server, hour or UTC
+#: day), built from the finer table by summing count and sum, taking min and
+#: max, and merging the KLL sketches (``kll_merge_agg_double``), so p50/p95/p99
+#: are those of all the period's events within the sketch's rank error
+#: (the downsampling of Thanos and Mimir, with mergeable percentiles).
+METRIC_ROLLUP_1H = METRIC_WINDOWS_1M
+METRIC_ROLLUP_1D = METRIC_WINDOWS_1M
+
+#: ``tables/query_results``: the stored queries of
+#: ``lake_schemas/stored_queries.toml`` evaluated per UTC day, long format:
+#: one row per (query, window, server, aggregate). ``server`` is null for a
+#: fleet-wide row (the query's servers merged). ``event_date`` is the day
+#: the window's last minute falls in, so a window is computed once both days
+#: it may span are complete.
+QUERY_RESULTS = pa.schema(
+    [
+        pa.field("query", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("window_start", UTC_US),
+        pa.field("window_end", UTC_US),
+        pa.field("aggregate", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("computed_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
 #: ``tables/lambda_reconciliation``: one row per (event_date, metric) from
 #: each nightly recompute: the speed layer's count and sum for that day
 #: before the recompute replaced its windows, the batch layer's, and
@@ -133,6 +162,9 @@ TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
     "quarantine_events": (QUARANTINE_EVENTS, QUARANTINE_EVENTS_PARTITION_BY),
     "metric_windows_1m": (METRIC_WINDOWS_1M, METRIC_WINDOWS_1M_PARTITION_BY),
     "lambda_reconciliation": (LAMBDA_RECONCILIATION, LAMBDA_RECONCILIATION_PARTITION_BY),
+    "metric_rollup_1h": (METRIC_ROLLUP_1H, ["event_date"]),
+    "metric_rollup_1d": (METRIC_ROLLUP_1D, ["event_date"]),
+    "query_results": (QUERY_RESULTS, ["event_date"]),
 }
 
 

@@ -34,24 +34,23 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lake.config import LakeSettings, load_settings
-from lake.storage import Store, open_store
-from lake.tables import WrittenFile, ensure_table, open_table, write_data_files
+from lake.config import LakeSettings
+from lake.storage import open_store
+from lake.tables import ensure_table, open_table, write_data_files
 from lake_schemas import TABLES
+from spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
 from spark.readers.delta_reader import snapshot_files
 
 BRONZE = "bronze_events"
 WINDOWS = "metric_windows_1m"
 RECONCILIATION = "lambda_reconciliation"
-_FILE_ROWS = pa.schema([("file", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -82,34 +81,18 @@ def batch_windows(spark, root: str, day: dt.date):
 
     from spark.jobs.stream_metrics import finalize_windows
 
-    events = (
-        spark.read.format("lakedelta")
-        .option("root", root)
-        .option("table", BRONZE)
-        .option("partitionFilter", f"event_date={day.isoformat()}")
-        .load()
-    )
-    aggregates = events.groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server").agg(
-        F.count(F.lit(1)).alias("count"),
-        F.sum("value").alias("sum"),
-        F.min("value").alias("min"),
-        F.max("value").alias("max"),
-        F.expr("kll_sketch_agg_double(value)").alias("sketch"),
+    aggregates = (
+        read_days(spark, root, BRONZE, [day])
+        .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
+        .agg(
+            F.count(F.lit(1)).alias("count"),
+            F.sum("value").alias("sum"),
+            F.min("value").alias("min"),
+            F.max("value").alias("max"),
+            F.expr("kll_sketch_agg_double(value)").alias("sketch"),
+        )
     )
     return finalize_windows(aggregates)
-
-
-def write_windows_on_executors(windows, root: str) -> list[WrittenFile]:
-    """Write a windows DataFrame as ``metric_windows_1m`` data files from the executors; returns them."""
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        batches = list(batches)
-        written = []
-        if batches:
-            written = write_data_files(open_store(load_settings(root=root)), WINDOWS, pa.Table.from_batches(batches))
-        yield pa.RecordBatch.from_pylist([{"file": json.dumps(asdict(f))} for f in written], schema=_FILE_ROWS)
-
-    return [WrittenFile(**json.loads(row.file)) for row in windows.mapInArrow(write, "file string").collect()]
 
 
 def _totals(rows: pa.Table) -> dict[str, tuple[int, float]]:
@@ -118,17 +101,6 @@ def _totals(rows: pa.Table) -> dict[str, tuple[int, float]]:
         return {}
     grouped = rows.group_by("metric").aggregate([("count", "sum"), ("sum", "sum")]).to_pylist()
     return {g["metric"]: (g["count_sum"], g["sum_sum"]) for g in grouped}
-
-
-def _replace_day(store: Store, name: str, day: dt.date, files: list[WrittenFile]) -> None:
-    schema, partition_by = TABLES[name]
-    ensure_table(store, name).create_write_transaction(
-        [f.add_action() for f in files],
-        mode="overwrite",
-        schema=schema,
-        partition_by=partition_by,
-        partition_filters=[("event_date", "=", day.isoformat())],
-    )
 
 
 def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
@@ -152,13 +124,13 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
 
     windows = batch_windows(spark, root, day).cache()
     try:
-        files = write_windows_on_executors(windows, root)
+        files = write_on_executors(windows, root, WINDOWS)
         # Sum per metric in Spark: only one row per metric reaches the driver.
         per_metric = windows.groupBy("metric").agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"))
         batch = _totals(per_metric.toArrow())
     finally:
         windows.unpersist()
-    _replace_day(store, WINDOWS, day, files)
+    replace_day(store, WINDOWS, day, files, "RECOMPUTE")
 
     computed_at = dt.datetime.now(dt.UTC)
     new_windows_fp = fingerprint(root, WINDOWS, day)
@@ -181,11 +153,10 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
             )
         )
     reconciliation = pa.Table.from_pylist(rows, schema=TABLES[RECONCILIATION][0])
-    _replace_day(store, RECONCILIATION, day, write_data_files(store, RECONCILIATION, reconciliation))
+    replace_day(store, RECONCILIATION, day, write_data_files(store, RECONCILIATION, reconciliation), "RECOMPUTE")
     late = int(pc.sum(reconciliation.column("late_events")).as_py() or 0)
     events = sum(count for count, _ in batch.values())
-    windows_written = sum(json.loads(f.stats)["numRecords"] for f in files)
-    return DayResult(day, windows_written, events, late, time.monotonic() - started)
+    return DayResult(day, rows_written(files), events, late, time.monotonic() - started)
 
 
 def recompute(

@@ -7,8 +7,8 @@ values (Delta convention: partition columns are not stored in data files).
 
 Options: ``root`` (lake root), ``table`` (a name in
 :data:`lake_schemas.TABLES`), ``version`` (optional int),
-``partitionFilter`` (optional ``column=value``: read only the files of that
-partition, e.g. ``event_date=2026-11-21``).
+``partitionFilter`` (optional ``column=value[,value...]``: read only the
+files of those partitions, e.g. ``event_date=2026-11-20,2026-11-21``).
 """
 
 from __future__ import annotations
@@ -47,9 +47,12 @@ class FileGroup(InputPartition):
 
 
 def snapshot_files(
-    root: str, table: str, version: int | None, partition: tuple[str, str] | None = None
+    root: str, table: str, version: int | None, partition: tuple[str, str | tuple[str, ...]] | None = None
 ) -> list[DataFile]:
-    """Active files of ``table`` at ``version`` (latest if None), only those of ``partition`` = (column, value) if given.
+    """Active files of ``table`` at ``version`` (latest if None), only those of ``partition`` if given.
+
+    ``partition`` is ``(column, value)`` or ``(column, (value, ...))``,
+    values as Delta stores them (strings, dates as ``YYYY-MM-DD``).
 
     Raises ``ValueError`` if the table needs reader features this reader
     does not implement (deletion vectors, column mapping), rather than
@@ -65,6 +68,8 @@ def snapshot_files(
     base = f"{root_path}/tables/{table}"
     actions = pa.table(delta.get_add_actions(flatten=True))
     partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
+    if partition is not None:
+        wanted = {partition[1]} if isinstance(partition[1], str) else set(partition[1])
     files = []
     for row in actions.to_pylist():
         path = unquote(row["path"])
@@ -72,7 +77,7 @@ def snapshot_files(
         values = tuple(
             (c.removeprefix("partition."), None if row[c] is None else str(row[c])) for c in partition_columns
         )
-        if partition is None or partition in values:
+        if partition is None or dict(values).get(partition[0]) in wanted:
             files.append(DataFile(full, int(row["size_bytes"]), values))
     return files
 
@@ -110,10 +115,10 @@ class DeltaSnapshotReader(DataSourceReader):
         self.version = int(options["version"]) if options.get("version") not in (None, "") else None
         self.partition = None
         if options.get("partitionFilter"):
-            column, sep, value = options["partitionFilter"].partition("=")
-            if not sep:
-                raise ValueError(f"partitionFilter {options['partitionFilter']!r}: expected column=value")
-            self.partition = (column, value)
+            column, sep, values = options["partitionFilter"].partition("=")
+            if not sep or not column:
+                raise ValueError(f"partitionFilter {options['partitionFilter']!r}: expected column=value[,value...]")
+            self.partition = (column, tuple(values.split(",")))
         self.arrow_schema = schema
 
     def partitions(self) -> list[FileGroup]:
