@@ -310,6 +310,124 @@ def consumers(
         raise typer.Exit(1)
 
 
+@app.command()
+def compact(
+    tables: Annotated[
+        str | None, typer.Option(help="Comma-separated tables to compact (default: every table).")
+    ] = None,
+    z_order: Annotated[
+        bool,
+        typer.Option("--z-order", help="Z-order rewritten partitions by metric, server (slower, better skipping)."),
+    ] = False,
+    log_only: Annotated[bool, typer.Option("--log-only", help="Compact only the log's segments.")] = False,
+    tables_only: Annotated[bool, typer.Option("--tables-only", help="Compact only Delta tables.")] = False,
+) -> None:
+    """Compaction: merge small log segments (offsets unchanged) and bin-pack small Delta files, then checkpoint."""
+    from lake.log.compaction import compact_topic
+    from lake.table_compaction import compact_table
+    from lake.tables import list_tables
+
+    settings = _settings()
+    store = open_store(settings)
+    log = SegmentLog(store)
+    if not tables_only:
+        view = Table("topic", "partition", "segments", "after", "avg KiB", "after", "runs merged", "objects deleted")
+        for topic in log.topics():
+            results = compact_topic(
+                log,
+                topic,
+                target_bytes=settings.log_compaction_target_bytes,
+                delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
+            )
+            for r in results:
+                view.add_row(
+                    topic,
+                    str(r.partition),
+                    f"{r.segments_before:,}",
+                    f"{r.segments_after:,}",
+                    f"{r.bytes_before / max(r.segments_before, 1) / 1024:,.1f}",
+                    f"{r.bytes_after / max(r.segments_after, 1) / 1024:,.1f}",
+                    str(r.runs),
+                    str(r.deleted),
+                )
+        out.print(view)
+    if log_only:
+        return
+    existing = list_tables(store)
+    chosen = existing if tables is None else [t.strip() for t in tables.split(",") if t.strip()]
+    unknown = sorted(set(chosen) - set(existing))
+    if unknown:
+        _fail(f"no such table(s): {', '.join(unknown)} (existing: {', '.join(existing)})")
+    view = Table("table", "files", "after", "avg KiB", "after", "partitions rewritten", "version", "seconds")
+    for name in chosen:
+        r = compact_table(
+            store, name, target_bytes=settings.table_compaction_target_bytes, z_order=z_order, progress=err.print
+        )
+        view.add_row(
+            name,
+            f"{r.files_before:,}",
+            f"{r.files_after:,}",
+            f"{r.avg_bytes_before / 1024:,.1f}",
+            f"{r.avg_bytes_after / 1024:,.1f}",
+            str(r.partitions_rewritten),
+            str(r.version),
+            f"{r.seconds:.1f}",
+        )
+    out.print(view)
+
+
+def print_retention(plan, applied: bool) -> None:
+    """Render a :class:`lake.retention.RetentionPlan` as tables on stdout, warnings on stderr."""
+    verb = "deleted" if applied else "would delete"
+    view = Table("topic", "partition", f"segments {verb}", "records", "MiB", "start offset", "new start")
+    for p in plan.log:
+        if p.segments:
+            view.add_row(
+                p.topic,
+                str(p.partition),
+                f"{p.segments:,}",
+                f"{p.records:,}",
+                f"{p.size_bytes / 2**20:,.2f}",
+                f"{p.old_start:,}",
+                f"{p.new_start:,}",
+            )
+    out.print(view if view.row_count else f"log: nothing past retention ({len(plan.log)} partitions checked)")
+    view = Table("table", "keeps from", f"days {verb}", "files", "rows", "MiB")
+    for t in plan.tables:
+        days = f"{t.days[0]} .. {t.days[-1]} ({len(t.days)})" if t.days else "-"
+        view.add_row(t.table, str(t.cutoff), days, f"{t.files:,}", f"{t.rows:,}", f"{t.size_bytes / 2**20:,.2f}")
+    out.print(view)
+    vacuumed = [(v.table, len(v.files)) for v in plan.vacuum if v.files]
+    out.print(f"VACUUM {verb}: " + (", ".join(f"{t}: {n:,} files" for t, n in vacuumed) if vacuumed else "no files"))
+    for group, topic, partition, committed, start in plan.groups_behind:
+        err.print(
+            f"[bold red]consumer group {group!r} is behind retention on {topic}/{partition}:[/] it committed "
+            f"offset {committed:,}, retention {'moved' if applied else 'moves'} the log start to {start:,}, "
+            f"so {start - committed:,} records it never read {'are' if applied else 'will be'} gone"
+        )
+
+
+@app.command()
+def retain(
+    yes: Annotated[bool, typer.Option("--yes", help="Really delete; without it, only show what would go.")] = False,
+) -> None:
+    """Retention per resolution: old log segments, old table partitions, VACUUM. Dry run unless --yes.
+
+    Exits 1 when a consumer group has unread records past retention.
+    """
+    from lake.retention import apply_retention, plan_retention
+
+    settings = _settings()
+    store = open_store(settings)
+    now = dt.datetime.now(dt.UTC)
+    plan = apply_retention(settings, store, now) if yes else plan_retention(settings, store, now)
+    print_retention(plan, applied=yes)
+    if not yes:
+        err.print("dry run: nothing was deleted; run with --yes to delete")
+    if plan.groups_behind:
+        raise typer.Exit(1)
+
+
 def _day(option: str, text: str) -> dt.date:
     try:
         return dt.date.fromisoformat(text)
@@ -507,6 +625,44 @@ def tables() -> None:
     for s in summaries:
         table.add_row(s.name, str(s.version), f"{s.files:,}", f"{s.rows:,}", f"{s.size_bytes / 2**20:.2f}")
     out.print(table)
+
+
+@app.command("airflow")
+def airflow_standalone(
+    home: Annotated[Path, typer.Option(help="AIRFLOW_HOME: config, SQLite DB, logs.")] = Path(".airflow"),
+    port: Annotated[int, typer.Option(help="Port of the Airflow UI/API on 127.0.0.1.")] = 8080,
+    dags_folder: Annotated[
+        Path | None, typer.Option(help="Folder with the DAGs (default: dags/ of this checkout).")
+    ] = None,
+) -> None:
+    """Start a local Airflow (standalone: scheduler, DAG processor, API server, triggerer; SQLite) with the lake's DAGs.
+
+    The DAG tasks read LAKE_* from this environment, so they work on the
+    same lake as the CLI. The UI is at http://127.0.0.1:PORT; the admin
+    password is printed by Airflow and kept in HOME. Stop it with Ctrl-C.
+    """
+    import os
+    import shutil
+
+    dags = (dags_folder or Path(__file__).resolve().parents[1] / "dags").resolve()
+    if not (dags / "lake_nightly.py").exists():
+        _fail(f"no metrics-lake DAGs in {dags}; pass --dags-folder")
+    airflow = shutil.which("airflow")
+    if airflow is None:
+        _fail("Airflow is not installed: pip install 'metrics-lake[airflow]' (python3 run.py installs it)")
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+    }
+    err.print(f"Airflow home {home}, DAGs from {dags}, UI at http://127.0.0.1:{port} (Ctrl-C stops it)")
+    os.execvpe(airflow, [airflow, "standalone"], env)
 
 
 @app.command()

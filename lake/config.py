@@ -70,6 +70,32 @@ class LakeSettings(BaseSettings):
     gateway_ack_timeout_seconds: float = Field(
         10.0, gt=0, description="Gateway answers 503 if a batch is not durable within this time."
     )
+    retention_log_days: float = Field(7.0, gt=0, description="Log segments are deleted this many days after append.")
+    retention_bronze_days: int = Field(
+        7, ge=1, description="Days of bronze_events and quarantine_events kept (by event/ingest date)."
+    )
+    retention_windows_days: int = Field(
+        30, ge=1, description="Days of metric_windows_1m, lambda_reconciliation and query_results kept."
+    )
+    retention_rollup_1h_days: int = Field(365, ge=1, description="Days of metric_rollup_1h kept.")
+    retention_rollup_1d_days: int | None = Field(
+        None, ge=1, description="Days of metric_rollup_1d kept (unset: forever)."
+    )
+    vacuum_retention_hours: int = Field(
+        168,
+        ge=1,
+        description="VACUUM deletes data files unreferenced for this long; time travel reaches back this far "
+        "(Delta's default delta.deletedFileRetentionDuration, 7 days). Keep it above the longest query or stream batch.",
+    )
+    segment_delete_delay_seconds: float = Field(
+        300.0, ge=0, description="Log segments replaced by compaction or retention are deleted after this delay."
+    )
+    log_compaction_target_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Log compaction merges small segments up to this size."
+    )
+    table_compaction_target_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024 * 1024, description="Delta compaction (OPTIMIZE) target file size."
+    )
     spool_dir: str = Field(
         "./.lake-spool", description="Local disk buffer where agents keep batches the gateway has not acknowledged."
     )

@@ -22,20 +22,50 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
 from lake.storage import Store
 from lake_schemas import TABLES
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+#: How often a Delta commit that lost to a concurrent one (CommitFailedError)
+#: is re-planned and retried before the error is raised.
+COMMIT_ATTEMPTS = 10
+
+
+def retry_on_conflict(commit: Callable[[], T], what: str, attempts: int = COMMIT_ATTEMPTS) -> T:
+    """Run ``commit`` (which re-reads the table), retrying when a concurrent writer wins the Delta commit.
+
+    delta-rs raises ``CommitFailedError`` when a concurrent commit conflicts
+    (say compaction removed a file a merge rewrites); the loser changed
+    nothing, so re-planning on the new snapshot is safe. Waits 0.1, 0.2, ...
+    s (capped at 2 s) between attempts, then re-raises the last error.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return commit()
+        except CommitFailedError as exc:
+            if attempt == attempts:
+                raise
+            log.info("%s: concurrent commit won (%s); retrying (%d/%d)", what, exc, attempt, attempts - 1)
+            time.sleep(min(0.1 * attempt, 2.0))
+    raise AssertionError("unreachable")
 
 
 def table_uri(store: Store, name: str) -> str:
@@ -116,31 +146,35 @@ def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: s
 
     Returns False, committing nothing, if ``app_id`` already committed
     ``batch_id`` or later; True after committing one Delta version. An empty
-    ``actions`` list still commits, so the batch id is recorded.
+    ``actions`` list still commits, so the batch id is recorded. A commit
+    lost to a concurrent writer is retried (:func:`retry_on_conflict`).
     """
-    table = ensure_table(store, name)
-    if committed_batch(table, app_id) >= batch_id:
-        return False
-    schema, partition_by = table_spec(store, name)
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=schema,
-        partition_by=partition_by,
-        commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING UPDATE"),
-    )
-    return True
+
+    def commit() -> bool:
+        table = ensure_table(store, name)
+        if committed_batch(table, app_id) >= batch_id:
+            return False
+        schema, partition_by = table_spec(store, name)
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=schema,
+            partition_by=partition_by,
+            commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING UPDATE"),
+        )
+        return True
+
+    return retry_on_conflict(commit, f"{name} batch {batch_id}")
 
 
 def merge_rows(store: Store, name: str, rows: pa.Table, key: list[str], *, app_id: str, batch_id: int) -> bool:
     """Upsert ``rows`` into table ``name`` by ``key`` columns for one micro-batch.
 
     Matching rows are replaced whole, new keys inserted. Returns False,
-    changing nothing, if ``app_id`` already committed ``batch_id``.
+    changing nothing, if ``app_id`` already committed ``batch_id``. A merge
+    that loses to a concurrent commit (compaction rewrote a file it
+    rewrites) is re-planned on the new snapshot (:func:`retry_on_conflict`).
     """
-    table = ensure_table(store, name)
-    if committed_batch(table, app_id) >= batch_id:
-        return False
     schema, partition_by = TABLES[name]
     rows = rows.select(schema.names).cast(schema)
     predicate = " AND ".join(f"t.`{column}` = s.`{column}`" for column in key)
@@ -148,19 +182,26 @@ def merge_rows(store: Store, name: str, rows: pa.Table, key: list[str], *, app_i
     for column in partition_by:
         values = ", ".join(f"'{value}'" for value in pc.unique(rows.column(column)).to_pylist())
         predicate += f" AND t.`{column}` IN ({values})"
-    (
-        table.merge(
-            rows,
-            predicate,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING MERGE"),
+
+    def merge() -> bool:
+        table = ensure_table(store, name)
+        if committed_batch(table, app_id) >= batch_id:
+            return False
+        (
+            table.merge(
+                rows,
+                predicate,
+                source_alias="s",
+                target_alias="t",
+                commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING MERGE"),
+            )
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
         )
-        .when_matched_update_all()
-        .when_not_matched_insert_all()
-        .execute()
-    )
-    return True
+        return True
+
+    return retry_on_conflict(merge, f"{name} merge of batch {batch_id}")
 
 
 def _stat_value(value):

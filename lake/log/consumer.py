@@ -20,10 +20,19 @@ def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int
 
     Raises ``ValueError`` if part of the range is below the partition's
     start offset (removed by retention) or beyond its end offset: a silent
-    short read would break exactly-once accounting downstream.
+    short read would break exactly-once accounting downstream. If a segment
+    named by the index is gone (compaction or retention replaced it after the
+    index was read and its delete delay passed), the index is read again once.
     """
     if end <= start:
         return LOG_ROW.empty_table()
+    try:
+        return _read_segments(log, topic, partition, start, end)
+    except FileNotFoundError:
+        return _read_segments(log, topic, partition, start, end)
+
+
+def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end: int) -> pa.Table:
     index = log.index(topic, partition)
     if start < index.start_offset or end > index.next_offset:
         raise ValueError(
@@ -44,7 +53,7 @@ def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int
                     pa.array(np.full(n, partition, dtype=np.int32)),
                     pa.array(np.arange(lo, hi, dtype=np.int64)),
                     *records.columns,
-                    pa.array(np.full(n, info.appended_at, dtype=np.int64)).cast(LOG_ROW.field("ingested_at").type),
+                    pa.array(info.ingested_at(lo, hi)).cast(LOG_ROW.field("ingested_at").type),
                 ],
                 schema=LOG_ROW,
             )

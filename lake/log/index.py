@@ -10,7 +10,14 @@ appended with the offsets it got, which makes producer retries idempotent
 :data:`PRODUCER_EXPIRY_MS` are forgotten, as Kafka expires them after
 ``transactional.id.expiration.ms`` (7 days), so the index stays small.
 
-A segment becomes visible to consumers when the index names it.
+A segment becomes visible to consumers when the index names it. Compaction
+and retention (:mod:`lake.log.compaction`, :mod:`lake.log.retention`) change
+the index too, by compare-and-swap, without the lease: they only replace or
+drop committed segments, never move the log end offset or the epoch, and
+the lease holder re-applies its append on top when its swap loses to theirs.
+Segments they take out of the index are *retired*, not deleted at once: a
+consumer that read the old index may still be reading them, so their objects
+are deleted only after a delay (Kafka's ``file.delete.delay.ms``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import json
 from dataclasses import dataclass, field
 
 from lake.log.segment import SegmentInfo
-from lake.storage import Store
+from lake.storage import Store, VersionConflictError
 
 INDEX_NAME = "index.json"
 PRODUCER_EXPIRY_MS = 7 * 24 * 3600 * 1000
@@ -35,6 +42,10 @@ def partition_prefix(topic: str, partition: int) -> str:
 class PartitionIndex:
     """Index of one partition's segments, ordered by base offset.
 
+    ``retired``: ``{"name", "at"}`` of segment objects taken out of the
+    index at epoch ms ``at``, awaiting deletion; ``truncated_offset``: end
+    offset of the last segment retention dropped, so the log end offset
+    survives when retention drops every segment;
     ``epoch``: lease epoch of the last committing writer; ``revision``:
     incremented on every save (it also keeps the stored bytes, hence the
     object version, unique); ``version``: the stored object version this
@@ -43,6 +54,8 @@ class PartitionIndex:
 
     segments: list[SegmentInfo] = field(default_factory=list)
     producers: dict[str, dict] = field(default_factory=dict)
+    retired: list[dict] = field(default_factory=list)
+    truncated_offset: int = 0
     epoch: int = 0
     revision: int = 0
     version: str | None = None
@@ -55,7 +68,7 @@ class PartitionIndex:
     @property
     def next_offset(self) -> int:
         """Offset the next appended record gets (the log end offset)."""
-        return self.segments[-1].end_offset if self.segments else 0
+        return self.segments[-1].end_offset if self.segments else self.truncated_offset
 
     @classmethod
     def load(cls, store: Store, topic: str, partition: int) -> PartitionIndex:
@@ -69,6 +82,8 @@ class PartitionIndex:
         return cls(
             segments=[SegmentInfo.from_json(entry) for entry in doc["segments"]],
             producers=doc.get("producers", {}),
+            retired=doc.get("retired", []),
+            truncated_offset=int(doc.get("truncated_offset", 0)),
             epoch=int(doc.get("epoch", 0)),
             revision=int(doc.get("revision", 0)),
             version=version,
@@ -88,6 +103,8 @@ class PartitionIndex:
             "next_offset": self.next_offset,
             "segments": [info.to_json() for info in self.segments],
             "producers": self.producers,
+            "retired": self.retired,
+            "truncated_offset": self.truncated_offset,
         }
         key = f"{partition_prefix(topic, partition)}/{INDEX_NAME}"
         self.version = store.replace_if(key, json.dumps(doc).encode(), self.version)
@@ -112,6 +129,35 @@ class PartitionIndex:
         horizon = info.appended_at - PRODUCER_EXPIRY_MS
         self.producers = {k: v for k, v in self.producers.items() if v.get("at", info.appended_at) >= horizon}
 
+    def replace_run(self, run: list[SegmentInfo], merged: SegmentInfo, now_ms: int) -> None:
+        """Replace the consecutive segments ``run`` by ``merged`` (same offsets) and retire their objects.
+
+        Raises ``ValueError`` if ``run`` is not a consecutive run of this
+        index's segments or ``merged`` does not cover exactly its offsets.
+        """
+        names = [info.name for info in self.segments]
+        first = names.index(run[0].name) if run and run[0].name in names else -1
+        if first < 0 or names[first : first + len(run)] != [info.name for info in run]:
+            raise ValueError("segments to replace are not a consecutive run of the index")
+        if (merged.base_offset, merged.end_offset) != (run[0].base_offset, run[-1].end_offset):
+            raise ValueError(
+                f"merged segment covers [{merged.base_offset}, {merged.end_offset}), not the run's offsets"
+            )
+        self.segments[first : first + len(run)] = [merged]
+        self.retired.extend({"name": info.name, "at": now_ms} for info in run)
+
+    def drop_head(self, count: int, now_ms: int) -> list[SegmentInfo]:
+        """Take the first ``count`` segments out of the index (retention), retire them, and return them."""
+        dropped, self.segments = self.segments[:count], self.segments[count:]
+        if dropped:
+            self.truncated_offset = dropped[-1].end_offset
+        self.retired.extend({"name": info.name, "at": now_ms} for info in dropped)
+        return dropped
+
+    def due_for_deletion(self, now_ms: int, delay_ms: int) -> list[str]:
+        """Names of retired objects retired at least ``delay_ms`` before ``now_ms``."""
+        return [entry["name"] for entry in self.retired if entry["at"] + delay_ms <= now_ms]
+
     def last_seq(self, producer_id: str) -> int | None:
         """Highest sequence number appended by ``producer_id``, or ``None`` if unknown."""
         entry = self.producers.get(producer_id)
@@ -134,3 +180,27 @@ class PartitionIndex:
             if info.max_ts is not None and info.max_ts >= ts_ms:
                 return info.base_offset
         return self.next_offset
+
+
+def purge_retired(store: Store, topic: str, partition: int, *, delay_ms: int, now_ms: int) -> list[str]:
+    """Delete the partition's retired segment objects whose delete delay has passed; returns their names.
+
+    Objects are deleted first, then the index forgets them (compare-and-swap,
+    re-read on conflict), so a crash in between only leaves names that the
+    next purge deletes again (deleting a missing object is a no-op).
+    """
+    prefix = partition_prefix(topic, partition)
+    while True:
+        index = PartitionIndex.load(store, topic, partition)
+        due = index.due_for_deletion(now_ms, delay_ms)
+        if not due:
+            return []
+        for name in due:
+            store.delete(f"{prefix}/{name}")
+        gone = set(due)
+        index.retired = [entry for entry in index.retired if entry["name"] not in gone]
+        try:
+            index.save(store, topic, partition)
+            return due
+        except VersionConflictError:
+            continue  # a writer appended meanwhile; the objects are gone, forget them on the fresh index

@@ -43,7 +43,7 @@ from lake.log.lease import (
     release_lease,
     renew_lease,
 )
-from lake.log.segment import encode_segment, parse_segment_name, read_segment_info, segment_name
+from lake.log.segment import SegmentInfo, encode_segment, parse_segment_name, read_segment_info, segment_name
 from lake.storage import ObjectExistsError, Store, VersionConflictError
 
 log = logging.getLogger(__name__)
@@ -296,15 +296,30 @@ class PartitionWriter:
                 ) from None
             # else: this very attempt, retried by the S3 client after a lost response
 
-    def _stored_info(self, key: str):
+    def _stored_info(self, key: str) -> SegmentInfo:
         """The :class:`~lake.log.segment.SegmentInfo` of a stored segment (one GET; its size is the bytes read)."""
         data = self.store.read(key)
         return read_segment_info(pa.BufferReader(data), len(data))
 
     def _recover(self, info) -> PartitionIndex:
-        """After a failed index swap: success if the stored index already has ``info`` (a lost response)."""
-        index = self._load()
-        committed = [s for s in index.segments if s.base_offset == info.base_offset]
-        if index.epoch == self.epoch and committed and committed[0].producers == info.producers:
-            return index
-        raise RuntimeError(f"{self.prefix}: index changed under the lease holder (epoch {self.epoch})")
+        """After a failed index swap: find out whether the append of ``info`` committed, and finish it if not.
+
+        Only this writer appends under its epoch, so a stored index of the
+        same epoch ending at ``info.end_offset`` holds this append (a lost
+        response). One still ending at ``info.base_offset`` was changed by
+        compaction or retention, which never move the log end: the append
+        is committed on top of it. Anything else is a broken invariant.
+        Raises :class:`~lake.log.lease.FencedError` if a newer epoch committed.
+        """
+        while True:
+            index = self._load()
+            if index.epoch == self.epoch and index.next_offset == info.end_offset:
+                return index
+            if index.epoch == self.epoch and index.next_offset == info.base_offset:
+                index.add(info)
+                try:
+                    index.save(self.store, self.topic, self.partition)
+                    return index
+                except VersionConflictError:
+                    continue
+            raise RuntimeError(f"{self.prefix}: index changed under the lease holder (epoch {self.epoch})")

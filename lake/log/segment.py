@@ -20,6 +20,7 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -36,8 +37,13 @@ def segment_name(base_offset: int) -> str:
     return f"{base_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
 
 
+def compacted_segment_name(base_offset: int, end_offset: int) -> str:
+    """Object name of a compacted segment holding offsets ``[base_offset, end_offset)``."""
+    return f"{base_offset:0{OFFSET_DIGITS}d}-{end_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
 def parse_segment_name(name: str) -> int | None:
-    """Base offset encoded in ``name``, or ``None`` if it is not a segment name."""
+    """Base offset encoded in an appended segment's ``name``; ``None`` for any other name (compacted ones too)."""
     stem = name.removesuffix(SEGMENT_SUFFIX)
     if name.endswith(SEGMENT_SUFFIX) and len(stem) == OFFSET_DIGITS and stem.isdigit():
         return int(stem)
@@ -55,6 +61,12 @@ class SegmentInfo:
     producer id whose records are in the segment to its highest sequence
     number in it (the appending producer's, plus the agents a gateway
     batched together).
+
+    A segment made by compaction (:mod:`lake.log.compaction`) has an
+    ``object_name`` of its own (``<base>-<end>.parquet``, so it never collides
+    with the segments it replaces) and ``parts``: ``[base_offset,
+    appended_at]`` of each merged segment, so every record keeps its original
+    append time; its ``appended_at`` is the newest part's.
     """
 
     base_offset: int
@@ -65,6 +77,8 @@ class SegmentInfo:
     size_bytes: int
     epoch: int = 0
     producers: dict[str, int] = field(default_factory=dict)
+    object_name: str | None = None
+    parts: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, doc: dict) -> SegmentInfo:
@@ -77,8 +91,16 @@ class SegmentInfo:
 
     @property
     def name(self) -> str:
-        """The segment's file name."""
-        return segment_name(self.base_offset)
+        """The segment's object name in its partition."""
+        return self.object_name or segment_name(self.base_offset)
+
+    def ingested_at(self, start: int, end: int) -> np.ndarray:
+        """Append time (epoch ms, int64) of each record with offset in ``[start, end)`` of this segment."""
+        if not self.parts:
+            return np.full(end - start, self.appended_at, dtype=np.int64)
+        bases = np.array([base for base, _ in self.parts], dtype=np.int64)
+        times = np.array([at for _, at in self.parts], dtype=np.int64)
+        return times[np.searchsorted(bases, np.arange(start, end, dtype=np.int64), side="right") - 1]
 
     @property
     def record_count(self) -> int:
@@ -97,10 +119,13 @@ def encode_segment(
     appended_at: int,
     epoch: int = 0,
     producers: dict[str, int] | None = None,
+    object_name: str | None = None,
+    parts: list[list[int]] | None = None,
 ) -> tuple[bytes, SegmentInfo]:
     """Serialise ``records`` (:data:`LOG_RECORD` rows) as a segment.
 
-    Returns the bytes and the :class:`SegmentInfo` for the index. Raises
+    ``object_name`` and ``parts`` are for compacted segments (see
+    :class:`SegmentInfo`). Returns the bytes and the :class:`SegmentInfo` for the index. Raises
     ``ValueError`` if ``records`` is empty or does not match the schema.
     """
     if records.num_rows == 0:
@@ -118,6 +143,8 @@ def encode_segment(
         size_bytes=0,
         epoch=epoch,
         producers=dict(producers or {}),
+        object_name=object_name,
+        parts=[list(part) for part in parts or []],
     )
     meta = {_META_KEY: json.dumps(info.to_json()).encode()}
     sink = io.BytesIO()

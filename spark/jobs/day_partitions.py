@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from lake.config import load_settings
 from lake.storage import Store, open_store
-from lake.tables import WrittenFile, ensure_table, write_data_files
+from lake.tables import WrittenFile, ensure_table, retry_on_conflict, write_data_files
 from lake_schemas import TABLES
 
 _FILE_ROWS = pa.schema([("file", pa.string())])
@@ -63,18 +63,21 @@ def replace_day(store: Store, table: str, day: dt.date, files: list[WrittenFile]
 
     ``operation`` is recorded as ``lake.operation`` in the commit info, so
     ``DESCRIBE HISTORY``-style readers can tell recomputes from streaming
-    writes.
+    writes. A commit lost to a concurrent writer (compaction) is retried.
     """
     from deltalake import CommitProperties
 
     schema, partition_by = TABLES[table]
-    ensure_table(store, table).create_write_transaction(
-        [f.add_action() for f in files],
-        mode="overwrite",
-        schema=schema,
-        partition_by=partition_by,
-        partition_filters=[("event_date", "=", day.isoformat())],
-        commit_properties=CommitProperties(custom_metadata={"lake.operation": operation, "lake.day": str(day)}),
+    retry_on_conflict(
+        lambda: ensure_table(store, table).create_write_transaction(
+            [f.add_action() for f in files],
+            mode="overwrite",
+            schema=schema,
+            partition_by=partition_by,
+            partition_filters=[("event_date", "=", day.isoformat())],
+            commit_properties=CommitProperties(custom_metadata={"lake.operation": operation, "lake.day": str(day)}),
+        ),
+        f"{table} {operation.lower()} of {day}",
     )
 
 

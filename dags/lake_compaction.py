@@ -1,0 +1,53 @@
+"""Compaction after the nightly data lands: merge small log segments, bin-pack small Delta files, checkpoint.
+
+Scheduled on the ``query_results`` Asset, which the nightly DAG's last step
+updates, so it runs once the night's rewrites are done and the speed layer
+is the only writer left. Both compactions are safe while the stream writes
+(offsets and rows never change; Delta conflicts are retried), see
+``lake.log.compaction`` and ``lake.table_compaction``.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
+
+
+@dag(
+    dag_id="lake_compaction",
+    schedule=[TABLE_ASSETS["query_results"]],
+    start_date=START_DATE,
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["metrics-lake", "maintenance"],
+    params={
+        "z_order": Param(False, type="boolean", description="Z-order rewritten partitions by metric, server."),
+        "tables": Param([], type="array", items={"type": "string"}, description="Tables to compact; empty: all."),
+    },
+    doc_md=__doc__,
+)
+def lake_compaction():
+    @task
+    def compact_log() -> list[dict]:
+        """Merge runs of small segments in every partition; offsets stay the same."""
+        from lake.config import load_settings
+        from lake.operations import compact_log
+
+        return compact_log(load_settings())
+
+    @task
+    def compact_tables() -> list[dict]:
+        """OPTIMIZE every table (or the chosen ones) partition by partition, then write a checkpoint."""
+        from lake.config import load_settings
+        from lake.operations import compact_tables
+
+        params = get_current_context()["params"]
+        return compact_tables(load_settings(), params["tables"] or None, params["z_order"])
+
+    compact_log()
+    compact_tables()
+
+
+lake_compaction()

@@ -1,0 +1,61 @@
+"""Nightly batch layer: recompute yesterday's windows from bronze, then rollups, then stored queries.
+
+Runs at 00:30 UTC for the previous UTC day (late events up to then
+included). Each step replaces that day in its table in one Delta commit and
+is idempotent, so retries and re-runs are safe. Each step declares the table
+it writes as an Asset outlet, so asset-scheduled DAGs (compaction, quality)
+run when the nightly data has landed.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import dag, get_current_context, task
+
+from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, previous_day
+
+
+@dag(
+    dag_id="lake_nightly",
+    schedule="30 0 * * *",
+    start_date=START_DATE,
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["metrics-lake", "batch-layer"],
+    doc_md=__doc__,
+)
+def lake_nightly():
+    @task
+    def target_day() -> str:
+        """The UTC day before this run's logical date."""
+        return previous_day(get_current_context()["logical_date"])
+
+    @task(outlets=[TABLE_ASSETS["metric_windows_1m"], TABLE_ASSETS["lambda_reconciliation"]])
+    def recompute(day: str) -> list[dict]:
+        """Rebuild the day's 1-minute windows from bronze and reconcile them with the speed layer's."""
+        from lake.config import load_settings
+        from lake.operations import recompute_days
+
+        return recompute_days(load_settings(), [day])
+
+    @task(outlets=[TABLE_ASSETS["metric_rollup_1h"], TABLE_ASSETS["metric_rollup_1d"]])
+    def rollups(day: str) -> list[dict]:
+        """Roll the day's windows up into 1-hour and 1-day rows by merging sketches."""
+        from lake.config import load_settings
+        from lake.operations import rollup_days
+
+        return rollup_days(load_settings(), [day])
+
+    @task(outlets=[TABLE_ASSETS["query_results"]])
+    def stored_queries(day: str) -> list[dict]:
+        """Evaluate lake_schemas/stored_queries.toml for the day into query_results."""
+        from lake.config import load_settings
+        from lake.operations import evaluate_queries
+
+        return evaluate_queries(load_settings(), [day])
+
+    day = target_day()
+    recompute(day) >> rollups(day) >> stored_queries(day)
+
+
+lake_nightly()
