@@ -79,18 +79,12 @@ def batch_windows(spark, root: str, day: dt.date):
     """DataFrame of ``day``'s windows (``metric_windows_1m`` columns), computed from bronze without a watermark."""
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import finalize_windows
+    from spark.jobs.stream_metrics import event_aggregates, finalize_windows
 
     aggregates = (
         read_days(spark, root, BRONZE, [day])
         .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum("value").alias("sum"),
-            F.min("value").alias("min"),
-            F.max("value").alias("max"),
-            F.expr("kll_sketch_agg_double(value)").alias("sketch"),
-        )
+        .agg(*event_aggregates())
     )
     return finalize_windows(aggregates)
 

@@ -54,16 +54,10 @@ def rollup_frame(source, period: str):
     """
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import finalize_windows
+    from spark.jobs.stream_metrics import finalize_windows, merged_aggregates
 
-    aggregates = source.groupBy(F.window("window_start", period).alias("window"), "metric", "server").agg(
-        F.sum("count").alias("count"),
-        F.sum("sum").alias("sum"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
-        F.expr("kll_merge_agg_double(sketch)").alias("sketch"),
-    )
-    return finalize_windows(aggregates)
+    window = F.window("window_start", period).alias("window")
+    return finalize_windows(source.groupBy(window, "metric", "server").agg(*merged_aggregates()))
 
 
 def rollup_day(spark, settings: LakeSettings, day: dt.date) -> list[RollupResult]:

@@ -64,6 +64,8 @@ def query_frame(windows, query: StoredQuery, day: dt.date):
     """``query_results`` rows of ``query`` for ``day`` from 1-minute window rows covering days D-1 and D."""
     from pyspark.sql import functions as F
 
+    from spark.jobs.stream_metrics import merged_aggregates
+
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
     end = start + dt.timedelta(days=1)
     rows = windows.where(
@@ -78,13 +80,7 @@ def query_frame(windows, query: StoredQuery, day: dt.date):
     keys = [window, "server"] if query.per_server else [window]
     grouped = (
         rows.groupBy(*keys)
-        .agg(
-            F.sum("count").alias("count"),
-            F.sum("sum").alias("sum"),
-            F.min("min").alias("min"),
-            F.max("max").alias("max"),
-            F.expr("kll_merge_agg_double(sketch)").alias("sketch"),
-        )
+        .agg(*merged_aggregates())
         .where((F.col("window.end") > F.lit(start)) & (F.col("window.end") <= F.lit(end)))
     )
     results = F.array(

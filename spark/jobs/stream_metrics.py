@@ -74,6 +74,32 @@ def log_stream(spark, settings: LakeSettings, consumer_group: str | None = None)
     return (reader.option("consumerGroup", consumer_group) if consumer_group else reader).load()
 
 
+def event_aggregates() -> list:
+    """Aggregate columns of a 1-minute window over raw events: count, sum, min, max and a KLL sketch of ``value``."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("count"),
+        F.sum("value").alias("sum"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.expr("kll_sketch_agg_double(value)").alias("sketch"),
+    ]
+
+
+def merged_aggregates() -> list:
+    """The same columns over window rows (for coarser windows): counts and sums added, sketches merged."""
+    from pyspark.sql import functions as F
+
+    return [
+        F.sum("count").alias("count"),
+        F.sum("sum").alias("sum"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.expr("kll_merge_agg_double(sketch)").alias("sketch"),
+    ]
+
+
 def window_aggregates(events, watermark_seconds: int):
     """Streaming 1-minute tumbling-window aggregates of valid events.
 
@@ -86,13 +112,7 @@ def window_aggregates(events, watermark_seconds: int):
         events.where(F.col("reason").isNull())
         .withWatermark("ts", f"{watermark_seconds} seconds")
         .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.sum("value").alias("sum"),
-            F.min("value").alias("min"),
-            F.max("value").alias("max"),
-            F.expr("kll_sketch_agg_double(value)").alias("sketch"),
-        )
+        .agg(*event_aggregates())
     )
 
 

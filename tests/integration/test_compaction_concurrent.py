@@ -1,0 +1,88 @@
+"""Compaction while `lake stream` writes: the log and every table compacted again and again, nothing lost or duplicated."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from agents.simulator import FleetSimulator
+from lake.log.compaction import compact_topic
+from lake.log.consumer import end_offsets, read_range
+from lake.log.producer import Producer
+from lake.table_compaction import compact_table
+from lake.tables import list_tables, open_table
+from tests.helpers import LAKE, positions
+from tests.integration.test_kill_restart import START_MS, lake_env
+from tests.spark.test_stream_metrics import check_windows
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PHASES = 8
+
+
+def test_compaction_concurrent_with_the_stream_loses_and_duplicates_nothing(settings, log, store, tmp_path):
+    env = lake_env(settings)
+    log.ensure_topic(settings.topic, settings.partitions)
+    produced_all = threading.Event()
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for phase in range(PHASES):  # 8 rounds of 10 servers x 4 metrics x 30 s, one every ~1.5 s
+                sim = FleetSimulator(
+                    servers=10, metrics=4, seconds=30, rate=2.0, seed=phase, start_ms=START_MS + phase * 30_000
+                )
+                with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+                    producer.send(sim.generate())
+                time.sleep(1.5)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test thread
+            errors.append(exc)
+        finally:
+            produced_all.set()
+
+    with open(tmp_path / "stream.log", "wb") as output:
+        stream = subprocess.Popen(
+            [LAKE, "stream"], env=env, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        producer = threading.Thread(target=produce)
+        producer.start()
+        rewrites = segment_merges = 0
+        while not produced_all.is_set() or rewrites < 3:
+            for result in compact_topic(log, settings.topic, target_bytes=1 << 20, delete_delay_ms=0):
+                segment_merges += result.runs
+            for name in list_tables(store):
+                rewrites += compact_table(store, name, target_bytes=1 << 20).partitions_rewritten
+            time.sleep(0.3)
+        producer.join()
+        assert not errors, errors
+        # Let the stream catch up while compaction keeps running, then stop it cleanly.
+        produced = pa.concat_tables(
+            read_range(log, settings.topic, p, 0, end) for p, end in end_offsets(log, settings.topic).items()
+        )
+        deadline = time.monotonic() + 180
+        while (
+            time.monotonic() < deadline
+            and open_table(store, "bronze_events").to_pyarrow_table(columns=["offset"]).num_rows < produced.num_rows
+        ):
+            for name in list_tables(store):
+                rewrites += compact_table(store, name, target_bytes=1 << 20).partitions_rewritten
+            time.sleep(0.5)
+        assert stream.poll() is None, (tmp_path / "stream.log").read_text()[-3000:]
+        stream.send_signal(signal.SIGTERM)  # the driver only: it stops the queries between batches
+        stream.wait(60)
+    assert stream.returncode == 0, (tmp_path / "stream.log").read_text()[-3000:]
+    final = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=600)
+    assert final.returncode == 0, final.stderr[-3000:]
+
+    assert produced.num_rows == PHASES * 10 * 4 * 60
+    assert rewrites >= 3 and segment_merges >= 1, (rewrites, segment_merges)
+    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["topic", "partition", "offset"])
+    counts = Counter(positions(bronze))
+    assert max(counts.values()) == 1, "a (topic, partition, offset) landed twice"
+    assert set(counts) == set(positions(produced))
+    check_windows(store, produced)
