@@ -647,9 +647,10 @@ def airflow_standalone(
     dags = (dags_folder or Path(__file__).resolve().parents[1] / "dags").resolve()
     if not (dags / "lake_nightly.py").exists():
         _fail(f"no metrics-lake DAGs in {dags}; pass --dags-folder")
-    airflow = shutil.which("airflow")
+    beside = Path(sys.executable).with_name("airflow")  # the same virtualenv, even when it is not on PATH
+    airflow = str(beside) if beside.exists() else shutil.which("airflow")
     if airflow is None:
-        _fail("Airflow is not installed: pip install 'metrics-lake[airflow]' (python3 run.py installs it)")
+        _fail("Airflow is not installed: pip install 'metrics-lake\\[airflow]' (python3 run.py installs it)")
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     env = {
@@ -660,8 +661,14 @@ def airflow_standalone(
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
         "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",  # where task runners report
+        # standalone starts its components as `airflow …` subprocesses: find this one first
+        "PATH": f"{Path(airflow).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    err.print(f"Airflow home {home}, DAGs from {dags}, UI at http://127.0.0.1:{port} (Ctrl-C stops it)")
+    err.print(
+        f"Airflow home {home}, DAGs from {dags}, UI at http://127.0.0.1:{port} (Ctrl-C stops it); "
+        "DAGs start paused: unpause them in the UI or with `airflow dags unpause <dag_id>`"
+    )
     os.execvpe(airflow, [airflow, "standalone"], env)
 
 
