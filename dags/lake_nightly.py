@@ -1,5 +1,11 @@
 """Nightly batch layer: recompute yesterday's windows from bronze, then rollups, then stored queries.
 
+Quality gates (Great Expectations, ``lake quality``) run after the data they
+check lands: bronze, the windows and the reconciliation after the recompute,
+the rollups after they are built. A failed critical expectation fails the
+gate without retries and stops the steps after it for that day; its error
+names the expectations, observed values and a sample of failing values.
+
 Runs at 00:30 UTC for the previous UTC day (late events up to then
 included). Each step replaces that day in its table in one Delta commit and
 is idempotent, so retries and re-runs are safe. Each step declares the table
@@ -10,6 +16,7 @@ run when the nightly data has landed.
 from __future__ import annotations
 
 from airflow.sdk import dag, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, previous_day
 
@@ -38,6 +45,25 @@ def lake_nightly():
 
         return recompute_days(load_settings(), [day])
 
+    def gate(day: str, tables: list[str]) -> dict:
+        from lake.config import load_settings
+        from lake.operations import QualityGateError, check_quality
+
+        try:
+            return check_quality(load_settings(), day, tables)
+        except QualityGateError as exc:
+            raise AirflowFailException(str(exc)) from None  # bad data: retrying cannot fix it
+
+    @task(outlets=[TABLE_ASSETS["dq_results"]])
+    def quality_gate(day: str) -> dict:
+        """Validate the day's bronze, windows and reconciliation; stop the rollups on a critical failure."""
+        return gate(day, ["bronze_events", "metric_windows_1m", "lambda_reconciliation"])
+
+    @task(outlets=[TABLE_ASSETS["dq_results"]])
+    def rollup_quality_gate(day: str) -> dict:
+        """Validate the day's rollups; stop the stored queries on a critical failure."""
+        return gate(day, ["metric_rollup_1h", "metric_rollup_1d"])
+
     @task(outlets=[TABLE_ASSETS["metric_rollup_1h"], TABLE_ASSETS["metric_rollup_1d"]])
     def rollups(day: str) -> list[dict]:
         """Roll the day's windows up into 1-hour and 1-day rows by merging sketches."""
@@ -55,7 +81,7 @@ def lake_nightly():
         return evaluate_queries(load_settings(), [day])
 
     day = target_day()
-    recompute(day) >> rollups(day) >> stored_queries(day)
+    recompute(day) >> quality_gate(day) >> rollups(day) >> rollup_quality_gate(day) >> stored_queries(day)
 
 
 lake_nightly()

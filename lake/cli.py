@@ -24,6 +24,7 @@ import pyarrow as pa
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -625,6 +626,50 @@ def tables() -> None:
     for s in summaries:
         table.add_row(s.name, str(s.version), f"{s.files:,}", f"{s.rows:,}", f"{s.size_bytes / 2**20:.2f}")
     out.print(table)
+
+
+@app.command()
+def quality(
+    table: Annotated[str | None, typer.Option(help="Only this table (default: every table with a suite).")] = None,
+    date: Annotated[str | None, typer.Option("--date", help="UTC day to check, YYYY-MM-DD (default: today).")] = None,
+) -> None:
+    """Data quality: run the Great Expectations checkpoints for a day, record dq_results, publish data docs.
+
+    Exits 1 when a critical expectation fails (the gate for rollups and stored queries).
+    """
+    from quality.checkpoint import run_quality
+    from spark.session import build_session
+
+    day = _day("--date", date) if date else dt.datetime.now(dt.UTC).date()
+    settings = _settings()
+    err.print(f"checking {table or 'every table'} for {day} with Great Expectations ...")
+    spark = build_session(settings, "lake-quality")
+    try:
+        report = run_quality(spark, settings, day, [table] if table else None)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    view = Table("suite", "rows", "expectations", "passed", "failed", "worst failure")
+    for name, rows in report.rows.items():
+        mine = [o for o in report.outcomes if o.table == name]
+        failed = [o for o in mine if not o.success]
+        worst = sorted(failed, key=lambda o: not o.critical)[:1]
+        text = Text("")
+        if worst:
+            o = worst[0]
+            text = Text(
+                f"{'CRITICAL' if o.critical else 'warning'} {o.expectation}({o.column or ''}): "
+                f"{o.unexpected_count if o.unexpected_count is not None else o.observed_value} unexpected",
+                style="red" if o.critical else "yellow",
+            )
+        view.add_row(name, f"{rows:,}", str(len(mine)), str(len(mine) - len(failed)), str(len(failed)), text)
+    out.print(view)
+    if not report.rows:
+        err.print(f"no rows on {day} in the checked tables")
+    err.print(f"report: {report.docs_index}  trend: {settings.quality_path / 'trend.html'}  ({report.seconds:.1f} s)")
+    err.print(f"failing rows: lake sql \"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success\"")
+    if report.critical_failures():
+        err.print("[red]critical expectations failed:[/]\n" + escape(report.describe_failures()))
+        raise typer.Exit(1)
 
 
 @app.command("airflow")

@@ -96,6 +96,20 @@ class LakeSettings(BaseSettings):
     table_compaction_target_bytes: int = Field(
         128 * 1024 * 1024, ge=1024 * 1024, description="Delta compaction (OPTIMIZE) target file size."
     )
+    quality_dir: str | None = Field(
+        None,
+        description="Local directory of the GX project, data docs and trend plot "
+        "(default: <root>/quality for a local lake, ./.lake-quality for S3, whose docs are also copied to quality/).",
+    )
+    quality_keep_runs: int = Field(30, ge=1, description="Validation results (and data docs pages) kept per suite.")
+    quality_clock_skew_seconds: int = Field(300, ge=0, description="Event times up to this far in the future pass.")
+    quality_freshness_lag_seconds: int = Field(900, ge=0, description="Today's newest window must be at most this old.")
+    quality_volume_band: float = Field(
+        0.5, gt=0, description="A day's row count must lie within this fraction of the trailing 7-day median."
+    )
+    quality_reconciliation_tolerance: float = Field(
+        0.01, ge=0, description="Largest relative speed vs batch count difference per metric and day."
+    )
     spool_dir: str = Field(
         "./.lake-spool", description="Local disk buffer where agents keep batches the gateway has not acknowledged."
     )
@@ -118,6 +132,13 @@ class LakeSettings(BaseSettings):
     def is_s3(self) -> bool:
         """True when the lake lives in S3-compatible object storage."""
         return self.root.startswith("s3://")
+
+    @property
+    def quality_path(self) -> Path:
+        """The local directory of the data-quality project (see ``quality_dir``)."""
+        if self.quality_dir:
+            return Path(self.quality_dir).expanduser().resolve()
+        return Path(".lake-quality").resolve() if self.is_s3 else Path(self.root).expanduser().resolve() / "quality"
 
     @property
     def checkpoint_path(self) -> Path:

@@ -26,6 +26,10 @@ class ConsumerBehindRetentionError(RuntimeError):
     """Retention removed log records that a consumer group had not read yet."""
 
 
+class QualityGateError(RuntimeError):
+    """A critical data-quality expectation failed: downstream steps must not use the data."""
+
+
 def _spark(settings: LakeSettings, app: str):
     from spark.session import build_session
 
@@ -169,3 +173,30 @@ def replay_days(settings: LakeSettings, first: str, last: str) -> dict:
     ranges = replay_ranges(log_, settings.topic, from_time_ms=from_ms, to_time_ms=to_ms)
     stats = replay(log_, settings.topic, ranges, from_time_ms=from_ms, to_time_ms=to_ms)
     return {"read": stats.read, "written": stats.written, "already_present": stats.already_present}
+
+
+def check_quality(settings: LakeSettings, day: str, tables: list[str]) -> dict:
+    """Run the GX checkpoints of ``tables`` for ``day`` (``lake quality``); the gate before downstream steps.
+
+    Returns per table the rows checked and expectations passed/failed.
+    Raises :class:`QualityGateError` naming each failed critical expectation
+    with its observed value and a sample, and how to query the failing rows.
+    """
+    from quality.checkpoint import run_quality
+
+    report = run_quality(_spark(settings, "lake-quality"), settings, dt.date.fromisoformat(day), tables)
+    summary = {
+        table: {
+            "rows": rows,
+            "passed": sum(o.success for o in report.outcomes if o.table == table),
+            "failed": sum(not o.success for o in report.outcomes if o.table == table),
+        }
+        for table, rows in report.rows.items()
+    }
+    if report.critical_failures():
+        raise QualityGateError(
+            f"critical expectations failed for {day}; downstream steps stopped:\n{report.describe_failures()}\n"
+            f"failing rows: lake sql \"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success\"; "
+            f"report: {report.docs_index}"
+        )
+    return {"run_id": report.run_id, "tables": summary, "docs": str(report.docs_index)}

@@ -26,6 +26,7 @@ TABLE_ASSETS = {
         "metric_rollup_1h",
         "metric_rollup_1d",
         "query_results",
+        "dq_results",
     )
 }
 

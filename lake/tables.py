@@ -221,7 +221,7 @@ def file_stats(data: pa.Table) -> str:
     """Delta ``stats`` JSON for a data file (PROTOCOL.md "Per-file Statistics").
 
     ``numRecords`` and ``nullCount`` for every column; ``minValues`` and
-    ``maxValues`` for numeric, date and string columns, and for timestamps
+    ``maxValues`` for numeric, boolean, date and string columns, and for timestamps
     rounded outward to milliseconds (the precision Delta stats carry), so a
     reader's data skipping never excludes a file that holds a match.
     Strings get bounds only while the largest value has at most
@@ -250,7 +250,12 @@ def file_stats(data: pa.Table) -> str:
             if len(hi) <= MAX_STRING_STAT_CHARS:
                 stats["minValues"][field.name] = lo
                 stats["maxValues"][field.name] = hi
-        elif pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_date(field.type):
+        elif (
+            pa.types.is_integer(field.type)
+            or pa.types.is_floating(field.type)
+            or pa.types.is_date(field.type)
+            or (pa.types.is_boolean(field.type))
+        ):
             bounds = pc.min_max(column)
             lo, hi = _stat_value(bounds["min"].as_py()), _stat_value(bounds["max"].as_py())
             if lo is not None and hi is not None:

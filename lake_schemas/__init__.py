@@ -156,6 +156,30 @@ LAMBDA_RECONCILIATION = pa.schema(
 )
 LAMBDA_RECONCILIATION_PARTITION_BY = ["event_date"]
 
+#: ``tables/dq_results``: one row per expectation per data-quality run
+#: (``lake quality``): which table and day it checked, whether it passed, what
+#: was observed, the threshold, and a sample of failing values (JSON).
+#: ``critical`` expectations gate downstream steps. Partitioned by the day
+#: checked.
+DQ_RESULTS = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("run_at", UTC_US),
+        pa.field("table", pa.string()),
+        pa.field("expectation", pa.string()),
+        pa.field("column", pa.string()),
+        pa.field("critical", pa.bool_()),
+        pa.field("success", pa.bool_()),
+        pa.field("observed_value", pa.string()),
+        pa.field("unexpected_count", pa.int64()),
+        pa.field("unexpected_percent", pa.float64()),
+        pa.field("threshold", pa.string()),
+        pa.field("sample", pa.string()),
+        pa.field("rows", pa.int64()),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
 #: Table name -> (schema, partition columns), for creating and listing tables.
 TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
     "bronze_events": (BRONZE_EVENTS, BRONZE_EVENTS_PARTITION_BY),
@@ -165,6 +189,7 @@ TABLES: dict[str, tuple[pa.Schema, list[str]]] = {
     "metric_rollup_1h": (METRIC_ROLLUP_1H, ["event_date"]),
     "metric_rollup_1d": (METRIC_ROLLUP_1D, ["event_date"]),
     "query_results": (QUERY_RESULTS, ["event_date"]),
+    "dq_results": (DQ_RESULTS, ["event_date"]),
 }
 
 

@@ -58,7 +58,9 @@ def test_nightly_recomputes_rolls_up_and_evaluates_yesterday(dagbag, lake_env, s
     run = dagbag.get_dag("lake_nightly").test(
         logical_date=dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(0, 30), dt.UTC)
     )
-    assert task_states(run) == dict.fromkeys(["target_day", "recompute", "rollups", "stored_queries"], SUCCESS)
+    steps = ["target_day", "recompute", "quality_gate", "rollups", "rollup_quality_gate", "stored_queries"]
+    assert task_states(run) == dict.fromkeys(steps, SUCCESS)
+    assert returned(run, "quality_gate")["tables"]["metric_windows_1m"] == {"rows": 360, "passed": 13, "failed": 0}
     assert returned(run, "target_day") == DAY.isoformat()
 
     on_day = events.filter(pc.greater_equal(pc.cast(events.column("ts"), pa.int64()), START_MS + 5_400_000))
@@ -74,6 +76,27 @@ def test_nightly_recomputes_rolls_up_and_evaluates_yesterday(dagbag, lake_env, s
     (hour_max,) = [r["value"] for r in results if r["aggregate"] == "max"]
     assert hour_max == pc.max(cpu.column("value")).as_py()
     assert {r["event_date"] for r in table_rows(store, "query_results")} == {DAY}
+
+
+def test_a_failed_critical_expectation_stops_the_nightly_before_rollups(dagbag, lake_env, store, spark):
+    events = FleetSimulator(servers=2, metrics=2, seconds=600, seed=4, start_ms=START_MS + 5_400_000).generate()
+    values = events.column("value").to_pylist()
+    values[7] = float("nan")  # cannot pass the contract, but a bug or a bad backfill could write it to bronze
+    land_in_bronze(store, events.set_column(events.schema.get_field_index("value"), "value", pa.array(values)))
+    run = dagbag.get_dag("lake_nightly").test(
+        logical_date=dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(0, 30), dt.UTC)
+    )
+    states = task_states(run)
+    assert (states["recompute"], states["quality_gate"]) == (SUCCESS, "failed")
+    assert {states[t] for t in ("rollups", "rollup_quality_gate", "stored_queries")} == {"upstream_failed"}
+    assert (
+        open_table(store, "metric_rollup_1h").to_pyarrow_table().num_rows == 0
+        if store.exists("tables/metric_rollup_1h/_delta_log")
+        else True
+    )
+    failures = open_table(store, "dq_results").to_pyarrow_table(filters=[("success", "=", False)]).to_pylist()
+    finite = [r for r in failures if r["column"] == "value_is_finite"]
+    assert len(finite) == 1 and finite[0]["critical"] and finite[0]["unexpected_count"] == 1
 
 
 def test_compaction_merges_segments_and_files_without_changing_data(dagbag, lake_env, store, log):
