@@ -88,7 +88,8 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def _outcome(table: str, result) -> Outcome:
+def outcome(table: str, result) -> Outcome:
+    """An :class:`Outcome` from one GX ``ExpectationValidationResult`` of ``table``."""
     config = result.expectation_config
     kwargs = config.kwargs
     details = result.result or {}
@@ -128,15 +129,21 @@ def _previous_counts(store, table: str, day: dt.date) -> list[int]:
     return [counts[d] for d in window if counts.get(d)]
 
 
-def _context(settings: LakeSettings):
+def gx_context(settings: LakeSettings):
+    """The file-backed GX project in ``settings.quality_path`` (created on first use)."""
     import great_expectations as gx
 
     settings.quality_path.mkdir(parents=True, exist_ok=True)
     return gx.get_context(mode="file", project_root_dir=str(settings.quality_path))
 
 
-def _validate(context, table: str, frame, suite):
-    """Run ``table``'s checkpoint on ``frame``; returns the GX validation results."""
+def validate(context, table: str, frame, suite):
+    """Run ``table``'s checkpoint (``suite``, data docs update) on the Spark DataFrame ``frame``.
+
+    Returns the GX ``ExpectationValidationResult`` list. The suite, the
+    validation definition and the checkpoint are replaced on every run,
+    since thresholds depend on the day and the time of the run.
+    """
     import great_expectations as gx
 
     try:
@@ -240,7 +247,7 @@ def run_quality(
         if table not in SUITE_TABLES:
             raise KeyError(f"no quality suite for table {table!r}; suites exist for {', '.join(SUITE_TABLES)}")
     report = QualityReport(run_id=uuid.uuid4().hex, day=day)
-    context = _context(settings)
+    context = gx_context(settings)
     for table in chosen:
         if table not in existing:
             continue
@@ -251,7 +258,7 @@ def run_quality(
                 continue
             report.rows[table] = rows
             suite = build_suite(table, settings, day, now, _previous_counts(store, table, day))
-            report.outcomes += [_outcome(table, r) for r in _validate(context, table, frame, suite)]
+            report.outcomes += [outcome(table, r) for r in validate(context, table, frame, suite)]
         finally:
             frame.unpersist()
     write_results(settings, report, now)
