@@ -324,33 +324,30 @@ def compact(
     tables_only: Annotated[bool, typer.Option("--tables-only", help="Compact only Delta tables.")] = False,
 ) -> None:
     """Compaction: merge small log segments (offsets unchanged) and bin-pack small Delta files, then checkpoint."""
-    from lake.log.compaction import compact_topic
+    from lake.log.compaction import compact_log
     from lake.table_compaction import compact_table
     from lake.tables import list_tables
 
     settings = _settings()
     store = open_store(settings)
-    log = SegmentLog(store)
     if not tables_only:
         view = Table("topic", "partition", "segments", "after", "avg KiB", "after", "runs merged", "objects deleted")
-        for topic in log.topics():
-            results = compact_topic(
-                log,
-                topic,
-                target_bytes=settings.log_compaction_target_bytes,
-                delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
+        results = compact_log(
+            SegmentLog(store),
+            target_bytes=settings.log_compaction_target_bytes,
+            delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
+        )
+        for r in results:
+            view.add_row(
+                r.topic,
+                str(r.partition),
+                f"{r.segments_before:,}",
+                f"{r.segments_after:,}",
+                f"{r.bytes_before / max(r.segments_before, 1) / 1024:,.1f}",
+                f"{r.bytes_after / max(r.segments_after, 1) / 1024:,.1f}",
+                str(r.runs),
+                str(r.deleted),
             )
-            for r in results:
-                view.add_row(
-                    topic,
-                    str(r.partition),
-                    f"{r.segments_before:,}",
-                    f"{r.segments_after:,}",
-                    f"{r.bytes_before / max(r.segments_before, 1) / 1024:,.1f}",
-                    f"{r.bytes_after / max(r.segments_after, 1) / 1024:,.1f}",
-                    str(r.runs),
-                    str(r.deleted),
-                )
         out.print(view)
     if log_only:
         return

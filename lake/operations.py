@@ -95,18 +95,14 @@ def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def compact_log(settings: LakeSettings) -> list[dict]:
     """Merge small segments of every topic (``lake compact --log-only``); one summary per partition."""
-    from lake.log.compaction import compact_topic
+    from lake.log import compaction
     from lake.log.log import SegmentLog
 
-    log_ = SegmentLog(open_store(settings))
-    results = []
-    for topic in log_.topics():
-        results += compact_topic(
-            log_,
-            topic,
-            target_bytes=settings.log_compaction_target_bytes,
-            delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
-        )
+    results = compaction.compact_log(
+        SegmentLog(open_store(settings)),
+        target_bytes=settings.log_compaction_target_bytes,
+        delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
+    )
     return [asdict(r) for r in results]
 
 

@@ -182,3 +182,11 @@ def compact_topic(
         compact_partition(log_, topic, p, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
         for p in range(log_.partitions(topic))
     ]
+
+
+def compact_log(log_: SegmentLog, *, target_bytes: int, delete_delay_ms: int) -> list[PartitionCompaction]:
+    """Compact every partition of every topic in the log; one result per partition."""
+    results = []
+    for topic in log_.topics():
+        results += compact_topic(log_, topic, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
+    return results
