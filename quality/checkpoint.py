@@ -221,10 +221,14 @@ def publish(settings: LakeSettings) -> None:
         return
     store = open_store(settings)
     site = settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
-    for path in [*site.rglob("*"), settings.quality_path / "trend.png", settings.quality_path / "trend.html"]:
+    for path in site.rglob("*"):
         if path.is_file():
-            key = "quality/docs/" + str(path.relative_to(site)) if site in path.parents else f"quality/{path.name}"
-            store.replace(key, path.read_bytes())
+            store.replace(f"quality/docs/{path.relative_to(site)}", path.read_bytes())
+    trend = settings.quality_path / "trend.html"
+    if trend.exists():  # in the bucket the docs site sits at quality/docs/
+        page = trend.read_text().replace("gx/uncommitted/data_docs/local_site/", "docs/")
+        store.replace("quality/trend.html", page.encode())
+        store.replace("quality/trend.png", (settings.quality_path / "trend.png").read_bytes())
 
 
 def run_quality(
