@@ -145,6 +145,7 @@ def validate(context, table: str, frame, suite):
     since thresholds depend on the day and the time of the run.
     """
     import great_expectations as gx
+    from great_expectations.exceptions import DataContextError
 
     try:
         source = context.data_sources.get("lake")
@@ -158,10 +159,10 @@ def validate(context, table: str, frame, suite):
         batch = asset.get_batch_definition("day")
     except (KeyError, ValueError):
         batch = asset.add_batch_definition_whole_dataframe("day")
-    for store, name in ((context.checkpoints, table), (context.validation_definitions, table), (context.suites, table)):
+    for store in (context.checkpoints, context.validation_definitions, context.suites):
         try:
-            store.delete(name)  # the suite's thresholds depend on the day and the time of the run
-        except Exception:  # noqa: BLE001 - GX raises a different error per store for a missing name
+            store.delete(table)  # the suite's thresholds depend on the day and the time of the run
+        except DataContextError:  # not there yet
             pass
     suite = context.suites.add(suite)
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=table, data=batch, suite=suite))
