@@ -121,18 +121,28 @@ def _vacuum(store: Store, table: str, hours: int, dry_run: bool) -> VacuumResult
     return VacuumResult(table, sorted(files))
 
 
-def plan_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> RetentionPlan:
-    """What retention at ``now`` would delete from the log and every table; changes nothing."""
+def log_horizon_ms(settings: LakeSettings, now: dt.datetime) -> int:
+    """Epoch ms before which appended log segments are past retention at ``now``."""
+    return int((now - dt.timedelta(days=settings.retention_log_days)).timestamp() * 1000)
+
+
+def _plan_deletions(settings: LakeSettings, store: Store, now: dt.datetime) -> RetentionPlan:
+    """The log segments and table partitions past their horizon at ``now`` (no VACUUM listing)."""
     plan = RetentionPlan(now)
     log = SegmentLog(store)
-    horizon_ms = int((now - dt.timedelta(days=settings.retention_log_days)).timestamp() * 1000)
     for topic in log.topics():
-        plan.log += plan_log_retention(log, topic, horizon_ms)
+        plan.log += plan_log_retention(log, topic, log_horizon_ms(settings, now))
     existing = set(list_tables(store))
     for table, (column, cutoff) in table_cutoffs(settings, now).items():
         if table in existing:
             plan.tables.append(_expired(store, table, column, cutoff))
-    for table in sorted(existing):
+    return plan
+
+
+def plan_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> RetentionPlan:
+    """What retention at ``now`` would delete from the log and every table, VACUUM included; changes nothing."""
+    plan = _plan_deletions(settings, store, now)
+    for table in sorted(list_tables(store)):
         plan.vacuum.append(_vacuum(store, table, settings.vacuum_retention_hours, dry_run=True))
     return plan
 
@@ -146,12 +156,11 @@ def apply_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> R
     index now are deleted after ``segment_delete_delay_seconds``, by this or
     a later run.
     """
-    plan = plan_retention(settings, store, now)
+    plan = _plan_deletions(settings, store, now)
     log = SegmentLog(store)
-    horizon_ms = int((now - dt.timedelta(days=settings.retention_log_days)).timestamp() * 1000)
     delay_ms = int(settings.segment_delete_delay_seconds * 1000)
     for topic in log.topics():
-        apply_log_retention(log, topic, horizon_ms, delete_delay_ms=delay_ms)
+        apply_log_retention(log, topic, log_horizon_ms(settings, now), delete_delay_ms=delay_ms)
     for expired in plan.tables:
         if expired.files:
             predicate = f"{expired.column} < '{expired.cutoff.isoformat()}'"
@@ -160,7 +169,6 @@ def apply_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> R
                 lambda p=predicate, c=commit, t=expired.table: open_table(store, t).delete(p, commit_properties=c),
                 f"{expired.table} retention delete",
             )
-    plan.vacuum = []
     for table in sorted(list_tables(store)):
         plan.vacuum.append(_vacuum(store, table, settings.vacuum_retention_hours, dry_run=False))
         delta = open_table(store, table)
