@@ -68,16 +68,18 @@ def file_counts(table: DeltaTable) -> dict[tuple, tuple[int, int]]:
     """Partition values (tuple of (column, value)) -> (active files, bytes) of ``table``'s snapshot."""
     actions = pa.table(table.get_add_actions(flatten=True))
     columns = [c for c in actions.column_names if c.startswith("partition.")]
-    counts: dict[tuple, tuple[int, int]] = {}
     if actions.num_rows == 0:
-        return counts
-    grouped = actions.group_by(columns).aggregate([("size_bytes", "count"), ("size_bytes", "sum")]) if columns else None
-    if grouped is None:
+        return {}
+    if not columns:
         return {(): (actions.num_rows, pc.sum(actions.column("size_bytes")).as_py())}
-    for row in grouped.to_pylist():
-        key = tuple((c.removeprefix("partition."), _text(row[c])) for c in columns)
-        counts[key] = (row["size_bytes_count"], row["size_bytes_sum"])
-    return counts
+    grouped = actions.group_by(columns).aggregate([("size_bytes", "count"), ("size_bytes", "sum")])
+    return {
+        tuple((c.removeprefix("partition."), _text(row[c])) for c in columns): (
+            row["size_bytes_count"],
+            row["size_bytes_sum"],
+        )
+        for row in grouped.to_pylist()
+    }
 
 
 def _text(value) -> str | None:
@@ -90,13 +92,11 @@ def compact_table(
     *,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     z_order: bool = False,
-    partitions: Callable[[tuple], bool] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TableCompaction:
     """Compact table ``name`` partition by partition, then checkpoint it (module docstring).
 
-    ``partitions`` selects which partitions (tuple of (column, value)) to
-    touch (default: all). Raises ``deltalake.exceptions.TableNotFoundError``
+    ``progress`` gets a line per partition rewritten. Raises ``deltalake.exceptions.TableNotFoundError``
     if the table does not exist, ``CommitFailedError`` if a partition keeps
     conflicting after every retry.
     """
@@ -106,8 +106,6 @@ def compact_table(
     z_columns = [c for c in Z_ORDER_COLUMNS if c in table.schema().to_arrow().names] if z_order else []
     rewritten = 0
     for key, (files, size) in sorted(before.items(), key=lambda item: str(item[0])):
-        if partitions is not None and not partitions(key):
-            continue
         if files < 2 and not (z_columns and files == 1 and size > 0):
             continue
         filters = [(column, "=", value) for column, value in key] or None
