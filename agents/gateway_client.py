@@ -52,7 +52,7 @@ class SenderStats:
 
 
 def table_to_payloads(records: pa.Table) -> list[str]:
-    """:data:`lake_schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text).
+    """:data:`metrics_lake.schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text).
 
     ``ts`` goes out as exact epoch milliseconds (from the int64 column, not
     via float seconds, which would round some values down by 1 ms).
@@ -73,7 +73,7 @@ def table_to_payloads(records: pa.Table) -> list[str]:
 class GatewaySender:
     """Sends events to a gateway through a disk spool; see the module docstring.
 
-    Duck-types the parts of :class:`lake.log.producer.Producer` agents use
+    Duck-types the parts of :class:`metrics_lake.core.log.producer.Producer` agents use
     (``send``, ``send_payloads``, ``flush``, ``close``, ``stats``).
     ``backoff_base``/``backoff_cap`` are seconds; ``timeout`` is the HTTP
     request timeout in seconds.
@@ -125,7 +125,7 @@ class GatewaySender:
         return len(self._spooled())
 
     def send(self, records: pa.Table) -> None:
-        """Spool :data:`lake_schemas.LOG_RECORD` rows for sending."""
+        """Spool :data:`metrics_lake.schemas.LOG_RECORD` rows for sending."""
         self.send_payloads(table_to_payloads(records))
 
     def send_payloads(self, payloads: list[str | dict]) -> None:

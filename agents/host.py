@@ -25,7 +25,7 @@ import time
 
 import psutil
 
-from lake.log.producer import Producer
+from metrics_lake.core.log.producer import Producer
 
 
 class HostAgent:

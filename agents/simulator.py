@@ -13,7 +13,7 @@ Each (server, metric) series emits ``rate`` samples per second for
 
 The same seed always yields the same events (numpy ``default_rng``), so tests
 and benchmarks are reproducible. Output is an Arrow table in
-:data:`lake_schemas.LOG_RECORD` order by event time.
+:data:`metrics_lake.schemas.LOG_RECORD` order by event time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from lake_schemas import LOG_RECORD
+from metrics_lake.schemas import LOG_RECORD
 
 #: (metric name, shape) in the order ``--metrics N`` takes them.
 METRIC_CATALOG: list[tuple[str, str]] = [

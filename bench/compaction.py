@@ -21,17 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from agents.simulator import FleetSimulator
-from lake.config import load_settings
-from lake.log.compaction import compact_topic
-from lake.log.consumer import end_offsets, read_range
-from lake.log.log import SegmentLog
-from lake.log.producer import Producer
-from lake.storage import open_store
-from lake.table_compaction import compact_table
-from lake.tables import list_tables, open_table
-from spark.jobs.stream_metrics import run_stream
-from spark.session import build_session
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.compaction import compact_topic
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.table_compaction import compact_table
+from metrics_lake.core.tables import list_tables, open_table
+from metrics_lake.spark.jobs.stream_metrics import run_stream
+from metrics_lake.spark.session import build_session
 
 START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
 

@@ -14,7 +14,7 @@ the agent identity), then drives it from this process:
 For each it prints events/s, p50/p99 of the time from POST to the 200
 (durable) answer as the client sees it, and the average segment object size
 from the gateway's own ``/metrics``. The **peer** is the same events appended
-by a library :class:`lake.log.producer.Producer` in this process (no HTTP,
+by a library :class:`metrics_lake.core.log.producer.Producer` in this process (no HTTP,
 no JSON), on the same backend, and **peer+parse** the gateway's own NDJSON
 parsing and validation followed by that producer (everything but HTTP);
 the ratios gateway/peer are printed.
@@ -39,12 +39,12 @@ import numpy as np
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.gateway_client import table_to_payloads
-from agents.simulator import FleetSimulator
-from lake.config import load_settings
-from lake.gateway import parse_body
-from lake.log.producer import producer_for
-from lake_schemas.contract import to_log_records
+from metrics_lake.agents.gateway_client import table_to_payloads
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.app.gateway import parse_body
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.producer import producer_for
+from metrics_lake.schemas.contract import to_log_records
 
 LAKE = str(Path(sys.executable).with_name("lake"))
 
@@ -129,7 +129,7 @@ def main() -> None:
     if args.backend == "s3":
         infra_args = ["--data-dir", str(work / "s3"), "--s3-port", "28433", "--master-port", "29433"]
         subprocess.run([LAKE, "infra", "up", *infra_args], check=True, capture_output=True)
-        from infra.seaweedfs import S3Server, settings_env
+        from metrics_lake.infra.seaweedfs import S3Server, settings_env
 
         server = S3Server(work / "s3", s3_port=28433, master_port=29433)
         env |= settings_env(server, "agent")  # the bucket root: where the agent identity may write log/

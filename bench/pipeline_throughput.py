@@ -25,15 +25,15 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import write_deltalake
 
-from agents.simulator import FleetSimulator
-from lake.config import load_settings
-from lake.log.log import SegmentLog
-from lake.log.producer import Producer
-from lake.storage import LocalStore
-from lake.tables import batch_commit_properties, ensure_table, merge_rows, open_table, table_uri
-from lake_schemas import BRONZE_EVENTS, METRIC_WINDOWS_1M_KEY
-from spark.jobs.stream_metrics import finalize_windows, run_stream
-from spark.session import build_session
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.core.tables import batch_commit_properties, ensure_table, merge_rows, open_table, table_uri
+from metrics_lake.schemas import BRONZE_EVENTS
+from metrics_lake.spark.jobs.stream_metrics import finalize_windows, run_stream
+from metrics_lake.spark.session import build_session
 
 START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
 
@@ -58,7 +58,7 @@ def run_peer(spark, events: pa.Table, workdir: Path) -> float:
     """Seconds for the JSON-source + foreachBatch + delta-rs peer."""
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import window_aggregates
+    from metrics_lake.spark.jobs.stream_metrics import window_aggregates
 
     source = workdir / "json"
     source.mkdir()
@@ -92,7 +92,7 @@ def run_peer(spark, events: pa.Table, workdir: Path) -> float:
         )
         aggregated = window_aggregates(batch_df.withColumn("reason", F.lit(None).cast("string")), 120)
         rows = finalize_windows(aggregated).toArrow()
-        merge_rows(store, "metric_windows_1m", rows, METRIC_WINDOWS_1M_KEY, app_id="peer-w", batch_id=batch_id)
+        merge_rows(store, "metric_windows_1m", rows, app_id="peer-w", batch_id=batch_id)
         batch_df.unpersist()
 
     started = time.perf_counter()

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from recompute_day import DAY, fill_bronze  # the sibling benchmark (this directory is on sys.path)
 
-from lake.config import load_settings
-from quality.checkpoint import run_quality
-from spark.jobs.day_partitions import read_days
-from spark.jobs.recompute import recompute
-from spark.jobs.rollups import rollup
-from spark.session import build_session
+from metrics_lake.core.config import load_settings
+from metrics_lake.quality.checkpoint import run_quality
+from metrics_lake.spark.jobs.day_partitions import read_days
+from metrics_lake.spark.jobs.recompute import recompute
+from metrics_lake.spark.jobs.rollups import rollup
+from metrics_lake.spark.session import build_session
 
 
 def peer(spark, root: str) -> float:

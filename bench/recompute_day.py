@@ -27,13 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agents.simulator import FleetSimulator
-from lake.config import load_settings
-from lake.storage import open_store
-from lake.tables import commit_files, open_table, write_data_files
-from lake_schemas import BRONZE_EVENTS
-from spark.jobs.recompute import recompute
-from spark.session import build_session
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import commit_files, open_table, write_data_files
+from metrics_lake.schemas import BRONZE_EVENTS
+from metrics_lake.spark.jobs.recompute import recompute
+from metrics_lake.spark.session import build_session
 
 DAY = dt.date(2027, 1, 15)
 DAY_START_MS = int(dt.datetime(2027, 1, 15, tzinfo=dt.UTC).timestamp() * 1000)

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from agents.simulator import FleetSimulator
+from metrics_lake.agents.simulator import FleetSimulator
 
 
 def _encode_parquet(table: pa.Table, codec: str) -> bytes:

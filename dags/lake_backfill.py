@@ -18,7 +18,7 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, days_between
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, days_between
 
 STEPS = ["replay", "recompute", "rollups", "queries"]
 
@@ -62,8 +62,8 @@ def lake_backfill():
     def replay(days: list[str]) -> dict:
         """Replay the range's events from the log into bronze, skipping rows already present."""
         _skip_unless_chosen("replay")
-        from lake.config import load_settings
-        from lake.operations import replay_days
+        from metrics_lake.app.operations import replay_days
+        from metrics_lake.core.config import load_settings
 
         return replay_days(load_settings(), days[0], days[-1])
 
@@ -74,8 +74,8 @@ def lake_backfill():
     def recompute(days: list[str]) -> list[dict]:
         """Rebuild the range's 1-minute windows from bronze."""
         _skip_unless_chosen("recompute")
-        from lake.config import load_settings
-        from lake.operations import recompute_days
+        from metrics_lake.app.operations import recompute_days
+        from metrics_lake.core.config import load_settings
 
         return recompute_days(load_settings(), days)
 
@@ -83,8 +83,8 @@ def lake_backfill():
     def rollups(days: list[str]) -> list[dict]:
         """Rebuild the range's rollups."""
         _skip_unless_chosen("rollups")
-        from lake.config import load_settings
-        from lake.operations import rollup_days
+        from metrics_lake.app.operations import rollup_days
+        from metrics_lake.core.config import load_settings
 
         return rollup_days(load_settings(), days)
 
@@ -92,8 +92,8 @@ def lake_backfill():
     def queries(days: list[str]) -> list[dict]:
         """Re-evaluate the stored queries for the range."""
         _skip_unless_chosen("queries")
-        from lake.config import load_settings
-        from lake.operations import evaluate_queries
+        from metrics_lake.app.operations import evaluate_queries
+        from metrics_lake.core.config import load_settings
 
         return evaluate_queries(load_settings(), days)
 

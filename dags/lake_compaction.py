@@ -4,14 +4,14 @@ Scheduled on the ``query_results`` Asset, which the nightly DAG's last step
 updates, so it runs once the night's rewrites are done and the speed layer
 is the only writer left. Both compactions are safe while the stream writes
 (offsets and rows never change; Delta conflicts are retried), see
-``lake.log.compaction`` and ``lake.table_compaction``.
+``metrics_lake.core.log.compaction`` and ``metrics_lake.core.table_compaction``.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
 
 
 @dag(
@@ -32,16 +32,16 @@ def lake_compaction():
     @task
     def compact_log() -> list[dict]:
         """Merge runs of small segments in every partition; offsets stay the same."""
-        from lake.config import load_settings
-        from lake.operations import compact_log
+        from metrics_lake.app.operations import compact_log
+        from metrics_lake.core.config import load_settings
 
         return compact_log(load_settings())
 
     @task
     def compact_tables() -> list[dict]:
         """OPTIMIZE every table (or the chosen ones) partition by partition, then write a checkpoint."""
-        from lake.config import load_settings
-        from lake.operations import compact_tables
+        from metrics_lake.app.operations import compact_tables
+        from metrics_lake.core.config import load_settings
 
         params = get_current_context()["params"]
         return compact_tables(load_settings(), params["tables"] or None, params["z_order"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, previous_day
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, previous_day
 
 
 @dag(
@@ -40,14 +40,14 @@ def lake_nightly():
     @task(outlets=[TABLE_ASSETS["metric_windows_1m"], TABLE_ASSETS["lambda_reconciliation"]])
     def recompute(day: str) -> list[dict]:
         """Rebuild the day's 1-minute windows from bronze and reconcile them with the speed layer's."""
-        from lake.config import load_settings
-        from lake.operations import recompute_days
+        from metrics_lake.app.operations import recompute_days
+        from metrics_lake.core.config import load_settings
 
         return recompute_days(load_settings(), [day])
 
     def gate(day: str, tables: list[str]) -> dict:
-        from lake.config import load_settings
-        from lake.operations import QualityGateError, check_quality
+        from metrics_lake.app.operations import QualityGateError, check_quality
+        from metrics_lake.core.config import load_settings
 
         try:
             return check_quality(load_settings(), day, tables)
@@ -67,16 +67,16 @@ def lake_nightly():
     @task(outlets=[TABLE_ASSETS["metric_rollup_1h"], TABLE_ASSETS["metric_rollup_1d"]])
     def rollups(day: str) -> list[dict]:
         """Roll the day's windows up into 1-hour and 1-day rows by merging sketches."""
-        from lake.config import load_settings
-        from lake.operations import rollup_days
+        from metrics_lake.app.operations import rollup_days
+        from metrics_lake.core.config import load_settings
 
         return rollup_days(load_settings(), [day])
 
     @task(outlets=[TABLE_ASSETS["query_results"]])
     def stored_queries(day: str) -> list[dict]:
         """Evaluate lake_schemas/stored_queries.toml for the day into query_results."""
-        from lake.config import load_settings
-        from lake.operations import evaluate_queries
+        from metrics_lake.app.operations import evaluate_queries
+        from metrics_lake.core.config import load_settings
 
         return evaluate_queries(load_settings(), [day])
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from lake.orchestration import DEFAULT_ARGS, START_DATE
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE
 
 
 @dag(
@@ -28,8 +28,8 @@ def lake_retention():
     @task
     def retain() -> dict:
         """Delete (or with dry_run, list) everything past its retention; returns what went."""
-        from lake.config import load_settings
-        from lake.operations import retain
+        from metrics_lake.app.operations import retain
+        from metrics_lake.core.config import load_settings
 
         context = get_current_context()  # horizons count back from the run's logical date, so re-runs agree
         return retain(load_settings(), apply=not context["params"]["dry_run"], now=context["logical_date"])

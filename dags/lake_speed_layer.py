@@ -13,7 +13,7 @@ import datetime as dt
 
 from airflow.sdk import dag, task
 
-from lake.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
 
 
 @dag(
@@ -31,8 +31,8 @@ def lake_speed_layer():
     @task(outlets=[TABLE_ASSETS["bronze_events"], TABLE_ASSETS["quarantine_events"], TABLE_ASSETS["metric_windows_1m"]])
     def micro_batches() -> dict:
         """Run the speed layer until it has caught up with the log; returns table versions and consumer lag."""
-        from lake.config import load_settings
-        from lake.operations import run_speed_layer_once
+        from metrics_lake.app.operations import run_speed_layer_once
+        from metrics_lake.core.config import load_settings
 
         return run_speed_layer_once(load_settings())
 

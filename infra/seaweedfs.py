@@ -32,10 +32,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from metrics_lake.core.errors import LakeError
+
 IDENTITIES = ("admin", "agent", "pipeline", "analyst")
 
 
-class InfraError(RuntimeError):
+class InfraError(LakeError, RuntimeError):
     """The local S3 server could not be started, found or stopped."""
 
 
@@ -164,8 +166,8 @@ def s3_answers(server: S3Server, timeout: float = 2.0) -> bool:
 
 
 def store_as(server: S3Server, identity: str, prefix: str = ""):
-    """A :class:`lake.storage.S3Store` on this server's bucket, signed as ``identity``."""
-    from lake.storage import S3Store
+    """A :class:`metrics_lake.core.storage.S3Store` on this server's bucket, signed as ``identity``."""
+    from metrics_lake.core.storage import S3Store
 
     access, secret = credentials(server)[identity]
     uri = f"s3://{server.bucket}/{prefix}".rstrip("/")

@@ -9,6 +9,7 @@ Secrets are :class:`pydantic.SecretStr` so they never print.
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -19,9 +20,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from metrics_lake.core.errors import ConfigError
 
-class ConfigError(ValueError):
-    """A setting is invalid; the message names the ``LAKE_*`` variable."""
+__all__ = ["ConfigError", "LakeSettings", "load_settings"]
 
 
 class LakeSettings(BaseSettings):
@@ -163,7 +164,8 @@ def load_settings(**overrides) -> LakeSettings:
 
     ``overrides`` with value ``None`` are ignored, so CLI flags can pass
     through unset options. Raises :class:`ConfigError` naming each bad
-    ``LAKE_*`` variable and why it is bad.
+    ``LAKE_*`` variable and why it is bad (one line, problems separated by
+    ``;``), or saying that ``lake.toml`` is not valid TOML.
     """
     given = {key: value for key, value in overrides.items() if value is not None}
     try:
@@ -174,4 +176,6 @@ def load_settings(**overrides) -> LakeSettings:
             field = ".".join(str(part) for part in error["loc"])
             shown = "<hidden>" if "key" in field else repr(error.get("input"))  # secrets never print
             problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {shown})")
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(problems)) from None
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"lake.toml in {Path.cwd()} is not valid TOML: {exc}") from None

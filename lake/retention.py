@@ -5,7 +5,7 @@ Defaults (``LAKE_RETENTION_*``): log segments and bronze (with quarantine)
 results derived from them), 1-hour rollups 1 year, 1-day rollups forever.
 
 - **Log**: segments appended before the horizon, from the head of each
-  partition (:mod:`lake.log.retention`); consumer groups that had not read
+  partition (:mod:`metrics_lake.core.log.retention`); consumer groups that had not read
   them are reported.
 - **Tables**: whole ``event_date`` (``ingest_date``) partitions older than
   the horizon are deleted with one Delta ``DELETE`` per table, a
@@ -29,21 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties
 
-from lake.config import LakeSettings
-from lake.log.log import SegmentLog
-from lake.log.retention import PartitionRetention, apply_log_retention, plan_log_retention
-from lake.storage import Store
-from lake.tables import list_tables, open_table, retry_on_conflict
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.retention import PartitionRetention, apply_log_retention, plan_log_retention
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables import list_tables, open_table, retry_on_conflict
+from metrics_lake.schemas import TABLES
 
-#: table -> (partition column holding its day, LakeSettings field with its retention in days).
+#: table -> (partition column holding its day, LakeSettings field with its retention in days), from the registry.
 TABLE_RETENTION: dict[str, tuple[str, str]] = {
-    "bronze_events": ("event_date", "retention_bronze_days"),
-    "quarantine_events": ("ingest_date", "retention_bronze_days"),
-    "metric_windows_1m": ("event_date", "retention_windows_days"),
-    "lambda_reconciliation": ("event_date", "retention_windows_days"),
-    "query_results": ("event_date", "retention_windows_days"),
-    "metric_rollup_1h": ("event_date", "retention_rollup_1h_days"),
-    "metric_rollup_1d": ("event_date", "retention_rollup_1d_days"),
+    name: (spec.day_column, spec.retention_setting) for name, spec in TABLES.items() if spec.retention_setting
 }
 
 

@@ -15,10 +15,17 @@ Guarantees the log builds on:
   ``If-Match``. Partition leases and the partition index rely on it.
   Because the version is a content hash, callers put a changing field
   (revision, timestamp) in every document they swap, so A-B-A cannot occur.
+
+Both backends implement the abstract :class:`Store`. Failures of the store
+itself surface as :class:`~metrics_lake.core.errors.StorageError` subclasses
+(``AccessDeniedError``, ``CredentialsError``, ``BucketNotFoundError``,
+``StorageUnavailableError``) whose messages name the key, the endpoint and
+what to check; S3 answers are translated in one place, ``S3Store._call``.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import hashlib
@@ -30,7 +37,24 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from lake.config import LakeSettings
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import (
+    AccessDeniedError,
+    BucketNotFoundError,
+    CredentialsError,
+    StorageError,
+    StorageUnavailableError,
+)
+
+__all__ = [
+    "LocalStore",
+    "ObjectExistsError",
+    "S3Store",
+    "Store",
+    "VersionConflictError",
+    "content_version",
+    "open_store",
+]
 
 
 class ObjectExistsError(FileExistsError):
@@ -38,7 +62,7 @@ class ObjectExistsError(FileExistsError):
 
 
 class VersionConflictError(RuntimeError):
-    """A :meth:`~LocalStore.replace_if` found another version than the caller expected."""
+    """A :meth:`~Store.replace_if` found another version than the caller expected."""
 
 
 def content_version(data: bytes | pa.Buffer) -> str:
@@ -46,16 +70,91 @@ def content_version(data: bytes | pa.Buffer) -> str:
     return hashlib.md5(memoryview(data), usedforsecurity=False).hexdigest()
 
 
-class LocalStore:
-    """A lake root on the local file system."""
+class Store(abc.ABC):
+    """The object-store contract the log and the tables are built on (see the module docstring).
+
+    ``root`` names the lake root for people and other engines: an absolute
+    local path, or ``s3://bucket/prefix``. Keys are ``/``-separated paths
+    relative to it. Failures of the store itself raise
+    :class:`~metrics_lake.core.errors.StorageError` subclasses (access
+    denied, bad credentials, missing bucket, unreachable); a missing object
+    raises ``FileNotFoundError``.
+    """
+
+    root: str
+
+    @abc.abstractmethod
+    def uri(self, key: str) -> str:
+        """URI of ``key`` for other engines (delta-rs, Spark): an absolute path or ``s3://…``."""
+
+    @abc.abstractmethod
+    def storage_options(self) -> dict[str, str]:
+        """delta-rs ``storage_options`` for this backend."""
+
+    @abc.abstractmethod
+    def arrow_fs(self) -> tuple[pafs.FileSystem, str]:
+        """A ``pyarrow.fs`` file system and the lake root's base path in it."""
+
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes | pa.Buffer) -> None:
+        """Atomically create ``key`` with ``data``; :class:`ObjectExistsError` if it exists."""
+
+    @abc.abstractmethod
+    def replace(self, key: str, data: bytes | pa.Buffer) -> None:
+        """Atomically write ``key``, replacing any previous version."""
+
+    @abc.abstractmethod
+    def replace_if(self, key: str, data: bytes | pa.Buffer, version: str | None) -> str:
+        """Compare-and-swap: write ``key`` only if its version is ``version`` (``None``: absent); the new version.
+
+        Raises :class:`VersionConflictError` when the object changed.
+        """
+
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes:
+        """Whole object as bytes; ``FileNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def read_versioned(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and version; ``FileNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def open_arrow(self, key: str) -> pa.NativeFile:
+        """The object as a readable Arrow file."""
+
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists (as an object or as a prefix of objects)."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int:
+        """Size of ``key`` in bytes; ``FileNotFoundError`` if absent."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Names (not keys) directly under ``prefix``, sorted; hidden names (leading ``.``) excluded."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` if present."""
+
+
+class LocalStore(Store):
+    """A lake root on the local file system; ``root`` is its absolute path, ``base`` the same as a ``Path``."""
 
     def __init__(self, root: str | os.PathLike) -> None:
-        self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.base = Path(root).expanduser().resolve()
+        self.root = str(self.base)
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+        except PermissionError as exc:
+            raise AccessDeniedError(f"cannot create the lake root {self.base}: {exc.strerror}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot use {self.base} as the lake root: {exc.strerror or exc}") from None
 
     def path(self, key: str) -> Path:
         """Absolute local path of ``key``."""
-        return self.root / key
+        return self.base / key
 
     def uri(self, key: str) -> str:
         """URI of ``key`` for other engines (delta-rs, Spark): an absolute path."""
@@ -143,7 +242,7 @@ class LocalStore:
 
     def arrow_fs(self) -> tuple[pafs.FileSystem, str]:
         """A ``pyarrow.fs`` file system and the base path of the lake root in it."""
-        return pafs.LocalFileSystem(), str(self.root)
+        return pafs.LocalFileSystem(), self.root
 
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
@@ -158,7 +257,7 @@ class LocalStore:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-class S3Store:
+class S3Store(Store):
     """A lake root in S3-compatible object storage (AWS S3, MinIO, SeaweedFS), via boto3.
 
     Same primitives as :class:`LocalStore`. :meth:`create` is a conditional
@@ -236,26 +335,83 @@ class S3Store:
         return str(exc.response.get("Error", {}).get("Code", ""))
 
     _PRECONDITION = ("PreconditionFailed", "412", "ConditionalRequestConflict")
+    _NOT_FOUND = ("NoSuchKey", "404", "NotFound")
+    _DENIED = ("AccessDenied", "403", "AllAccessDisabled")
+    _BAD_CREDENTIALS = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken")
+    _VERBS = {
+        "put_object": "write",
+        "get_object": "read",
+        "head_object": "read",
+        "list_objects_v2": "list",
+        "delete_object": "delete",
+    }
+
+    def _call(self, operation: str, key: str, **params):
+        """Run one S3 API call on ``key`` and translate the store's own failures (module docstring).
+
+        Precondition and not-found answers stay ``ClientError`` for the
+        caller to interpret; access, credential, bucket and connection
+        failures become :class:`~metrics_lake.core.errors.StorageError`
+        subclasses with a message naming the key and what to check.
+        """
+        from botocore.exceptions import (
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
+
+        where = self.endpoint or "AWS S3"
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, **params)
+        except ClientError as exc:
+            code = self._code(exc)
+            if code in self._DENIED:
+                verb = self._VERBS.get(operation, operation)
+                raise AccessDeniedError(
+                    f"S3 at {where} denied access ({code}): identity {self._access_key or '(default chain)'} "
+                    f"may not {verb} {self.uri(key)}"
+                ) from None
+            if code in self._BAD_CREDENTIALS:
+                raise CredentialsError(
+                    f"S3 at {where} rejected the credentials ({code}); check LAKE_S3_ACCESS_KEY and LAKE_S3_SECRET_KEY"
+                ) from None
+            if code == "NoSuchBucket":
+                raise BucketNotFoundError(
+                    f"bucket {self.bucket!r} does not exist at {where}; create it or fix LAKE_ROOT"
+                ) from None
+            raise
+        except NoCredentialsError:
+            raise CredentialsError(
+                "no S3 credentials: set LAKE_S3_ACCESS_KEY and LAKE_S3_SECRET_KEY (or configure the AWS credential chain)"
+            ) from None
+        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
+            raise StorageUnavailableError(
+                f"S3 endpoint {where} did not answer ({exc.__class__.__name__}); is it running? "
+                "(`lake infra status` for the local server, or check LAKE_S3_ENDPOINT)"
+            ) from None
 
     def create(self, key: str, data: bytes | pa.Buffer) -> None:
         """Create ``key`` only if absent; :class:`ObjectExistsError` if it exists."""
         from botocore.exceptions import ClientError
 
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), IfNoneMatch="*")
+            self._call("put_object", key, Key=self._key(key), Body=bytes(data), IfNoneMatch="*")
         except ClientError as exc:
             if self._code(exc) in self._PRECONDITION:
                 raise ObjectExistsError(key) from exc
             raise
 
     def read_versioned(self, key: str) -> tuple[bytes, str]:
-        """The object's bytes and version (its ETag); :class:`FileNotFoundError` if absent."""
+        """The object's bytes and version (its ETag); ``FileNotFoundError`` if absent."""
         from botocore.exceptions import ClientError
 
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+            answer = self._call("get_object", key, Key=self._key(key))
         except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404"):
+            if self._code(exc) in self._NOT_FOUND:
                 raise FileNotFoundError(self.uri(key)) from None
             raise
         return answer["Body"].read(), answer["ETag"].strip('"')
@@ -269,7 +425,7 @@ class S3Store:
 
         condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": f'"{version}"'}
         try:
-            answer = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data), **condition)
+            answer = self._call("put_object", key, Key=self._key(key), Body=bytes(data), **condition)
         except ClientError as exc:
             if self._code(exc) in self._PRECONDITION:
                 raise VersionConflictError(f"{self.uri(key)}: changed since version {version}") from exc
@@ -278,10 +434,10 @@ class S3Store:
 
     def replace(self, key: str, data: bytes | pa.Buffer) -> None:
         """Write ``key``, replacing any previous version (one atomic PUT)."""
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=bytes(data))
+        self._call("put_object", key, Key=self._key(key), Body=bytes(data))
 
     def read(self, key: str) -> bytes:
-        """Whole object as bytes; :class:`FileNotFoundError` if absent."""
+        """Whole object as bytes; ``FileNotFoundError`` if absent."""
         return self.read_versioned(key)[0]
 
     def open_arrow(self, key: str) -> pa.NativeFile:
@@ -292,9 +448,9 @@ class S3Store:
         from botocore.exceptions import ClientError
 
         try:
-            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return self._call("head_object", key, Key=self._key(key))
         except ClientError as exc:
-            if self._code(exc) in ("NoSuchKey", "404", "NotFound"):
+            if self._code(exc) in self._NOT_FOUND:
                 return None
             raise
 
@@ -302,11 +458,12 @@ class S3Store:
         """Whether ``key`` exists (as an object or as a prefix of objects)."""
         if self._head(key) is not None:
             return True
-        listing = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(key).rstrip("/") + "/", MaxKeys=1)
+        prefix = self._key(key).rstrip("/") + "/"
+        listing = self._call("list_objects_v2", key, Prefix=prefix, MaxKeys=1)
         return listing.get("KeyCount", 0) > 0
 
     def size(self, key: str) -> int:
-        """Size of ``key`` in bytes; :class:`FileNotFoundError` if absent."""
+        """Size of ``key`` in bytes; ``FileNotFoundError`` if absent."""
         head = self._head(key)
         if head is None:
             raise FileNotFoundError(self.uri(key))
@@ -316,16 +473,19 @@ class S3Store:
         """Names (objects and sub-prefixes) directly under ``prefix``, sorted."""
         base = self._key(prefix).rstrip("/") + "/"
         names: set[str] = set()
-        for page in self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=base, Delimiter="/"
-        ):
+        token: dict[str, str] = {}
+        while True:
+            page = self._call("list_objects_v2", prefix, Prefix=base, Delimiter="/", **token)
             names.update(entry["Key"][len(base) :] for entry in page.get("Contents", []))
             names.update(entry["Prefix"][len(base) :].rstrip("/") for entry in page.get("CommonPrefixes", []))
+            if not page.get("IsTruncated"):
+                break
+            token = {"ContinuationToken": page["NextContinuationToken"]}
         return sorted(name for name in names if name and not name.startswith("."))
 
     def delete(self, key: str) -> None:
         """Remove ``key`` if present."""
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        self._call("delete_object", key, Key=self._key(key))
 
 
 def s3_store(settings: LakeSettings) -> S3Store:
@@ -341,9 +501,6 @@ def s3_store(settings: LakeSettings) -> S3Store:
         secret_key=secret(settings.s3_secret_key),
         region=settings.s3_region,
     )
-
-
-Store = LocalStore | S3Store
 
 
 def open_store(settings: LakeSettings) -> Store:

@@ -13,7 +13,7 @@ One Delta commit per partition keeps each commit small and lets the stream
 keep writing: if the stream commits to the same partition meanwhile and the
 two conflict, delta-rs raises ``CommitFailedError`` for the loser, which
 changed nothing and is retried on the new snapshot
-(:func:`lake.tables.retry_on_conflict`; the stream's own merges and appends
+(:func:`metrics_lake.core.tables.retry_on_conflict`; the stream's own merges and appends
 retry the same way), so nothing is lost or duplicated. Finally a checkpoint
 (``create_checkpoint``) lets readers load the snapshot from one Parquet file
 instead of replaying every JSON commit.
@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
-from lake.storage import Store
-from lake.tables import open_table, retry_on_conflict
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables import open_table, retry_on_conflict
 
 log = logging.getLogger(__name__)
 

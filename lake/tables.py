@@ -1,7 +1,7 @@
 """Delta tables of the lake, through delta-rs (``deltalake``).
 
 Every table lives at ``<LAKE_ROOT>/tables/<name>`` with the schema and
-partition columns declared in :mod:`lake_schemas`. The exactly-once commit
+partition columns declared in :mod:`metrics_lake.schemas`. The exactly-once commit
 path is here:
 
 - :func:`commit_files` commits data files written elsewhere (by Spark
@@ -37,8 +37,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction
 
-from lake.storage import Store
-from lake_schemas import TABLES
+from metrics_lake.core.storage import Store
+from metrics_lake.schemas import TABLES, table_spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,19 +73,19 @@ def table_uri(store: Store, name: str) -> str:
     return store.uri(f"tables/{name}")
 
 
-def table_spec(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
+def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
     """(schema, partition columns) of table ``name``.
 
-    Declared tables come from :data:`lake_schemas.TABLES`; any other table
-    (one made by ``lake replay --into``) from its own Delta metadata.
+    Declared tables come from the registry :data:`metrics_lake.schemas.TABLES`; any
+    other table (one made by ``lake replay --into``) from its own Delta metadata.
     Raises ``KeyError`` if the name is neither declared nor an existing table.
     """
     if name in TABLES:
-        return TABLES[name]
+        return TABLES[name].schema, list(TABLES[name].partition_by)
     try:
         table = open_table(store, name)
     except TableNotFoundError:
-        raise KeyError(f"no table {name!r}: not declared in lake_schemas.TABLES and not under tables/") from None
+        raise KeyError(f"no table {name!r}: not declared in the table registry and not under tables/") from None
     return pa.schema(table.schema().to_arrow()), list(table.metadata().partition_columns)
 
 
@@ -93,18 +93,18 @@ def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable
     """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``.
 
     Raises ``KeyError`` if it must be created and that name is not declared
-    in :data:`lake_schemas.TABLES`.
+    in :data:`metrics_lake.schemas.TABLES`.
     """
     uri = table_uri(store, name)
     try:
         return DeltaTable(uri, storage_options=store.storage_options())
     except TableNotFoundError:
-        schema, partition_by = TABLES[like or name]
+        spec = table_spec(like or name)
         return DeltaTable.create(
             uri,
-            schema,
+            spec.schema,
             mode="ignore",
-            partition_by=partition_by,
+            partition_by=list(spec.partition_by),
             name=name,
             storage_options=store.storage_options(),
         )
@@ -154,7 +154,7 @@ def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: s
         table = ensure_table(store, name)
         if committed_batch(table, app_id) >= batch_id:
             return False
-        schema, partition_by = table_spec(store, name)
+        schema, partition_by = table_layout(store, name)
         table.create_write_transaction(
             actions,
             mode="append",
@@ -167,19 +167,19 @@ def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: s
     return retry_on_conflict(commit, f"{name} batch {batch_id}")
 
 
-def merge_rows(store: Store, name: str, rows: pa.Table, key: list[str], *, app_id: str, batch_id: int) -> bool:
-    """Upsert ``rows`` into table ``name`` by ``key`` columns for one micro-batch.
+def merge_rows(store: Store, name: str, rows: pa.Table, *, app_id: str, batch_id: int) -> bool:
+    """Upsert ``rows`` into declared table ``name`` by its registry key for one micro-batch.
 
     Matching rows are replaced whole, new keys inserted. Returns False,
     changing nothing, if ``app_id`` already committed ``batch_id``. A merge
     that loses to a concurrent commit (compaction rewrote a file it
     rewrites) is re-planned on the new snapshot (:func:`retry_on_conflict`).
     """
-    schema, partition_by = TABLES[name]
-    rows = rows.select(schema.names).cast(schema)
-    predicate = " AND ".join(f"t.`{column}` = s.`{column}`" for column in key)
+    spec = table_spec(name)
+    rows = rows.select(spec.schema.names).cast(spec.schema)
+    predicate = " AND ".join(f"t.`{column}` = s.`{column}`" for column in spec.key)
     # Literal partition filter so delta-rs prunes files of untouched days.
-    for column in partition_by:
+    for column in spec.partition_by:
         values = ", ".join(f"'{value}'" for value in pc.unique(rows.column(column)).to_pylist())
         predicate += f" AND t.`{column}` IN ({values})"
 
@@ -289,7 +289,7 @@ def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFil
     invisible and are removed by VACUUM. Returns one :class:`WrittenFile` per
     file.
     """
-    schema, partition_by = table_spec(store, name)
+    schema, partition_by = table_layout(store, name)
     data = data.select(schema.names).cast(schema)
     if data.num_rows == 0:
         return []

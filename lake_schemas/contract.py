@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lake_schemas import LOG_RECORD
+from metrics_lake.schemas.log_records import LOG_RECORD
 
 METRIC_NAME = re.compile(r"[a-z0-9_.]{1,128}")
 MAX_SERVER_LEN = 128

@@ -1,0 +1,8 @@
+"""Data quality with Great Expectations: layer 4, over the core and Spark.
+
+- :mod:`.suites`: one expectation suite per table with a suite in the registry;
+- :mod:`.checkpoint`: :func:`~.checkpoint.run_quality`, checkpoints for a day into ``dq_results`` and data docs;
+- :mod:`.trend`: the pass-rate and volume trend plot.
+"""
+
+__all__ = ["checkpoint", "suites", "trend"]

@@ -1,6 +1,6 @@
 """``lake quality``: run the GX checkpoints of a day, record every result in ``dq_results``, publish data docs.
 
-For each table with a suite (:mod:`quality.suites`) and rows on the day:
+For each table with a suite (:mod:`metrics_lake.quality.suites`) and rows on the day:
 
 1. Spark reads that day's partition and adds the suite's derived columns;
 2. a GX checkpoint (Spark data source, whole-DataFrame batch) validates it
@@ -32,11 +32,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import ensure_table, list_tables, open_table, retry_on_conflict, write_data_files
-from lake_schemas import TABLES
-from quality.suites import CRITICAL, SUITE_TABLES, build_suite, prepare
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import ensure_table, list_tables, open_table, retry_on_conflict, write_data_files
+from metrics_lake.quality.suites import CRITICAL, SUITE_TABLES, build_suite, prepare
+from metrics_lake.schemas import TABLES
 
 DQ_RESULTS = "dq_results"
 _THRESHOLD_KEYS = ("min_value", "max_value", "value_set", "regex", "column_set", "or_equal")
@@ -206,11 +206,11 @@ def write_results(settings: LakeSettings, report: QualityReport, run_at: dt.date
     if not rows:
         return
     store = open_store(settings)
-    schema, partition_by = TABLES[DQ_RESULTS]
-    files = write_data_files(store, DQ_RESULTS, pa.Table.from_pylist(rows, schema=schema))
+    spec = TABLES[DQ_RESULTS]
+    files = write_data_files(store, DQ_RESULTS, pa.Table.from_pylist(rows, schema=spec.schema))
     retry_on_conflict(
         lambda: ensure_table(store, DQ_RESULTS).create_write_transaction(
-            [f.add_action() for f in files], mode="append", schema=schema, partition_by=partition_by
+            [f.add_action() for f in files], mode="append", schema=spec.schema, partition_by=list(spec.partition_by)
         ),
         "dq_results append",
     )
@@ -240,8 +240,8 @@ def run_quality(
     Raises ``KeyError`` for a table without a suite. Tables with no rows on
     the day are skipped (and absent from the report's ``rows``).
     """
-    from quality.trend import write_trend
-    from spark.jobs.day_partitions import read_days
+    from metrics_lake.quality.trend import write_trend
+    from metrics_lake.spark.jobs.day_partitions import read_days
 
     started = time.monotonic()
     now = now or dt.datetime.now(dt.UTC)

@@ -29,17 +29,11 @@ from __future__ import annotations
 import datetime as dt
 import statistics
 
-from lake.config import LakeSettings
-from lake_schemas import TABLES
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.schemas import TABLES
 
-#: Tables with a suite, and each one's window size in seconds (None: not a window table).
-SUITE_TABLES: dict[str, int | None] = {
-    "bronze_events": None,
-    "metric_windows_1m": 60,
-    "metric_rollup_1h": 3600,
-    "metric_rollup_1d": 86_400,
-    "lambda_reconciliation": None,
-}
+#: Tables with a suite (``quality_suite`` in the registry), and each one's window size in seconds (None: not a window table).
+SUITE_TABLES: dict[str, int | None] = {name: spec.window_seconds for name, spec in TABLES.items() if spec.quality_suite}
 CRITICAL, WARNING = "critical", "warning"
 
 
@@ -96,7 +90,7 @@ def build_suite(table: str, settings: LakeSettings, day: dt.date, now: dt.dateti
     if table == "bronze_events":
         add(
             E.ExpectTableColumnsToMatchSet(
-                column_set=list(TABLES[table][0].names) + ["value_is_finite", "ts_epoch_s"],
+                column_set=list(TABLES[table].schema.names) + ["value_is_finite", "ts_epoch_s"],
                 exact_match=True,
                 severity=CRITICAL,
             )
@@ -115,7 +109,7 @@ def build_suite(table: str, settings: LakeSettings, day: dt.date, now: dt.dateti
             )
         )
         add(E.ExpectColumnValuesToMatchRegex(column="metric", regex=r"^[a-z0-9_.]{1,128}$", severity=CRITICAL))
-        add(E.ExpectCompoundColumnsToBeUnique(column_list=["topic", "partition", "offset"], severity=CRITICAL))
+        add(E.ExpectCompoundColumnsToBeUnique(column_list=list(TABLES[table].key), severity=CRITICAL))
     elif window:
         add(E.ExpectColumnValuesToBeBetween(column="count", min_value=1, severity=CRITICAL))
         for high, low in (
@@ -130,7 +124,9 @@ def build_suite(table: str, settings: LakeSettings, day: dt.date, now: dt.dateti
                 E.ExpectColumnPairValuesAToBeGreaterThanB(column_A=high, column_B=low, or_equal=True, severity=CRITICAL)
             )
         add(E.ExpectColumnValuesToBeInSet(column="window_seconds", value_set=[window], severity=CRITICAL))
-        add(E.ExpectCompoundColumnsToBeUnique(column_list=["metric", "server", "window_start"], severity=CRITICAL))
+        # one day is checked at a time, so the key without its day column is unique too
+        key = [c for c in TABLES[table].key if c != TABLES[table].day_column]
+        add(E.ExpectCompoundColumnsToBeUnique(column_list=key, severity=CRITICAL))
         family = Column("metric_family")
         for column, bounds, which in (
             ("min", {"min_value": 0}, "utilization"),

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import list_tables, open_table
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import list_tables, open_table
 
 
 def write_trend(settings: LakeSettings) -> Path | None:

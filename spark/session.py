@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from lake.config import LakeSettings
+from metrics_lake.core.config import LakeSettings
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
@@ -32,9 +32,9 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
-    from spark.readers.delta_reader import DeltaSnapshotDataSource
-    from spark.sinks.delta_sink import BronzeDeltaDataSource
-    from spark.sources.log_source import LogDataSource
+    from metrics_lake.spark.readers.delta_reader import DeltaSnapshotDataSource
+    from metrics_lake.spark.sinks.delta_sink import BronzeDeltaDataSource
+    from metrics_lake.spark.sources.log_source import LogDataSource
 
     spark = (
         SparkSession.builder.master(settings.spark_master)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.seaweedfs import S3Server, store_as
-from lake.config import LakeSettings, load_settings
-from lake.log.log import SegmentLog
-from lake.storage import LocalStore
+from metrics_lake.core.config import LakeSettings, load_settings
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.infra.seaweedfs import S3Server, store_as
 from tests.helpers import LAKE, free_port_pair
 
 
@@ -50,7 +50,7 @@ def log(store) -> SegmentLog:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """One local SparkSession for the whole run, with the lake data sources registered."""
-    from spark.session import build_session
+    from metrics_lake.spark.session import build_session
 
     base = tmp_path_factory.mktemp("spark-session")
     session = build_session(

@@ -9,7 +9,7 @@ partition, compaction
 2. writes each run's records as one new segment object named
    ``<base>-<end>.parquet`` (never colliding with an appended segment),
    keeping every record's offset (its row position) and append time
-   (``parts``, see :class:`lake.log.segment.SegmentInfo`);
+   (``parts``, see :class:`metrics_lake.core.log.segment.SegmentInfo`);
 3. swaps the runs into the index with one compare-and-swap, retiring the old
    objects; on a conflict (a producer appended) it re-reads the index and
    re-applies the same runs, which are unchanged because committed segments
@@ -20,7 +20,7 @@ partition, compaction
 Concurrent readers therefore see either the old segments or the merged one,
 with identical rows and offsets. It needs no lease: it never appends and
 never moves the log end offset, and the lease holder re-applies an append
-that lost a swap to it (:meth:`lake.log.log.PartitionWriter._recover`).
+that lost a swap to it (:meth:`metrics_lake.core.log.log.PartitionWriter._recover`).
 Run one compactor per topic at a time (the Airflow DAG has
 ``max_active_runs=1``); two at once waste work but lose nothing, since the
 second one's runs are no longer in the index and are skipped.
@@ -34,10 +34,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lake.log.index import PartitionIndex, partition_prefix, purge_retired
-from lake.log.log import SegmentLog
-from lake.log.segment import SegmentInfo, compacted_segment_name, decode_segment, encode_segment, read_segment_info
-from lake.storage import ObjectExistsError, VersionConflictError
+from metrics_lake.core.log.index import PartitionIndex, partition_prefix, purge_retired
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.segment import (
+    SegmentInfo,
+    compacted_segment_name,
+    decode_segment,
+    encode_segment,
+    read_segment_info,
+)
+from metrics_lake.core.storage import ObjectExistsError, VersionConflictError
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +183,7 @@ def compact_topic(
     target_bytes: int = DEFAULT_TARGET_BYTES,
     delete_delay_ms: int = DEFAULT_DELETE_DELAY_MS,
 ) -> list[PartitionCompaction]:
-    """Compact every partition of ``topic``; raises :class:`lake.log.log.TopicNotFoundError` if it does not exist."""
+    """Compact every partition of ``topic``; raises :class:`metrics_lake.core.log.log.TopicNotFoundError` if it does not exist."""
     return [
         compact_partition(log_, topic, p, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
         for p in range(log_.partitions(topic))

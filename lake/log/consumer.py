@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from lake.log.index import partition_prefix
-from lake.log.log import SegmentLog
-from lake.log.segment import decode_segment
-from lake_schemas import LOG_ROW
+from metrics_lake.core.log.index import partition_prefix
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.segment import decode_segment
+from metrics_lake.schemas import LOG_ROW
 
 
 def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int) -> pa.Table:

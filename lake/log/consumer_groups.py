@@ -20,9 +20,9 @@ import re
 import time
 from dataclasses import dataclass
 
-from lake.log.consumer import end_offsets, start_offsets
-from lake.log.log import SegmentLog
-from lake.storage import Store
+from metrics_lake.core.log.consumer import end_offsets, start_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import Store
 
 CONSUMERS_PREFIX = "log/_consumers"
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

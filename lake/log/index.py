@@ -3,7 +3,7 @@
 Stored as ``log/<topic>/<partition>/index.json``. Only the partition's lease
 holder changes it, and every change is a compare-and-swap on the object's
 version, so a writer that lost its lease cannot overwrite it (see
-:mod:`lake.log.lease`). The index also records the lease ``epoch`` of the
+:mod:`metrics_lake.core.log.lease`). The index also records the lease ``epoch`` of the
 writer that last committed, and, per producer id, the last sequence number
 appended with the offsets it got, which makes producer retries idempotent
 (the scheme of Kafka's idempotent producer, KIP-98). Producer ids unseen for
@@ -11,7 +11,7 @@ appended with the offsets it got, which makes producer retries idempotent
 ``transactional.id.expiration.ms`` (7 days), so the index stays small.
 
 A segment becomes visible to consumers when the index names it. Compaction
-and retention (:mod:`lake.log.compaction`, :mod:`lake.log.retention`) change
+and retention (:mod:`metrics_lake.core.log.compaction`, :mod:`metrics_lake.core.log.retention`) change
 the index too, by compare-and-swap, without the lease: they only replace or
 drop committed segments, never move the log end offset or the epoch, and
 the lease holder re-applies its append on top when its swap loses to theirs.
@@ -26,8 +26,8 @@ import bisect
 import json
 from dataclasses import dataclass, field
 
-from lake.log.segment import SegmentInfo
-from lake.storage import Store, VersionConflictError
+from metrics_lake.core.log.segment import SegmentInfo
+from metrics_lake.core.storage import Store, VersionConflictError
 
 INDEX_NAME = "index.json"
 PRODUCER_EXPIRY_MS = 7 * 24 * 3600 * 1000
@@ -92,7 +92,7 @@ class PartitionIndex:
     def save(self, store: Store, topic: str, partition: int) -> None:
         """Store this index if the stored one is still at :attr:`version` (compare-and-swap).
 
-        Raises :class:`lake.storage.VersionConflictError` if another writer
+        Raises :class:`metrics_lake.core.storage.VersionConflictError` if another writer
         saved in between; on success :attr:`version` is the new version.
         """
         self.revision += 1

@@ -6,7 +6,7 @@ A lease is the object ``log/<topic>/<partition>/lease.json``::
      "renewed_at_ms": 1732189990000}
 
 Every change is a compare-and-swap on the object's version
-(:meth:`lake.storage.LocalStore.replace_if`; on S3 a PUT with ``If-Match`` or
+(:meth:`metrics_lake.core.storage.LocalStore.replace_if`; on S3 a PUT with ``If-Match`` or
 ``If-None-Match: *``), so two writers can never both believe they took the
 same lease. Taking over a lease (first acquisition, or one that expired or
 was released) increments ``epoch``; renewing keeps it.
@@ -15,7 +15,7 @@ Expiry is judged on the writer's wall clock, so hosts whose clocks disagree
 by more than a fraction of the TTL may hand a partition over early or late.
 Safety does not depend on clocks: the writer writes its epoch into the
 partition index with a compare-and-swap when it takes the lease
-(:class:`lake.log.log.PartitionWriter`), and a writer whose epoch is below
+(:class:`metrics_lake.core.log.log.PartitionWriter`), and a writer whose epoch is below
 the index's can no longer commit an append (fencing tokens, as in
 Kleppmann, *Designing Data-Intensive Applications*, ch. 8, "Fencing tokens").
 """
@@ -26,16 +26,17 @@ import json
 import time
 from dataclasses import dataclass
 
-from lake.storage import Store, VersionConflictError
+from metrics_lake.core.errors import LakeError
+from metrics_lake.core.storage import Store, VersionConflictError
 
 LEASE_NAME = "lease.json"
 
 
-class LeaseHeldError(RuntimeError):
+class LeaseHeldError(LakeError, RuntimeError):
     """The partition is leased to another live writer (and waiting for it timed out)."""
 
 
-class FencedError(RuntimeError):
+class FencedError(LakeError, RuntimeError):
     """This writer's lease was taken over: it must stop writing to the partition."""
 
 

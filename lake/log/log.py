@@ -3,7 +3,7 @@
 Layout under the lake root (a local directory or ``s3://bucket/prefix``)::
 
     log/<topic>/topic.json                  partition count, created once
-    log/<topic>/<partition>/lease.json      the writer's lease (lake.log.lease)
+    log/<topic>/<partition>/lease.json      the writer's lease (metrics_lake.core.log.lease)
     log/<topic>/<partition>/index.json      the partition index
     log/<topic>/<partition>/<base>.parquet  immutable segments
 
@@ -18,7 +18,7 @@ a compare-and-swap (*fencing*). An append then
 A segment becomes visible to consumers only in step 2, so readers never see
 a partial or uncommitted segment, and offsets stay dense and monotonic. A
 writer whose lease was taken over fails step 2 (the index changed and names
-a higher epoch) with :class:`~lake.log.lease.FencedError`; the segment it may
+a higher epoch) with :class:`~metrics_lake.core.log.lease.FencedError`; the segment it may
 have created in step 1 is a *zombie*, never visible, deleted by the next
 writer before it reuses that offset. A segment left by this writer's own
 failed attempt (a crash or timeout between the steps) is adopted instead,
@@ -35,23 +35,30 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lake.log.index import PartitionIndex, partition_prefix
-from lake.log.lease import (
+from metrics_lake.core.errors import NotFoundError
+from metrics_lake.core.log.index import PartitionIndex, partition_prefix
+from metrics_lake.core.log.lease import (
     FencedError,
     Lease,
     acquire_lease,
     release_lease,
     renew_lease,
 )
-from lake.log.segment import SegmentInfo, encode_segment, parse_segment_name, read_segment_info, segment_name
-from lake.storage import ObjectExistsError, Store, VersionConflictError
+from metrics_lake.core.log.segment import (
+    SegmentInfo,
+    encode_segment,
+    parse_segment_name,
+    read_segment_info,
+    segment_name,
+)
+from metrics_lake.core.storage import ObjectExistsError, Store, VersionConflictError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL_MS = 10_000
 
 
-class TopicNotFoundError(LookupError):
+class TopicNotFoundError(NotFoundError):
     """The topic has no ``topic.json``: nothing was ever produced to it."""
 
 
@@ -69,7 +76,7 @@ class AppendResult:
 
 
 class SegmentLog:
-    """A partitioned log of segment objects in one store (:class:`lake.storage.Store`)."""
+    """A partitioned log of segment objects in one store (:class:`metrics_lake.core.storage.Store`)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -119,7 +126,7 @@ class SegmentLog:
     ) -> PartitionWriter:
         """Take the partition's lease for ``owner`` (waiting up to ``wait_s`` s) and return its writer.
 
-        Raises :class:`~lake.log.lease.LeaseHeldError` if another writer
+        Raises :class:`~metrics_lake.core.log.lease.LeaseHeldError` if another writer
         keeps the lease, ``IndexError`` for a partition out of range.
         """
         self._check_partition(topic, partition)
@@ -138,7 +145,7 @@ class SegmentLog:
     ) -> AppendResult:
         """Append ``records`` as one segment under a lease taken for this call only.
 
-        For one-off appends; a :class:`~lake.log.producer.Producer` keeps
+        For one-off appends; a :class:`~metrics_lake.core.log.producer.Producer` keeps
         its writers instead. See :meth:`PartitionWriter.append`.
         """
         writer = self.writer(topic, partition, producer_id or uuid.uuid4().hex, wait_s=wait_s)
@@ -214,7 +221,7 @@ class PartitionWriter:
         return adopted
 
     def renew(self) -> None:
-        """Renew the lease now; :class:`~lake.log.lease.FencedError` if it was taken over."""
+        """Renew the lease now; :class:`~metrics_lake.core.log.lease.FencedError` if it was taken over."""
         self.lease = renew_lease(self.store, self.lease, self.ttl_ms)
 
     def renew_if_due(self) -> None:
@@ -238,7 +245,7 @@ class PartitionWriter:
         producer_seq: int | None = None,
         sources: dict[str, int] | None = None,
     ) -> AppendResult:
-        """Append ``records`` (:data:`lake_schemas.LOG_RECORD`) as one new segment.
+        """Append ``records`` (:data:`metrics_lake.schemas.LOG_RECORD`) as one new segment.
 
         With ``producer_id``/``producer_seq``, a call whose sequence is not
         above the last one committed for that producer is a retry: nothing
@@ -246,7 +253,7 @@ class PartitionWriter:
         ``duplicate=True``. ``sources`` (producer id -> sequence) records
         the upstream producers (agents) whose batches are in ``records``.
 
-        Raises :class:`~lake.log.lease.FencedError` if another writer took
+        Raises :class:`~metrics_lake.core.log.lease.FencedError` if another writer took
         the lease, ``ValueError`` for empty or mis-shaped records, and the
         store's ``OSError``/``botocore`` errors when storage fails; after a
         failure the next call re-reads the index, so retrying is safe.
@@ -297,7 +304,7 @@ class PartitionWriter:
             # else: this very attempt, retried by the S3 client after a lost response
 
     def _stored_info(self, key: str) -> SegmentInfo:
-        """The :class:`~lake.log.segment.SegmentInfo` of a stored segment (one GET; its size is the bytes read)."""
+        """The :class:`~metrics_lake.core.log.segment.SegmentInfo` of a stored segment (one GET; its size is the bytes read)."""
         data = self.store.read(key)
         return read_segment_info(pa.BufferReader(data), len(data))
 
@@ -309,7 +316,7 @@ class PartitionWriter:
         response). One still ending at ``info.base_offset`` was changed by
         compaction or retention, which never move the log end: the append
         is committed on top of it. Anything else is a broken invariant.
-        Raises :class:`~lake.log.lease.FencedError` if a newer epoch committed.
+        Raises :class:`~metrics_lake.core.log.lease.FencedError` if a newer epoch committed.
         """
         while True:
             index = self._load()

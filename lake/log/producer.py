@@ -4,16 +4,16 @@ Events are partitioned by a stable hash of ``server`` (CRC-32, identical in
 every process and Python version, unlike ``hash()``), so one server's events
 stay in one partition and in order. Rejected records (no server) hash their
 raw payload instead. A producer may be limited to a subset of the partitions
-(a gateway owns some, see :mod:`lake.gateway`): it then routes over those.
+(a gateway owns some, see :mod:`metrics_lake.app.gateway`): it then routes over those.
 
 Each partition has a buffer that is flushed into one segment when it holds
 ``roll_bytes`` of (uncompressed Arrow) data, when its oldest record is
 ``linger_ms`` old (a background thread checks), or on :meth:`Producer.flush`.
 Every flush carries this producer's id and a per-partition sequence number,
 so retrying a flush that failed half-way never appends twice (see
-:meth:`lake.log.log.PartitionWriter.append`).
+:meth:`metrics_lake.core.log.log.PartitionWriter.append`).
 
-To write a partition the producer holds its lease (:mod:`lake.log.lease`),
+To write a partition the producer holds its lease (:mod:`metrics_lake.core.log.lease`),
 taken at the first flush (waiting up to ``lease_wait_s`` for another
 producer to finish), renewed by the background thread and released on
 :meth:`Producer.close`. If the lease is lost (this process stalled past the
@@ -36,12 +36,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lake.config import LakeSettings
-from lake.log.lease import FencedError
-from lake.log.log import AppendResult, PartitionWriter, SegmentLog
-from lake.storage import Store, open_store
-from lake_schemas import LOG_RECORD
-from lake_schemas.contract import to_log_records
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.lease import FencedError
+from metrics_lake.core.log.log import AppendResult, PartitionWriter, SegmentLog
+from metrics_lake.core.storage import Store, open_store
+from metrics_lake.schemas import LOG_RECORD
+from metrics_lake.schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Producer:
     re-sends the same sequence number); ``owned``: the partitions this
     producer writes (default all); ``lease_ttl_ms``/``lease_wait_s``: lease
     time-to-live, and how long to wait for a partition leased to another
-    writer before raising :class:`~lake.log.lease.LeaseHeldError`;
+    writer before raising :class:`~metrics_lake.core.log.lease.LeaseHeldError`;
     ``on_append(partition, result, seconds)`` is called after every
     successful flush with the time the append took. Use as a
     context manager, or call :meth:`close`, so buffered records are flushed.
@@ -181,7 +181,7 @@ class Producer:
         """Buffer :data:`LOG_RECORD` rows; may flush full partitions before returning.
 
         Returns one future per partition written, resolved with the
-        :class:`~lake.log.log.AppendResult` once the records are durable in
+        :class:`~metrics_lake.core.log.log.AppendResult` once the records are durable in
         the log. A flush that keeps failing stays pending and is retried by
         the background thread, so wait on the futures with a timeout.
         ``source`` = (upstream producer id, sequence), e.g. an agent's

@@ -10,7 +10,7 @@ trade-off, decided for the broker's clock).
 
 Dropped segments are retired in the index (one compare-and-swap, re-read on
 a conflict) and their objects deleted after the delete delay, like
-compaction's (:func:`lake.log.index.purge_retired`).
+compaction's (:func:`metrics_lake.core.log.index.purge_retired`).
 
 A consumer group whose committed offset is below the new start offset would
 lose records it never read; :func:`plan_log_retention` reports such groups
@@ -23,10 +23,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lake.log.consumer_groups import committed_offsets, consumer_groups
-from lake.log.index import PartitionIndex, purge_retired
-from lake.log.log import SegmentLog
-from lake.storage import VersionConflictError
+from metrics_lake.core.log.consumer_groups import committed_offsets, consumer_groups
+from metrics_lake.core.log.index import PartitionIndex, purge_retired
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import VersionConflictError
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Segment objects: immutable Parquet files holding a dense run of offsets.
 
 A segment is named by its zero-padded base offset
-(``00000000000000001234.parquet``) and holds :data:`lake_schemas.LOG_RECORD`
+(``00000000000000001234.parquet``) and holds :data:`metrics_lake.schemas.LOG_RECORD`
 rows; row ``i`` has offset ``base_offset + i``, so offsets are not stored.
 Its Parquet key-value metadata repeats what the partition index says about it
 (base offset, event-time range, writer epoch, producer sequences, append
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lake_schemas import LOG_RECORD
+from metrics_lake.schemas import LOG_RECORD
 
 SEGMENT_SUFFIX = ".parquet"
 OFFSET_DIGITS = 20  # enough for any int64 offset, so names sort numerically
@@ -62,7 +62,7 @@ class SegmentInfo:
     number in it (the appending producer's, plus the agents a gateway
     batched together).
 
-    A segment made by compaction (:mod:`lake.log.compaction`) has an
+    A segment made by compaction (:mod:`metrics_lake.core.log.compaction`) has an
     ``object_name`` of its own (``<base>-<end>.parquet``, so it never collides
     with the segments it replaces) and ``parts``: ``[base_offset,
     appended_at]`` of each merged segment, so every record keeps its original

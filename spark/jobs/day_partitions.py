@@ -21,10 +21,10 @@ from dataclasses import asdict
 
 import pyarrow as pa
 
-from lake.config import load_settings
-from lake.storage import Store, open_store
-from lake.tables import WrittenFile, ensure_table, retry_on_conflict, write_data_files
-from lake_schemas import TABLES
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.storage import Store, open_store
+from metrics_lake.core.tables import WrittenFile, ensure_table, retry_on_conflict, write_data_files
+from metrics_lake.schemas import TABLES
 
 _FILE_ROWS = pa.schema([("file", pa.string())])
 
@@ -67,14 +67,14 @@ def replace_day(store: Store, table: str, day: dt.date, files: list[WrittenFile]
     """
     from deltalake import CommitProperties
 
-    schema, partition_by = TABLES[table]
+    spec = TABLES[table]
     retry_on_conflict(
         lambda: ensure_table(store, table).create_write_transaction(
             [f.add_action() for f in files],
             mode="overwrite",
-            schema=schema,
-            partition_by=partition_by,
-            partition_filters=[("event_date", "=", day.isoformat())],
+            schema=spec.schema,
+            partition_by=list(spec.partition_by),
+            partition_filters=[(spec.day_column, "=", day.isoformat())],
             commit_properties=CommitProperties(custom_metadata={"lake.operation": operation, "lake.day": str(day)}),
         ),
         f"{table} {operation.lower()} of {day}",

@@ -4,7 +4,7 @@ For each UTC day:
 
 1. Spark reads that day's ``bronze_events`` partition (the ``lakedelta``
    reader with ``partitionFilter=event_date=<day>``) and computes the speed
-   layer's windows (same aggregates, :func:`spark.jobs.stream_metrics.finalize_windows`)
+   layer's windows (same aggregates, :func:`metrics_lake.spark.jobs.stream_metrics.finalize_windows`)
    with no watermark, so events that arrived too late for the speed layer count.
 2. Executors write the windows as Parquet files (invisible until committed).
 3. The driver sums the speed layer's count and sum per metric for the day,
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import ensure_table, open_table, write_data_files
-from lake_schemas import TABLES
-from spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
-from spark.readers.delta_reader import snapshot_files
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import ensure_table, open_table, write_data_files
+from metrics_lake.schemas import TABLES
+from metrics_lake.spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
+from metrics_lake.spark.readers.delta_reader import snapshot_files
 
 BRONZE = "bronze_events"
 WINDOWS = "metric_windows_1m"
@@ -79,11 +79,11 @@ def batch_windows(spark, root: str, day: dt.date):
     """DataFrame of ``day``'s windows (``metric_windows_1m`` columns), computed from bronze without a watermark."""
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import event_aggregates, finalize_windows
+    from metrics_lake.spark.jobs.stream_metrics import WINDOW_INTERVAL, event_aggregates, finalize_windows
 
     aggregates = (
         read_days(spark, root, BRONZE, [day])
-        .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
+        .groupBy(F.window("ts", WINDOW_INTERVAL).alias("window"), "metric", "server")
         .agg(*event_aggregates())
     )
     return finalize_windows(aggregates)
@@ -146,7 +146,7 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
                 windows_fingerprint=new_windows_fp,
             )
         )
-    reconciliation = pa.Table.from_pylist(rows, schema=TABLES[RECONCILIATION][0])
+    reconciliation = pa.Table.from_pylist(rows, schema=TABLES[RECONCILIATION].schema)
     replace_day(store, RECONCILIATION, day, write_data_files(store, RECONCILIATION, reconciliation), "RECOMPUTE")
     late = int(pc.sum(reconciliation.column("late_events")).as_py() or 0)
     events = sum(count for count, _ in batch.values())

@@ -2,11 +2,11 @@
 
 A range is given per partition as offsets ``[start, end)``, or as event
 times, which the partition index turns into a conservative offset range
-(:meth:`lake.log.index.PartitionIndex.offset_for_time`), after which rows
+(:meth:`metrics_lake.core.log.index.PartitionIndex.offset_for_time`), after which rows
 are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
-(:func:`spark.sinks.delta_sink.split_log_rows`, then data files and one
+(:func:`metrics_lake.spark.sinks.delta_sink.split_log_rows`, then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
 before writing, every row whose ``(topic, partition, offset)`` is already in
 the target table is dropped (a left anti join on the offsets of the chunk's
@@ -29,11 +29,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lake.log.consumer import read_range
-from lake.log.log import SegmentLog
-from lake.storage import Store
-from lake.tables import commit_files, ensure_table, open_table, write_data_files
-from spark.sinks.delta_sink import BRONZE, QUARANTINE, split_log_rows
+from metrics_lake.core.errors import InputError
+from metrics_lake.core.log.consumer import read_range
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables import commit_files, ensure_table, open_table, write_data_files
+from metrics_lake.spark.sinks.delta_sink import BRONZE, QUARANTINE, split_log_rows
 
 CHUNK_RECORDS = 500_000
 POSITION = ["topic", "partition", "offset"]
@@ -132,12 +133,12 @@ def replay(
     """Replay ``ranges`` of ``topic`` into bronze/quarantine, or into the new table ``into``.
 
     ``progress(range, records_done)`` is called after every chunk. Returns
-    what was read and written. Raises ``ValueError`` if ``into`` is a
+    what was read and written. Raises :class:`~metrics_lake.core.errors.InputError` if ``into`` is a
     declared table other than ``bronze_events`` (replay writes bronze rows).
     """
     store = log.store
     if into is not None and into in (QUARANTINE, "metric_windows_1m"):
-        raise ValueError(f"--into {into}: replay writes bronze rows; name a new table or bronze_events")
+        raise InputError(f"--into {into}: replay writes bronze rows; name a new table or bronze_events")
     targets = {BRONZE: into or BRONZE}
     if into is None:
         targets[QUARANTINE] = QUARANTINE

@@ -10,7 +10,7 @@ normalized rank error (Apache DataSketches ``KllSketch.getNormalizedRankError``:
 percentiles, which have no error bound.
 
 Each day is replaced in one Delta commit per table (see
-:mod:`spark.jobs.day_partitions`), so re-running a day is idempotent: the
+:mod:`metrics_lake.spark.jobs.day_partitions`), so re-running a day is idempotent: the
 rows come out the same (percentiles within the rank error: KLL compaction
 is randomized in DataSketches, so a re-merge may pick other samples). Run it
 after the day's recompute.
@@ -23,16 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import ensure_table
-from spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import ensure_table
+from metrics_lake.schemas import rollup_chain
+from metrics_lake.spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
 
-#: (target table, source table, period as a Spark interval), finest first.
-ROLLUPS = (
-    ("metric_rollup_1h", "metric_windows_1m", "1 hour"),
-    ("metric_rollup_1d", "metric_rollup_1h", "1 day"),
-)
+#: (target table, source table, period as a Spark interval), finest first, from the table registry.
+ROLLUPS = tuple((spec.name, spec.rollup_of, f"{spec.window_seconds} seconds") for spec in rollup_chain())
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def rollup_frame(source, period: str):
     """
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import finalize_windows, merged_aggregates
+    from metrics_lake.spark.jobs.stream_metrics import finalize_windows, merged_aggregates
 
     window = F.window("window_start", period).alias("window")
     return finalize_windows(source.groupBy(window, "metric", "server").agg(*merged_aggregates()))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import list_tables
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import InputError
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import list_tables
 
 
 def referenced_tables(query: str, tables: list[str]) -> list[str]:
@@ -23,13 +24,13 @@ def referenced_tables(query: str, tables: list[str]) -> list[str]:
 def parse_versions(specs: list[str]) -> dict[str | None, int]:
     """Parse ``--version`` values: ``N`` (every referenced table) or ``TABLE=N``.
 
-    Raises ``ValueError`` naming a malformed spec.
+    Raises :class:`~metrics_lake.core.errors.InputError` naming a malformed spec.
     """
     versions: dict[str | None, int] = {}
     for spec in specs:
         table, _, number = spec.rpartition("=")
         if not number.isdigit():
-            raise ValueError(f"--version {spec!r}: expected N or TABLE=N with N a version number >= 0")
+            raise InputError(f"--version {spec!r}: expected N or TABLE=N with N a version number >= 0")
         versions[table or None] = int(number)
     return versions
 
@@ -37,12 +38,12 @@ def parse_versions(specs: list[str]) -> dict[str | None, int]:
 def register_views(spark, settings: LakeSettings, query: str, versions: dict[str | None, int]) -> list[str]:
     """Create a temp view per table ``query`` references; returns their names.
 
-    Raises ``ValueError`` if ``--version`` names a table that does not exist.
+    Raises :class:`~metrics_lake.core.errors.InputError` if ``--version`` names a table that does not exist.
     """
     existing = list_tables(open_store(settings))
     unknown = sorted(name for name in versions if name is not None and name not in existing)
     if unknown:
-        raise ValueError(f"--version names unknown table(s) {unknown}; tables: {existing}")
+        raise InputError(f"--version names unknown table(s) {unknown}; tables: {existing}")
     names = referenced_tables(query, existing)
     for name in names:
         reader = spark.read.format("lakedelta").option("root", settings.root).option("table", name)

@@ -1,6 +1,6 @@
 """``lake queries``: evaluate the stored queries over a UTC day into ``query_results``.
 
-Every query (:mod:`lake_schemas.stored_queries`) is answered from the
+Every query (:mod:`metrics_lake.core.stored_queries`) is answered from the
 1-minute windows: a query window (tumbling or hopping, whole minutes)
 contains exactly the 1-minute windows that start inside it, so
 ``window(window_start, duration, slide)`` over ``metric_windows_1m`` assigns
@@ -12,7 +12,7 @@ events within the sketch's rank error (about 1.33 % at k=200).
 A window belongs to the day its last minute falls in (``window_end`` in
 ``(D 00:00, D+1 00:00]``), so it reads the 1-minute rows of days D-1 and D,
 both complete when day D's nightly run starts; a day is replaced in one
-Delta commit (:func:`spark.jobs.day_partitions.replace_day`).
+Delta commit (:func:`metrics_lake.spark.jobs.day_partitions.replace_day`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from lake.config import LakeSettings
-from lake.storage import open_store
-from lake.tables import ensure_table
-from lake_schemas.stored_queries import Aggregate, StoredQuery
-from spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.stored_queries import Aggregate, StoredQuery
+from metrics_lake.core.tables import ensure_table
+from metrics_lake.spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
 
 SOURCE = "metric_windows_1m"
 TARGET = "query_results"
@@ -64,7 +64,7 @@ def query_frame(windows, query: StoredQuery, day: dt.date):
     """``query_results`` rows of ``query`` for ``day`` from 1-minute window rows covering days D-1 and D."""
     from pyspark.sql import functions as F
 
-    from spark.jobs.stream_metrics import merged_aggregates
+    from metrics_lake.spark.jobs.stream_metrics import merged_aggregates
 
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
     end = start + dt.timedelta(days=1)

@@ -31,14 +31,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lake.config import LakeSettings
-from lake.log.log import SegmentLog, TopicNotFoundError
-from lake.storage import LocalStore, ObjectExistsError, Store, open_store
-from lake.tables import ensure_table, merge_rows
-from lake_schemas import METRIC_WINDOWS_1M_KEY, TABLES
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.log import SegmentLog, TopicNotFoundError
+from metrics_lake.core.storage import LocalStore, ObjectExistsError, Store, open_store
+from metrics_lake.core.tables import ensure_table, merge_rows
+from metrics_lake.schemas import TABLES
 
 log = logging.getLogger(__name__)
 WINDOWS_TABLE = "metric_windows_1m"
+#: The speed layer's tumbling window as a Spark interval, from the table registry.
+WINDOW_INTERVAL = f"{TABLES[WINDOWS_TABLE].window_seconds} seconds"
 QUANTILES = (0.5, 0.95, 0.99)
 
 
@@ -111,7 +113,7 @@ def window_aggregates(events, watermark_seconds: int):
     return (
         events.where(F.col("reason").isNull())
         .withWatermark("ts", f"{watermark_seconds} seconds")
-        .groupBy(F.window("ts", "1 minute").alias("window"), "metric", "server")
+        .groupBy(F.window("ts", WINDOW_INTERVAL).alias("window"), "metric", "server")
         .agg(*event_aggregates())
     )
 
@@ -150,7 +152,7 @@ def upsert_windows(store: Store, app_id: str) -> Callable:
     def upsert(batch_df, batch_id: int) -> None:
         rows = finalize_windows(batch_df).toArrow()
         if rows.num_rows:
-            merge_rows(store, WINDOWS_TABLE, rows, METRIC_WINDOWS_1M_KEY, app_id=app_id, batch_id=batch_id)
+            merge_rows(store, WINDOWS_TABLE, rows, app_id=app_id, batch_id=batch_id)
 
     return upsert
 
@@ -167,11 +169,12 @@ class StreamHandles:
         return [self.bronze, self.windows]
 
 
-def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> StreamHandles:
-    """Start the bronze and windows queries for ``settings.topic``.
+def prepare_lake(settings: LakeSettings) -> Store:
+    """Make sure the topic and every table exist; returns the store.
 
-    Micro-batches start every ``trigger_seconds`` (0: back to back), each
-    reading at most ``settings.max_records_per_batch`` records.
+    Cheap and idempotent; commands call it before starting Spark, so a
+    wrong root, bad credentials or a missing permission fail in a second
+    instead of after the JVM started.
     """
     store = open_store(settings)
     try:
@@ -180,6 +183,16 @@ def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> S
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
     for name in TABLES:
         ensure_table(store, name)
+    return store
+
+
+def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> StreamHandles:
+    """Start the bronze and windows queries for ``settings.topic``.
+
+    Micro-batches start every ``trigger_seconds`` (0: back to back), each
+    reading at most ``settings.max_records_per_batch`` records.
+    """
+    store = prepare_lake(settings)
     base = settings.checkpoint_path / settings.topic
     trigger = {"processingTime": f"{trigger_seconds} seconds"}
 

@@ -6,7 +6,7 @@ pyarrow (``pyarrow.fs``: the local file system or S3) and add the partition colu
 values (Delta convention: partition columns are not stored in data files).
 
 Options: ``root`` (lake root), ``table`` (a name in
-:data:`lake_schemas.TABLES`), ``version`` (optional int),
+:data:`metrics_lake.schemas.TABLES`), ``version`` (optional int),
 ``partitionFilter`` (optional ``column=value[,value...]``: read only the
 files of those partitions, e.g. ``event_date=2026-11-20,2026-11-21``).
 """
@@ -22,10 +22,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from lake.config import load_settings
-from lake.storage import open_store
-from lake.tables import open_table, table_spec
-from lake_schemas import TABLES, spark_schema
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import open_table, table_layout
+from metrics_lake.schemas import TABLES, spark_schema
 
 FILES_PER_TASK_BYTES = 128 * 1024 * 1024
 
@@ -149,12 +149,12 @@ class DeltaSnapshotDataSource(DataSource):
             if required not in self.options:
                 raise ValueError(f"lakedelta reader needs option {required!r}")
         try:
-            return table_spec(open_store(load_settings(root=self.options["root"])), self.options["table"])[0]
+            return table_layout(open_store(load_settings(root=self.options["root"])), self.options["table"])[0]
         except KeyError as exc:
             raise ValueError(f"{exc.args[0]}; declared tables: {', '.join(TABLES)}") from None
 
     def schema(self):
-        """The table's schema (declared in :data:`lake_schemas.TABLES`, else its Delta schema) for Spark."""
+        """The table's schema (declared in :data:`metrics_lake.schemas.TABLES`, else its Delta schema) for Spark."""
         return spark_schema(self._arrow_schema())
 
     def reader(self, schema) -> DeltaSnapshotReader:

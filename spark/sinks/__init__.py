@@ -1,0 +1,3 @@
+"""Streaming sinks: :mod:`.delta_sink` (format ``lakebronze``)."""
+
+__all__ = ["delta_sink"]

@@ -1,16 +1,16 @@
 """Streaming Delta sink for the raw layer (format ``lakebronze``).
 
-Takes log rows (:data:`spark.sources.log_source.SPARK_LOG_ROW`) and routes
+Takes log rows (:data:`metrics_lake.spark.sources.log_source.SPARK_LOG_ROW`) and routes
 them by contract validity: valid events to ``bronze_events``, rejected ones
 to ``quarantine_events``. Executors write Parquet files under the table and
 return them as commit messages; the driver commits each table's files in one
-Delta version carrying ``txn(appId, batchId)`` (:func:`lake.tables.commit_files`),
+Delta version carrying ``txn(appId, batchId)`` (:func:`metrics_lake.core.tables.commit_files`),
 and a batch that table already committed is skipped. So a micro-batch re-run
 after a crash adds nothing twice, and files of a failed attempt stay
 uncommitted, invisible to readers, until VACUUM removes them.
 
 Options: ``root`` (lake root) and ``appId`` (stable per streaming query; see
-:func:`spark.jobs.stream_metrics.query_app_id`).
+:func:`metrics_lake.spark.jobs.stream_metrics.query_app_id`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 
-from lake.config import load_settings
-from lake.storage import Store, open_store
-from lake.tables import WrittenFile, commit_files, write_data_files
-from lake_schemas import BRONZE_EVENTS, QUARANTINE_EVENTS
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.storage import Store, open_store
+from metrics_lake.core.tables import WrittenFile, commit_files, write_data_files
+from metrics_lake.schemas import BRONZE_EVENTS, QUARANTINE_EVENTS
 
 BRONZE = "bronze_events"
 QUARANTINE = "quarantine_events"

@@ -14,9 +14,9 @@ Options:
   tasks of at most this many records;
 - ``startingOffsets``: ``earliest`` (default) or ``latest`` for a new query;
 - ``consumerGroup``: commit each finished batch's end offsets under this
-  consumer group name (:mod:`lake.log.consumer_groups`), for ``lake consumers``.
+  consumer group name (:mod:`metrics_lake.core.log.consumer_groups`), for ``lake consumers``.
 
-Rows have the :data:`lake_schemas.LOG_ROW` columns with timestamps in
+Rows have the :data:`metrics_lake.schemas.LOG_ROW` columns with timestamps in
 microseconds (Spark's ``TIMESTAMP``).
 """
 
@@ -29,12 +29,12 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from lake.config import load_settings
-from lake.log.consumer import end_offsets, read_range, start_offsets
-from lake.log.consumer_groups import commit_offsets
-from lake.log.log import SegmentLog
-from lake.storage import open_store
-from lake_schemas import LOG_ROW, UTC_US, spark_schema
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.consumer import end_offsets, read_range, start_offsets
+from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import open_store
+from metrics_lake.schemas import LOG_ROW, UTC_US, spark_schema
 
 #: LOG_ROW as Spark sees it (timestamps in microseconds).
 SPARK_LOG_ROW = pa.schema(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 
-from agents.file_import import import_jsonl
-from lake.log.consumer import end_offsets, read_range
-from lake.log.producer import Producer
+from metrics_lake.agents.file_import import import_jsonl
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.producer import Producer
 
 
 def test_import_counts_and_keeps_every_line(log, tmp_path):

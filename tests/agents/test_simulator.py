@@ -6,9 +6,9 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake_schemas import LOG_RECORD
-from lake_schemas.contract import METRIC_NAME
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.schemas import LOG_RECORD
+from metrics_lake.schemas.contract import METRIC_NAME
 
 
 def series(table, metric: str, server: str) -> np.ndarray:

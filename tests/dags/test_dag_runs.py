@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer import read_range
-from lake.log.log import SegmentLog
-from lake.log.producer import Producer
-from lake.tables import commit_files, open_table, write_data_files
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer import read_range
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import commit_files, open_table, write_data_files
 from tests.dags.conftest import returned, task_states
 from tests.lake.test_retention import AGES, NOW, kept_ages, land_days
 from tests.spark.test_rollups import DAY, START_MS, land_in_bronze, raw_values
@@ -129,8 +129,8 @@ def test_compaction_merges_segments_and_files_without_changing_data(dagbag, lake
 
 def land_rows(events: pa.Table, batch: int) -> pa.Table:
     """Bronze rows of ``events`` at offsets of batch ``batch`` (distinct positions per batch)."""
-    from lake_schemas import LOG_ROW
-    from spark.sinks.delta_sink import split_log_rows
+    from metrics_lake.schemas import LOG_ROW
+    from metrics_lake.spark.sinks.delta_sink import split_log_rows
 
     n = events.num_rows
     rows = pa.table(

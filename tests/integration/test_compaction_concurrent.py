@@ -11,12 +11,12 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.compaction import compact_topic
-from lake.log.consumer import end_offsets, read_range
-from lake.log.producer import Producer
-from lake.table_compaction import compact_table
-from lake.tables import list_tables, open_table
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.compaction import compact_topic
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.table_compaction import compact_table
+from metrics_lake.core.tables import list_tables, open_table
 from tests.helpers import LAKE, positions
 from tests.integration.test_kill_restart import START_MS, lake_env
 from tests.spark.test_stream_metrics import check_windows

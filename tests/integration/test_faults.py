@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 import requests
 
-from agents.gateway_client import GatewaySender
-from agents.simulator import FleetSimulator
-from infra.seaweedfs import running_pid, settings_env, store_as
+from metrics_lake.agents.gateway_client import GatewaySender
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.infra.seaweedfs import running_pid, settings_env, store_as
 from tests.helpers import LAKE, positions
 from tests.integration.test_s3_pipeline import run_lake
 from tests.spark.test_stream_metrics import table_rows

@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer import end_offsets, read_range
-from lake.log.producer import Producer
-from lake.tables import open_table
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import open_table
 from tests.helpers import expected_windows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from infra.seaweedfs import settings_env, store_as
-from lake.tables import open_table
+from metrics_lake.core.tables import open_table
+from metrics_lake.infra.seaweedfs import settings_env, store_as
 from tests.helpers import LAKE
 from tests.quality.test_quality import DAY, bad_windows, land
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lake.config import ConfigError, load_settings
-from lake.storage import LocalStore, S3Store, open_store
+from metrics_lake.core.config import ConfigError, load_settings
+from metrics_lake.core.storage import LocalStore, S3Store, open_store
 
 
 def test_defaults_are_the_embedded_lake(monkeypatch, tmp_path):

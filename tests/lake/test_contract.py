@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lake_schemas.contract import REASON_CODES, parse_payload, to_log_records
+from metrics_lake.schemas.contract import REASON_CODES, parse_payload, to_log_records
 
 GOOD = {"ts": "2026-11-21T10:00:00.250Z", "server": "web-01", "metric": "app.rpc.latency_ms", "value": 12}
 

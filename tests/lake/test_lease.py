@@ -8,10 +8,10 @@ import time
 import pyarrow as pa
 import pytest
 
-from lake.log.consumer import read_range
-from lake.log.lease import FencedError, LeaseHeldError, read_lease
-from lake.log.log import SegmentLog
-from lake.log.producer import Producer
+from metrics_lake.core.log.consumer import read_range
+from metrics_lake.core.log.lease import FencedError, LeaseHeldError, read_lease
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
 from tests.lake.test_log import records
 
 

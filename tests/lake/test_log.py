@@ -8,14 +8,14 @@ import time
 import pyarrow as pa
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer import end_offsets, offsets_for_time, read_range, start_offsets
-from lake.log.index import PartitionIndex
-from lake.log.log import PartitionWriter, SegmentLog, TopicNotFoundError
-from lake.log.producer import Producer, assign_partitions, partition_for
-from lake.log.segment import encode_segment, parse_segment_name, segment_name
-from lake.storage import LocalStore, ObjectExistsError
-from lake_schemas import LOG_RECORD
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer import end_offsets, offsets_for_time, read_range, start_offsets
+from metrics_lake.core.log.index import PartitionIndex
+from metrics_lake.core.log.log import PartitionWriter, SegmentLog, TopicNotFoundError
+from metrics_lake.core.log.producer import Producer, assign_partitions, partition_for
+from metrics_lake.core.log.segment import encode_segment, parse_segment_name, segment_name
+from metrics_lake.core.storage import LocalStore, ObjectExistsError
+from metrics_lake.schemas import LOG_RECORD
 
 
 def records(n: int, start_ms: int = 1_800_000_000_000, server: str = "web-01") -> pa.Table:

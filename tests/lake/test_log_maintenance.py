@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from lake.log.compaction import compact_partition, compact_topic, plan_runs
-from lake.log.consumer import read_range
-from lake.log.consumer_groups import commit_offsets
-from lake.log.log import SegmentLog
-from lake.log.retention import apply_log_retention, plan_log_retention
-from lake.log.segment import SegmentInfo
+from metrics_lake.core.log.compaction import compact_partition, compact_topic, plan_runs
+from metrics_lake.core.log.consumer import read_range
+from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.retention import apply_log_retention, plan_log_retention
+from metrics_lake.core.log.segment import SegmentInfo
 from tests.lake.test_log import records
 
 

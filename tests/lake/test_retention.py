@@ -8,11 +8,11 @@ import time
 
 import pyarrow as pa
 
-from lake.log.consumer_groups import commit_offsets
-from lake.log.log import SegmentLog
-from lake.retention import apply_retention, plan_retention
-from lake.tables import commit_files, open_table, write_data_files
-from lake_schemas import TABLES
+from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.retention import apply_retention, plan_retention
+from metrics_lake.core.tables import commit_files, open_table, write_data_files
+from metrics_lake.schemas import TABLES
 from tests.lake.test_log import records
 
 NOW = dt.datetime(2026, 11, 21, 3, 0, tzinfo=dt.UTC)
@@ -23,8 +23,7 @@ AGES = [0, 1, 6, 7, 8, 29, 30, 31, 364, 365, 366, 900]
 
 def land_days(store, table: str, ages: list[int]) -> None:
     """One commit per day: two rows whose day column is TODAY - age (other columns null or minimal)."""
-    schema, partition_by = TABLES[table]
-    (column,) = partition_by
+    schema, column = TABLES[table].schema, TABLES[table].day_column
     for batch, age in enumerate(ages):
         day = TODAY - dt.timedelta(days=age)
         data = {name: pa.nulls(2, schema.field(name).type) for name in schema.names}
@@ -36,7 +35,7 @@ def land_days(store, table: str, ages: list[int]) -> None:
 
 
 def kept_ages(store, table: str) -> list[int]:
-    (column,) = TABLES[table][1]
+    column = TABLES[table].day_column
     days = open_table(store, table).to_pyarrow_table(columns=[column]).column(column).to_pylist()
     return sorted({(TODAY - day).days for day in days})
 

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from deltalake.exceptions import CommitFailedError
 
-import lake.tables
-from lake.table_compaction import compact_table
-from lake.tables import merge_rows, open_table, retry_on_conflict
-from lake_schemas import METRIC_WINDOWS_1M, METRIC_WINDOWS_1M_KEY
+import metrics_lake.core.tables
+from metrics_lake.core.table_compaction import compact_table
+from metrics_lake.core.tables import merge_rows, open_table, retry_on_conflict
+from metrics_lake.schemas import METRIC_WINDOWS_1M
 
 DAY = dt.date(2027, 1, 15)
 
@@ -43,9 +43,7 @@ def counts(store) -> dict[str, int]:
 
 def test_binpack_then_zorder_keeps_every_row(store):
     for batch in range(6):
-        merge_rows(
-            store, "metric_windows_1m", window_rows([f"s{batch}"], 1), METRIC_WINDOWS_1M_KEY, app_id="a", batch_id=batch
-        )
+        merge_rows(store, "metric_windows_1m", window_rows([f"s{batch}"], 1), app_id="a", batch_id=batch)
     before = counts(store)
     result = compact_table(store, "metric_windows_1m", target_bytes=1 << 20)
     assert (result.files_before, result.files_after, result.partitions_rewritten) == (6, 1, 1)
@@ -65,11 +63,10 @@ def test_a_merge_that_loses_to_compaction_is_retried_exactly_once(store, monkeyp
             store,
             "metric_windows_1m",
             window_rows([server], 3),
-            METRIC_WINDOWS_1M_KEY,
             app_id="s",
             batch_id=batch,
         )
-    real_ensure = lake.tables.ensure_table
+    real_ensure = metrics_lake.core.tables.ensure_table
     calls = []
 
     def stale_first(store_, name, like=None):
@@ -79,8 +76,8 @@ def test_a_merge_that_loses_to_compaction_is_retried_exactly_once(store, monkeyp
             assert compact_table(store_, name, target_bytes=1 << 20).files_after == 1
         return table
 
-    monkeypatch.setattr(lake.tables, "ensure_table", stale_first)
-    assert merge_rows(store, "metric_windows_1m", window_rows(["b"], 10), METRIC_WINDOWS_1M_KEY, app_id="s", batch_id=3)
+    monkeypatch.setattr(metrics_lake.core.tables, "ensure_table", stale_first)
+    assert merge_rows(store, "metric_windows_1m", window_rows(["b"], 10), app_id="s", batch_id=3)
     assert len(calls) == 2  # the first attempt failed with CommitFailedError, the second committed
     assert counts(store) == {"a": 3, "b": 10, "c": 3}
     assert open_table(store, "metric_windows_1m").transaction_version("s") == 3

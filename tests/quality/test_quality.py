@@ -9,13 +9,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.tables import commit_files, open_table, write_data_files
-from lake_schemas import METRIC_WINDOWS_1M
-from quality.checkpoint import gx_context, outcome, run_quality, validate
-from quality.suites import build_suite, prepare
-from spark.jobs.recompute import recompute
-from spark.jobs.rollups import rollup
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.tables import commit_files, open_table, write_data_files
+from metrics_lake.quality.checkpoint import gx_context, outcome, run_quality, validate
+from metrics_lake.quality.suites import build_suite, prepare
+from metrics_lake.schemas import METRIC_WINDOWS_1M
+from metrics_lake.spark.jobs.recompute import recompute
+from metrics_lake.spark.jobs.rollups import rollup
 from tests.dags.test_dag_runs import land_rows
 
 pytestmark = pytest.mark.spark
@@ -211,7 +211,7 @@ def test_volume_and_reconciliation_and_bounded_history(spark, settings, store):
 def test_cli_prints_a_summary_and_exits_1_on_a_critical_failure(spark, settings, store, monkeypatch):
     from typer.testing import CliRunner
 
-    from lake.cli import app
+    from metrics_lake.app.cli import app
 
     land(store, "metric_windows_1m", bad_windows())
     monkeypatch.setenv("LAKE_ROOT", settings.root)
@@ -221,7 +221,7 @@ def test_cli_prints_a_summary_and_exits_1_on_a_critical_failure(spark, settings,
     assert "metric_windows_1m" in result.output and "CRITICAL" in result.output
     assert "critical expectations failed" in result.output and "dq_results WHERE run_id" in result.output
     unknown = CliRunner().invoke(app, ["quality", "--table", "bronze", "--date", DAY.isoformat()])
-    assert unknown.exit_code == 2 and "no quality suite for table 'bronze'" in unknown.output
+    assert unknown.exit_code == 2 and "--table bronze: no quality suite" in unknown.output
 
 
 def test_schema_freshness_and_reconciliation_expectations_fail_when_broken(spark, settings):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer import read_range
-from lake.log.producer import Producer
-from lake.tables import merge_rows, open_table, write_data_files
-from lake_schemas import METRIC_WINDOWS_1M_KEY
-from spark.sinks.delta_sink import BRONZE, QUARANTINE, commit_batch, split_log_rows
-from spark.sources.log_source import SPARK_LOG_ROW
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer import read_range
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import merge_rows, open_table, write_data_files
+from metrics_lake.spark.sinks.delta_sink import BRONZE, QUARANTINE, commit_batch, split_log_rows
+from metrics_lake.spark.sources.log_source import SPARK_LOG_ROW
 
 
 def log_rows(log, n_invalid: int = 2) -> pa.Table:
@@ -48,14 +47,14 @@ def test_later_batches_and_other_queries_still_commit(log, store):
 
 
 def test_same_window_merge_twice_is_skipped(spark, log, store):
-    from spark.jobs.stream_metrics import finalize_windows, window_aggregates
+    from metrics_lake.spark.jobs.stream_metrics import finalize_windows, window_aggregates
 
     rows = log_rows(log, n_invalid=0)
     events = spark.createDataFrame(rows.to_pandas())
     windows = finalize_windows(window_aggregates(events, 120)).toArrow()
-    assert merge_rows(store, "metric_windows_1m", windows, METRIC_WINDOWS_1M_KEY, app_id="w", batch_id=5)
+    assert merge_rows(store, "metric_windows_1m", windows, app_id="w", batch_id=5)
     version = open_table(store, "metric_windows_1m").version()
-    assert not merge_rows(store, "metric_windows_1m", windows, METRIC_WINDOWS_1M_KEY, app_id="w", batch_id=5)
+    assert not merge_rows(store, "metric_windows_1m", windows, app_id="w", batch_id=5)
     assert open_table(store, "metric_windows_1m").version() == version
     assert open_table(store, "metric_windows_1m").to_pyarrow_table().num_rows == windows.num_rows
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from agents.simulator import FleetSimulator
-from lake.log.producer import Producer
-from spark.sources.log_source import LogRange, LogStreamReader, limit_offsets
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.spark.sources.log_source import LogRange, LogStreamReader, limit_offsets
 
 
 def test_limit_is_shared_fairly_and_never_exceeded():

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.producer import Producer
-from lake.tables import open_table
-from spark.jobs.recompute import recompute
-from spark.jobs.stream_metrics import run_stream
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import open_table
+from metrics_lake.spark.jobs.recompute import recompute
+from metrics_lake.spark.jobs.stream_metrics import run_stream
 from tests.spark.test_stream_metrics import START_MS, check_windows, produced_rows, table_rows
 
 pytestmark = pytest.mark.spark

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pyarrow.compute as pc
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer_groups import commit_offsets, lag_report
-from lake.log.producer import Producer
-from lake.tables import open_table
-from spark.jobs.replay import replay, replay_ranges
-from spark.jobs.sql_query import run_sql
-from spark.jobs.stream_metrics import BRONZE_GROUP, WINDOWS_GROUP, run_stream
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer_groups import commit_offsets, lag_report
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import open_table
+from metrics_lake.spark.jobs.replay import replay, replay_ranges
+from metrics_lake.spark.jobs.sql_query import run_sql
+from metrics_lake.spark.jobs.stream_metrics import BRONZE_GROUP, WINDOWS_GROUP, run_stream
 from tests.helpers import positions
 from tests.spark.test_stream_metrics import INVALID, START_MS, produced_rows
 

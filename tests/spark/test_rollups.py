@@ -10,14 +10,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.tables import commit_files, write_data_files
-from lake_schemas import LOG_ROW
-from lake_schemas.stored_queries import load_stored_queries, parse_query
-from spark.jobs.recompute import recompute
-from spark.jobs.rollups import rollup
-from spark.jobs.stored_queries import evaluate_day
-from spark.sinks.delta_sink import split_log_rows
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.stored_queries import load_stored_queries, parse_query
+from metrics_lake.core.tables import commit_files, write_data_files
+from metrics_lake.schemas import LOG_ROW
+from metrics_lake.spark.jobs.recompute import recompute
+from metrics_lake.spark.jobs.rollups import rollup
+from metrics_lake.spark.jobs.stored_queries import evaluate_day
+from metrics_lake.spark.sinks.delta_sink import split_log_rows
 from tests.helpers import assert_quantile_within_bound
 from tests.spark.test_stream_metrics import table_rows
 

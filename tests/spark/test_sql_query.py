@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.producer import Producer
-from spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
-from spark.jobs.stream_metrics import run_stream
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
+from metrics_lake.spark.jobs.stream_metrics import run_stream
 
 pytestmark = pytest.mark.spark
 
@@ -52,7 +52,7 @@ def test_sql_reads_current_snapshot_and_time_travels(spark, settings, log):
 def test_cli_sql_and_tables_print_results(spark, settings, log, monkeypatch, capsys):
     from typer.testing import CliRunner
 
-    from lake.cli import app
+    from metrics_lake.app.cli import app
 
     with Producer(log, settings.topic, partitions=settings.partitions) as producer:
         producer.send_payloads(['{"bad": true}'])

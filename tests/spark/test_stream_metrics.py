@@ -9,11 +9,11 @@ import math
 import pyarrow as pa
 import pytest
 
-from agents.simulator import FleetSimulator
-from lake.log.consumer import end_offsets, read_range
-from lake.log.producer import Producer
-from lake.tables import open_table
-from spark.jobs.stream_metrics import QUANTILES, run_stream
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables import open_table
+from metrics_lake.spark.jobs.stream_metrics import QUANTILES, run_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
 from tests.lake.test_contract import INVALID as CONTRACT_CASES
 

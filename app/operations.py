@@ -16,22 +16,23 @@ import datetime as dt
 import logging
 from dataclasses import asdict
 
-from lake.config import LakeSettings
-from lake.storage import open_store
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import CheckFailedError
+from metrics_lake.core.storage import open_store
 
 log = logging.getLogger(__name__)
 
 
-class ConsumerBehindRetentionError(RuntimeError):
+class ConsumerBehindRetentionError(CheckFailedError):
     """Retention removed log records that a consumer group had not read yet."""
 
 
-class QualityGateError(RuntimeError):
+class QualityGateError(CheckFailedError):
     """A critical data-quality expectation failed: downstream steps must not use the data."""
 
 
 def _spark(settings: LakeSettings, app: str):
-    from spark.session import build_session
+    from metrics_lake.spark.session import build_session
 
     return build_session(settings, app)
 
@@ -55,10 +56,10 @@ def run_speed_layer_once(settings: LakeSettings) -> dict:
 
     Returns the table versions after the run and the consumer lag per group (records).
     """
-    from lake.log.consumer_groups import lag_report
-    from lake.log.log import SegmentLog
-    from lake.tables import summarize_tables
-    from spark.jobs.stream_metrics import run_stream
+    from metrics_lake.core.log.consumer_groups import lag_report
+    from metrics_lake.core.log.log import SegmentLog
+    from metrics_lake.core.tables import summarize_tables
+    from metrics_lake.spark.jobs.stream_metrics import run_stream
 
     run_stream(_spark(settings, "lake-speed-layer"), settings, once=True)
     store = open_store(settings)
@@ -70,7 +71,7 @@ def run_speed_layer_once(settings: LakeSettings) -> dict:
 
 def recompute_days(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Rebuild ``days`` of ``metric_windows_1m`` from bronze (``lake recompute``); one summary per day."""
-    from spark.jobs.recompute import recompute
+    from metrics_lake.spark.jobs.recompute import recompute
 
     results = recompute(_spark(settings, "lake-recompute"), settings, _days(days))
     return [_jsonable(asdict(r)) for r in results]
@@ -78,15 +79,15 @@ def recompute_days(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def rollup_days(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Rebuild ``days`` of the 1h and 1d rollups (``lake rollup``); one summary per day and table."""
-    from spark.jobs.rollups import rollup
+    from metrics_lake.spark.jobs.rollups import rollup
 
     return [_jsonable(asdict(r)) for r in rollup(_spark(settings, "lake-rollup"), settings, _days(days))]
 
 
 def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Evaluate the stored queries for ``days`` into ``query_results`` (``lake queries``)."""
-    from lake_schemas.stored_queries import load_stored_queries
-    from spark.jobs.stored_queries import evaluate_day
+    from metrics_lake.core.stored_queries import load_stored_queries
+    from metrics_lake.spark.jobs.stored_queries import evaluate_day
 
     queries = load_stored_queries()
     spark = _spark(settings, "lake-queries")
@@ -95,8 +96,8 @@ def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def compact_log(settings: LakeSettings) -> list[dict]:
     """Merge small segments of every topic (``lake compact --log-only``); one summary per partition."""
-    from lake.log import compaction
-    from lake.log.log import SegmentLog
+    from metrics_lake.core.log import compaction
+    from metrics_lake.core.log.log import SegmentLog
 
     results = compaction.compact_log(
         SegmentLog(open_store(settings)),
@@ -108,8 +109,8 @@ def compact_log(settings: LakeSettings) -> list[dict]:
 
 def compact_tables(settings: LakeSettings, tables: list[str] | None = None, z_order: bool = False) -> list[dict]:
     """Bin-pack (or Z-order) and checkpoint ``tables`` (default: all); one summary per table."""
-    from lake.table_compaction import compact_table
-    from lake.tables import list_tables
+    from metrics_lake.core.table_compaction import compact_table
+    from metrics_lake.core.tables import list_tables
 
     store = open_store(settings)
     results = []
@@ -135,7 +136,7 @@ def retain(settings: LakeSettings, apply: bool, now: dt.datetime | None = None) 
     deleting, so the run is loud but retention still holds) when a consumer
     group had unread records past retention.
     """
-    from lake.retention import apply_retention, plan_retention
+    from metrics_lake.core.retention import apply_retention, plan_retention
 
     store = open_store(settings)
     now = now or dt.datetime.now(dt.UTC)
@@ -159,8 +160,8 @@ def replay_days(settings: LakeSettings, first: str, last: str) -> dict:
 
     Returns records read, rows written per table and rows already present.
     """
-    from lake.log.log import SegmentLog
-    from spark.jobs.replay import replay, replay_ranges
+    from metrics_lake.core.log.log import SegmentLog
+    from metrics_lake.spark.jobs.replay import replay, replay_ranges
 
     start = dt.datetime.combine(dt.date.fromisoformat(first), dt.time(), dt.UTC)
     end = dt.datetime.combine(dt.date.fromisoformat(last) + dt.timedelta(days=1), dt.time(), dt.UTC)
@@ -178,7 +179,7 @@ def check_quality(settings: LakeSettings, day: str, tables: list[str]) -> dict:
     Raises :class:`QualityGateError` naming each failed critical expectation
     with its observed value and a sample, and how to query the failing rows.
     """
-    from quality.checkpoint import run_quality
+    from metrics_lake.quality.checkpoint import run_quality
 
     report = run_quality(_spark(settings, "lake-quality"), settings, dt.date.fromisoformat(day), tables)
     summary = {

@@ -1,9 +1,11 @@
 """What every metrics-lake DAG under ``dags/`` shares: the tables as Airflow Assets, default arguments, helpers.
 
 Only the DAG files import this module (it needs Airflow, an optional extra:
-``pip install metrics-lake[airflow]``). Kept free of heavy imports (Spark, delta-rs, pyarrow): the DAG processor
+``pip install metrics-lake[airflow]``). Kept free of heavy imports (Spark, delta-rs, GX): the DAG processor
 parses these files every few seconds, so tasks import what they need when
-they run. Configuration reaches tasks the way it reaches the CLI, through
+they run. The one exception is the table registry (pyarrow schemas, about
+0.3 s to import), from which the Assets are derived so that they cannot drift
+from the tables. Configuration reaches tasks the way it reaches the CLI, through
 ``LAKE_*`` environment variables (or ``lake.toml``) on the worker; nothing
 secret is read at parse time.
 """
@@ -14,21 +16,11 @@ import datetime as dt
 
 from airflow.sdk import Asset
 
-#: One Asset per Delta table; a task that commits to a table lists it in
-#: ``outlets``, so DAGs scheduled on it run when new data lands.
-TABLE_ASSETS = {
-    name: Asset(name=name, uri=f"lake://tables/{name}", group="metrics-lake")
-    for name in (
-        "bronze_events",
-        "quarantine_events",
-        "metric_windows_1m",
-        "lambda_reconciliation",
-        "metric_rollup_1h",
-        "metric_rollup_1d",
-        "query_results",
-        "dq_results",
-    )
-}
+from metrics_lake.schemas import TABLES
+
+#: One Asset per Delta table of the registry; a task that commits to a table
+#: lists it in ``outlets``, so DAGs scheduled on it run when new data lands.
+TABLE_ASSETS = {name: Asset(name=name, uri=spec.asset_uri, group="metrics-lake") for name, spec in TABLES.items()}
 
 #: Every DAG starts from this fixed UTC date with catchup off: no surprise backfills on deploy.
 START_DATE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -10,14 +10,14 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.gateway_client import GatewaySender, table_to_payloads
-from agents.simulator import FleetSimulator
-from lake.config import load_settings
-from lake.gateway import Gateway, serve
-from lake.log.consumer import end_offsets, read_range
-from lake.log.log import SegmentLog
-from lake.storage import open_store
-from lake_schemas.contract import to_log_records
+from metrics_lake.agents.gateway_client import GatewaySender, table_to_payloads
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.app.gateway import Gateway, serve
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import open_store
+from metrics_lake.schemas.contract import to_log_records
 
 EVENT = {"ts": 1_800_000_000_000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5}
 

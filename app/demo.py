@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from agents.host import HostAgent
-from agents.simulator import FleetSimulator, send_in_real_time
-from lake.config import LakeSettings
-from lake.log.producer import producer_for
-from lake.storage import open_store
-from lake.tables import summarize_tables
+from metrics_lake.agents.host import HostAgent
+from metrics_lake.agents.simulator import FleetSimulator, send_in_real_time
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.producer import producer_for
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.tables import summarize_tables
 
 #: One payload per kind of contract violation, sent once per demo run.
 MALFORMED_SAMPLES: list[str] = [
@@ -45,10 +45,10 @@ def _sql_literal(text: str) -> str:
 
 def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int, console: Console) -> None:
     """Run the demo; see the module docstring. Prints progress to ``console``."""
-    from spark.jobs.progress import BatchProgressPrinter
-    from spark.jobs.sql_query import run_sql
-    from spark.jobs.stream_metrics import start_queries
-    from spark.session import build_session
+    from metrics_lake.spark.jobs.progress import BatchProgressPrinter
+    from metrics_lake.spark.jobs.sql_query import run_sql
+    from metrics_lake.spark.jobs.stream_metrics import start_queries
+    from metrics_lake.spark.session import build_session
 
     wall_start = time.monotonic()
     store = open_store(settings)

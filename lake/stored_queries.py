@@ -1,4 +1,4 @@
-"""Stored queries: declared once in ``stored_queries.toml``, evaluated nightly into ``query_results``.
+"""Stored queries: the grammar and its parser; the declarations ship in ``lake_schemas/stored_queries.toml``.
 
 The query language is the APM one::
 
@@ -27,12 +27,14 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-from lake_schemas.contract import METRIC_NAME
+from metrics_lake.core.errors import InputError
+from metrics_lake.schemas.contract import METRIC_NAME
 
-#: The declarations shipped with the lake.
-DEFAULT_FILE = Path(__file__).with_name("stored_queries.toml")
+#: The declarations shipped with the lake (package data of ``metrics_lake.schemas``).
+DEFAULT_FILE = Path(str(resources.files("metrics_lake.schemas").joinpath("stored_queries.toml")))
 MINUTE_S, DAY_S = 60, 86_400
 _UNITS = {"m": 60, "h": 3600, "d": 86_400}
 _QUERY = re.compile(
@@ -45,7 +47,7 @@ _PERCENTILE = re.compile(r"^percentile\(\s*(?P<p>[0-9]+(?:\.[0-9]+)?)\s*\)$", re
 _NAME = re.compile(r"[a-z0-9_]{1,64}")
 
 
-class StoredQueryError(ValueError):
+class StoredQueryError(InputError):
     """A stored query (or its file) is malformed; the message names the query."""
 
 
@@ -148,6 +150,10 @@ def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise StoredQueryError(f"stored queries file {path} does not exist") from None
+    except IsADirectoryError:
+        raise StoredQueryError(f"stored queries file {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise StoredQueryError(f"stored queries file {path} is not UTF-8 text: {exc.reason}") from None
     except tomllib.TOMLDecodeError as exc:
         raise StoredQueryError(f"stored queries file {path}: {exc}") from None
     queries = []

@@ -29,7 +29,7 @@ requests by status, POST-to-durable-ack latency, flush latency, segment
 sizes, buffered bytes).
 
 A gateway owns a set of partitions through their leases
-(:mod:`lake.log.lease`) and routes every event to one of them (CRC-32 of the
+(:mod:`metrics_lake.core.log.lease`) and routes every event to one of them (CRC-32 of the
 server over the owned partitions), so several gateways can run side by
 side on disjoint partitions. Records are batched per partition and flushed
 every ``linger_ms`` or ``roll_bytes`` (group commit): many requests share
@@ -51,10 +51,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import prometheus_client as prom
 
-from lake.config import LakeSettings
-from lake.log.log import AppendResult
-from lake.log.producer import Producer, producer_for
-from lake_schemas.contract import to_log_records
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.log import AppendResult
+from metrics_lake.core.log.producer import Producer, producer_for
+from metrics_lake.schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
 

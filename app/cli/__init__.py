@@ -1,0 +1,155 @@
+"""The ``lake`` command line: thin commands over library functions, and its one error boundary.
+
+Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
+:mod:`.batch`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.local`) and
+are registered on :data:`app` here. Configuration comes from ``LAKE_*``
+variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
+per-run choices.
+
+The error boundary is :class:`LakeGroup`, the class of :data:`app`: whatever
+a command raises is printed as one line (:func:`metrics_lake.app.errors.explain`)
+and turned into the exit code: 2 bad input, configuration or access; 1 a
+failed check; 130 interrupted; 70 a bug. ``--debug`` (or ``LAKE_DEBUG=1``)
+lets the traceback through instead; ``--verbose`` shows third-party logs.
+:func:`main`, the ``lake`` console script, accepts both flags anywhere on the
+command line.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from metrics_lake.app.cli import analysis, batch, ingest, maintenance, speed
+from metrics_lake.app.cli.local import airflow_standalone, infra_app
+from metrics_lake.app.cli.options import settings
+from metrics_lake.app.console import configure_output, err
+from metrics_lake.app.errors import EXIT_BUG, EXIT_INTERRUPTED, explain, first_line
+from metrics_lake.core.errors import AccessDeniedError
+
+__all__ = ["LakeGroup", "app", "main", "report"]
+
+#: What each command needs from the object store, and the `lake infra` identity that has it (for access errors).
+NEEDS: dict[str, tuple[str, str]] = {
+    "produce": ("writes log/", "agent"),
+    "agent": ("writes log/", "agent"),
+    "gateway": ("writes log/", "agent"),
+    "stream": ("reads log/ and writes tables/", "pipeline"),
+    "replay": ("reads log/ and writes tables/", "pipeline"),
+    "consumers": ("reads log/", "pipeline"),
+    "recompute": ("reads and writes tables/", "pipeline"),
+    "rollup": ("reads and writes tables/", "pipeline"),
+    "queries": ("reads and writes tables/", "pipeline"),
+    "quality": ("reads and writes tables/ and quality/", "pipeline"),
+    "sql": ("reads tables/", "analyst"),
+    "tables": ("reads tables/", "analyst"),
+    "compact": ("rewrites log/ and tables/", "admin"),
+    "retain": ("deletes from log/ and tables/", "admin"),
+    "demo": ("writes log/ and tables/", "admin"),
+}
+
+GLOBAL_FLAGS = ("--debug", "--verbose")
+
+
+def _access_hint(command: str | None) -> str:
+    if command not in NEEDS:
+        return ""
+    what, identity = NEEDS[command]
+    return (
+        f"; `lake {command}` {what}: use credentials that may, e.g. with the local server "
+        f'eval "$(lake infra up --identity {identity})"'
+    )
+
+
+def report(exc: BaseException, command: str | None) -> int:
+    """Print ``exc`` as one line on stderr (see :func:`~metrics_lake.app.errors.explain`); returns the exit code."""
+    explained = explain(exc)
+    if explained is None:
+        err.print(
+            f"[red]error:[/] unexpected {exc.__class__.__name__}: {escape(first_line(str(exc)))} "
+            "(a bug in metrics-lake: run again with --debug for the traceback, and report it)",
+            soft_wrap=True,
+        )
+        return EXIT_BUG
+    message, code = explained
+    if isinstance(exc, AccessDeniedError) or message.startswith("S3 denied access"):
+        message += _access_hint(command)
+    err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
+    return code
+
+
+class LakeGroup(TyperGroup):
+    """The ``lake`` group: runs a command and turns any error it raises into one line and an exit code."""
+
+    def invoke(self, ctx):
+        """Invoke the subcommand; report failures (module docstring) unless ``--debug``."""
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # click's own: usage errors (exit 2) and explicit exits
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            raise typer.Exit(report(exc, ctx.invoked_subcommand)) from None
+
+
+app = typer.Typer(
+    cls=LakeGroup,
+    help="metrics-lake: a lambda-style data lake for machine and application metrics.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def global_options(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="Show third-party logs and progress bars (Spark, GX, botocore).")
+    ] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", envvar="LAKE_DEBUG", help="Let an error's full traceback through.")
+    ] = False,
+) -> None:
+    """metrics-lake: a lambda-style data lake for machine and application metrics."""
+    configure_output(verbose=verbose)
+
+
+for command in (ingest.produce, ingest.agent, ingest.gateway):
+    app.command()(command)
+for command in (speed.stream, speed.replay, speed.consumers):
+    app.command()(command)
+for command in (batch.recompute, batch.rollup, batch.queries):
+    app.command()(command)
+for command in (maintenance.compact, maintenance.retain):
+    app.command()(command)
+for command in (analysis.sql, analysis.tables, analysis.quality):
+    app.command()(command)
+app.command("airflow")(airflow_standalone)
+app.add_typer(infra_app, name="infra")
+
+
+@app.command()
+def demo(
+    seconds: Annotated[int, typer.Option(min=5, help="How long the agents produce, in seconds.")] = 60,
+    servers: Annotated[int, typer.Option(min=1, help="Simulated servers beside this host.")] = 20,
+    metrics: Annotated[int, typer.Option(min=1, help="Metrics per simulated server.")] = 8,
+) -> None:
+    """The main job, end to end: host agent + fleet simulator -> log -> speed layer -> Spark SQL."""
+    from metrics_lake.app.demo import run_demo
+
+    run_demo(settings(), seconds=seconds, servers=servers, metrics=metrics, console=err)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``lake`` on ``argv`` (default ``sys.argv[1:]``), with the global flags moved in front of the command."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    flags = [arg for arg in GLOBAL_FLAGS if arg in args]
+    app(args=[*flags, *(arg for arg in args if arg not in GLOBAL_FLAGS)], prog_name="lake")

@@ -1,0 +1,137 @@
+"""``lake sql``, ``lake tables``, ``lake quality``: reading and checking what the lake holds."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import sys
+from enum import StrEnum
+from typing import Annotated
+
+import pyarrow as pa
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from metrics_lake.app.cli.options import day, settings
+from metrics_lake.app.console import err, out
+from metrics_lake.core.errors import InputError
+from metrics_lake.core.storage import open_store
+
+__all__ = ["OutputFormat", "quality", "sql", "tables"]
+
+
+class OutputFormat(StrEnum):
+    """``lake sql`` output formats."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def print_arrow(result: pa.Table, fmt: OutputFormat) -> None:
+    """Write query results to stdout: a rich table (row count on stderr), CSV with a header, or JSON Lines.
+
+    Binary columns (sketches) print as hex in CSV/JSON and as their size in the table.
+    """
+    rows = result.to_pylist()
+    for row in rows:
+        for key, value in row.items():
+            if isinstance(value, bytes):
+                row[key] = value.hex() if fmt is not OutputFormat.table else f"<{len(value)} bytes>"
+    if fmt is OutputFormat.json:
+        for row in rows:
+            sys.stdout.write(json.dumps(row, default=str) + "\n")
+    elif fmt is OutputFormat.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=result.column_names)
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        table = Table(*result.column_names, show_lines=False)
+        for row in rows:
+            table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))
+        out.print(table)
+        err.print(f"{len(rows):,} row(s)")
+
+
+def sql(
+    query: Annotated[str, typer.Argument(help="A Spark SQL query over the lake's tables.")],
+    version: Annotated[
+        list[str] | None, typer.Option(help="Time travel: N (every table) or TABLE=N; repeatable.")
+    ] = None,
+    format: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.table,
+    limit: Annotated[int, typer.Option(min=1, help="Most rows to print.")] = 1000,
+) -> None:
+    """Run Spark SQL over every table (bronze_events, quarantine_events, metric_windows_1m, ...)."""
+    from metrics_lake.core.tables import list_tables, open_table
+    from metrics_lake.spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
+    from metrics_lake.spark.session import build_session
+
+    config = settings()
+    versions = parse_versions(version or [])
+    store = open_store(config)
+    for name in referenced_tables(query, list_tables(store)):  # fail on access before the JVM starts
+        open_table(store, name)
+    spark = build_session(config, "lake-sql")
+    try:
+        result = run_sql(spark, config, query, versions).limit(limit).toArrow()
+    finally:
+        spark.stop()
+    print_arrow(result, format)
+
+
+def tables() -> None:
+    """List the lake's tables with their Delta version, active files, rows and size."""
+    from metrics_lake.core.tables import summarize_tables
+
+    summaries = summarize_tables(open_store(settings()))
+    table = Table("table", "version", "files", "rows", "MiB")
+    for s in summaries:
+        table.add_row(s.name, str(s.version), f"{s.files:,}", f"{s.rows:,}", f"{s.size_bytes / 2**20:.2f}")
+    out.print(table)
+
+
+def quality(
+    table: Annotated[str | None, typer.Option(help="Only this table (default: every table with a suite).")] = None,
+    date: Annotated[str | None, typer.Option("--date", help="UTC day to check, YYYY-MM-DD (default: today).")] = None,
+) -> None:
+    """Data quality: run the Great Expectations checkpoints for a day, record dq_results, publish data docs.
+
+    Exits 1 when a critical expectation fails (the gate for rollups and stored queries).
+    """
+    from metrics_lake.quality.checkpoint import run_quality
+    from metrics_lake.quality.suites import SUITE_TABLES
+    from metrics_lake.spark.session import build_session
+
+    checked = day("--date", date) if date else dt.datetime.now(dt.UTC).date()
+    if table is not None and table not in SUITE_TABLES:
+        raise InputError(f"--table {table}: no quality suite for it; suites exist for {', '.join(SUITE_TABLES)}")
+    config = settings()
+    open_store(config)
+    err.print(f"checking {table or 'every table'} for {checked} with Great Expectations ...")
+    spark = build_session(config, "lake-quality")
+    report = run_quality(spark, config, checked, [table] if table else None)
+    view = Table("suite", "rows", "expectations", "passed", "failed", "worst failure")
+    for name, rows in report.rows.items():
+        mine = [o for o in report.outcomes if o.table == name]
+        failed = [o for o in mine if not o.success]
+        worst = sorted(failed, key=lambda o: not o.critical)[:1]
+        text = Text("")
+        if worst:
+            o = worst[0]
+            text = Text(
+                f"{'CRITICAL' if o.critical else 'warning'} {o.expectation}({o.column or ''}): "
+                f"{o.unexpected_count if o.unexpected_count is not None else o.observed_value} unexpected",
+                style="red" if o.critical else "yellow",
+            )
+        view.add_row(name, f"{rows:,}", str(len(mine)), str(len(mine) - len(failed)), str(len(failed)), text)
+    out.print(view)
+    if not report.rows:
+        err.print(f"no rows on {checked} in the checked tables")
+    err.print(f"report: {report.docs_index}  trend: {config.quality_path / 'trend.html'}  ({report.seconds:.1f} s)")
+    err.print(f"failing rows: lake sql \"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success\"")
+    if report.critical_failures():
+        err.print("[red]critical expectations failed:[/]\n" + escape(report.describe_failures()))
+        raise typer.Exit(1)

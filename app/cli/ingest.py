@@ -1,0 +1,135 @@
+"""``lake produce``, ``lake agent``, ``lake gateway``: getting events into the log."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from metrics_lake.app.cli.options import GatewayOption, partition_list, settings, stop_on_signals
+from metrics_lake.app.console import err
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import InputError
+from metrics_lake.core.log.producer import producer_for
+
+__all__ = ["agent", "gateway", "produce"]
+
+
+def _sink(settings: LakeSettings, gateway: str | None):
+    """Where agents send: a gateway (through the disk spool) or the log directly."""
+    if gateway is None:
+        return producer_for(settings)
+    from metrics_lake.agents.gateway_client import GatewaySender
+
+    err.print(f"sending through {gateway} (spool {settings.spool_dir})")
+    return GatewaySender(gateway, settings.spool_dir)
+
+
+def produce(
+    servers: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 10,
+    metrics: Annotated[int, typer.Option(min=1, help="Metrics per server.")] = 5,
+    seconds: Annotated[int, typer.Option(min=1, help="Seconds of event time to generate.")] = 60,
+    rate: Annotated[float, typer.Option(min=0.001, help="Samples per second per (server, metric).")] = 1.0,
+    seed: Annotated[int, typer.Option(help="RNG seed: same seed, same events.")] = 42,
+    realtime: Annotated[bool, typer.Option(help="Pace sending to the wall clock instead of all at once.")] = False,
+    from_file: Annotated[Path | None, typer.Option(help="Import JSON Lines (.jsonl or .jsonl.gz) instead.")] = None,
+    gateway: GatewayOption = None,
+) -> None:
+    """Produce events to the log: a seeded fleet simulator, or a JSON Lines import."""
+    from metrics_lake.agents.file_import import check_importable, import_jsonl
+    from metrics_lake.agents.simulator import FleetSimulator, send_in_real_time
+
+    config = settings()
+    if from_file is not None:
+        check_importable(from_file)
+    started = time.monotonic()
+    with _sink(config, gateway) as producer:
+        if from_file is not None:
+            stats = import_jsonl(producer, from_file)
+            err.print(
+                f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "
+                f"(-> quarantine_events), {stats.blank:,} blank lines skipped"
+            )
+            return
+        simulator = FleetSimulator(
+            servers=servers,
+            metrics=metrics,
+            seconds=seconds,
+            rate=rate,
+            seed=seed,
+            start_ms=int(time.time() * 1000) if realtime else None,
+        )
+        err.print(f"simulating {simulator.total_events:,} events from {servers} servers x {metrics} metrics")
+        if realtime:
+            send_in_real_time(simulator, producer.send)
+        else:
+            producer.send(simulator.generate())
+    elapsed = time.monotonic() - started
+    unit = "acknowledged requests" if gateway else "segments"
+    err.print(
+        f"produced {producer.stats.records:,} events in {producer.stats.segments} {unit} "
+        f"to topic {config.topic!r} in {elapsed:.1f} s"
+    )
+
+
+def agent(
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between samples.")] = 5.0,
+    duration: Annotated[
+        float | None, typer.Option(help="Stop after this many seconds (default: run until Ctrl-C).")
+    ] = None,
+    server: Annotated[str | None, typer.Option(help="Server name to report (default: hostname).")] = None,
+    gateway: GatewayOption = None,
+) -> None:
+    """Run the host agent: this machine's CPU, memory, swap, disk, network, load and process metrics."""
+    from metrics_lake.agents.host import HostAgent
+
+    config = settings()
+    host = HostAgent(server)
+    stop = threading.Event()
+    err.print(
+        f"host agent for {host.server!r}: sampling every {interval:g} s into topic {config.topic!r}; Ctrl-C stops"
+    )
+    try:
+        with _sink(config, gateway) as producer:
+            sent = host.run(producer, interval=interval, duration=duration, stop=stop)
+    except KeyboardInterrupt:
+        stop.set()
+        err.print("stopped")
+        return
+    err.print(f"sent {sent:,} events")
+
+
+def gateway(
+    host: Annotated[str | None, typer.Option(help="Listen address (default LAKE_GATEWAY_HOST, 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (default LAKE_GATEWAY_PORT, 8787).")] = None,
+    partitions: Annotated[
+        str | None, typer.Option(help="Partitions this gateway owns, e.g. 0-1 or 0,2 (default: all).")
+    ] = None,
+    linger_ms: Annotated[int, typer.Option(min=1, help="Group-commit window: flush a partition this often.")] = 200,
+    roll_bytes: Annotated[
+        int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
+    ] = None,
+) -> None:
+    """Run the ingest gateway: agents POST events; 200 means durable in the log (see app/gateway.py)."""
+    from metrics_lake.app.gateway import Gateway, serve
+
+    config = settings()
+    owned = partition_list(partitions)
+    stop = stop_on_signals()
+    err.print(f"gateway: taking the leases of topic {config.topic!r} partitions {partitions or 'all'}...")
+    try:
+        ingest = Gateway(config, owned=owned, linger_ms=linger_ms, roll_bytes=roll_bytes)
+    except ValueError as exc:  # owned partitions out of range
+        raise InputError(f"--partitions {partitions}: {exc}") from None
+
+    def ready(address) -> None:
+        err.print(
+            f"gateway {ingest.gateway_id} listening on http://{address[0]}:{address[1]} "
+            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms); Ctrl-C stops"
+        )
+
+    serve(ingest, host or config.gateway_host, config.gateway_port if port is None else port, stop, ready=ready)
+    err.print(f"stopped; {ingest.producer.stats.records:,} events received")

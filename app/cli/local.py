@@ -1,0 +1,133 @@
+"""``lake infra up|down|status`` and ``lake airflow``: servers this machine runs for the lake."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from metrics_lake.app.console import err
+from metrics_lake.core.errors import InputError
+
+__all__ = ["airflow_standalone", "infra_app"]
+
+infra_app = typer.Typer(help="A local S3 server (SeaweedFS) for the lake: up, down, status.", no_args_is_help=True)
+
+DataDir = Annotated[Path, typer.Option(help="Server data, logs and identities (keep it out of git).")]
+# SeaweedFS also listens on every port + 10000 (gRPC), hence the upper bounds.
+S3Port = Annotated[int, typer.Option(min=1024, max=55535, help="S3 port on 127.0.0.1.")]
+MasterPort = Annotated[
+    int, typer.Option(min=2700, max=55535, help="SeaweedFS master port (the volume and filer ports follow it).")
+]
+
+
+def _s3_server(data_dir: Path, s3_port: int, master_port: int, bucket: str = "lake"):
+    from metrics_lake.infra.seaweedfs import S3Server
+
+    return S3Server(data_dir.resolve(), bucket=bucket, s3_port=s3_port, master_port=master_port)
+
+
+@infra_app.command("up")
+def infra_up(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"),
+    s3_port: S3Port = 8333,
+    master_port: MasterPort = 19333,
+    bucket: Annotated[str, typer.Option(help="Bucket to create.")] = "lake",
+    identity: Annotated[
+        str,
+        typer.Option(help="Identity to export: agent, pipeline, analyst, or admin (all rights: single-user demos)."),
+    ] = "pipeline",
+) -> None:
+    """Start SeaweedFS on 127.0.0.1 and print `export LAKE_...` lines: eval "$(lake infra up)"."""
+    from metrics_lake.infra.seaweedfs import IDENTITIES, export_lines, start
+
+    if identity not in IDENTITIES:
+        raise InputError(f"--identity {identity!r}: choose one of {', '.join(IDENTITIES)}")
+    server = _s3_server(data_dir, s3_port, master_port, bucket)
+    start(server, log=err.print)
+    for line in export_lines(server, identity):
+        print(line)
+
+
+@infra_app.command("down")
+def infra_down(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"),
+    s3_port: S3Port = 8333,
+    master_port: MasterPort = 19333,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait after SIGTERM before SIGKILL.")] = 20.0,
+) -> None:
+    """Stop the local S3 server (its data stays in --data-dir)."""
+    from metrics_lake.infra.seaweedfs import stop
+
+    if not stop(_s3_server(data_dir, s3_port, master_port), timeout=timeout, log=err.print):
+        err.print("not running")
+
+
+@infra_app.command("status")
+def infra_status(
+    data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
+) -> None:
+    """Say whether the local S3 server runs and answers; exit code 1 if not."""
+    from metrics_lake.infra.seaweedfs import running_pid, s3_answers
+
+    server = _s3_server(data_dir, s3_port, master_port)
+    pid = running_pid(server)
+    answers = pid is not None and s3_answers(server)
+    err.print(
+        f"SeaweedFS {f'running (pid {pid})' if pid else 'not running'}; "
+        f"S3 at {server.endpoint} {'answers' if answers else 'does not answer'}; data in {server.data_dir}"
+    )
+    if not answers:
+        raise typer.Exit(1)
+
+
+#: The DAGs folder of a source checkout (app/cli/local.py -> the repository's dags/).
+CHECKOUT_DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+def airflow_standalone(
+    home: Annotated[Path, typer.Option(help="AIRFLOW_HOME: config, SQLite DB, logs.")] = Path(".airflow"),
+    port: Annotated[int, typer.Option(help="Port of the Airflow UI/API on 127.0.0.1.")] = 8080,
+    dags_folder: Annotated[
+        Path | None, typer.Option(help="Folder with the DAGs (default: dags/ of this checkout).")
+    ] = None,
+) -> None:
+    """Start a local Airflow (standalone: scheduler, DAG processor, API server, triggerer; SQLite) with the lake's DAGs.
+
+    The DAG tasks read LAKE_* from this environment, so they work on the
+    same lake as the CLI. The UI is at http://127.0.0.1:PORT; the admin
+    password is printed by Airflow and kept in HOME. Stop it with Ctrl-C.
+    """
+    from metrics_lake.app.cli.options import settings
+
+    settings()  # a bad LAKE_* fails here, not in every task later
+    dags = (dags_folder or CHECKOUT_DAGS).resolve()
+    if not (dags / "lake_nightly.py").exists():
+        raise InputError(f"no metrics-lake DAGs in {dags}; pass --dags-folder")
+    beside = Path(sys.executable).with_name("airflow")  # the same virtualenv, even when it is not on PATH
+    airflow = str(beside) if beside.exists() else shutil.which("airflow")
+    if airflow is None:
+        raise InputError("Airflow is not installed: pip install 'metrics-lake[airflow]' (python3 run.py installs it)")
+    home = home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",  # where task runners report
+        # standalone starts its components as `airflow …` subprocesses: find this one first
+        "PATH": f"{Path(airflow).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    err.print(
+        f"Airflow home {home}, DAGs from {dags}, UI at http://127.0.0.1:{port} (Ctrl-C stops it); "
+        "DAGs start paused: unpause them in the UI or with `airflow dags unpause <dag_id>`"
+    )
+    os.execvpe(airflow, [airflow, "standalone"], env)

@@ -1,0 +1,127 @@
+"""What several ``lake`` commands share: settings loading, option types, parsers of days, times and partitions.
+
+Parsers raise :class:`~metrics_lake.core.errors.InputError` naming the
+option and the expected form; the error boundary in
+:func:`metrics_lake.app.cli.main` prints it as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import signal
+import threading
+from typing import Annotated
+
+import typer
+
+from metrics_lake.core.config import LakeSettings, load_settings
+from metrics_lake.core.errors import InputError
+
+__all__ = [
+    "DateOption",
+    "FromOption",
+    "GatewayOption",
+    "ToOption",
+    "day",
+    "days",
+    "open_tables",
+    "partition_list",
+    "settings",
+    "stop_on_signals",
+    "time_ms",
+]
+
+
+def settings(**overrides) -> LakeSettings:
+    """The lake settings for this command (``LAKE_*``, ``lake.toml``, then ``overrides`` from flags)."""
+    return load_settings(**overrides)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM (systemd, Kubernetes, Airflow) or Ctrl-C, for a clean stop between batches."""
+    stop = threading.Event()
+
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
+
+
+GatewayOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Send through the ingest gateway at this URL (e.g. http://127.0.0.1:8787), spooling to "
+        "LAKE_SPOOL_DIR while it is unreachable, instead of writing the log directly."
+    ),
+]
+DateOption = Annotated[str | None, typer.Option("--date", help="UTC day, YYYY-MM-DD.")]
+FromOption = Annotated[str | None, typer.Option("--from", help="First UTC day of a range.")]
+ToOption = Annotated[str | None, typer.Option("--to", help="Last UTC day of a range (inclusive).")]
+
+
+def partition_list(text: str | None) -> list[int] | None:
+    """``"0,2-3"`` -> ``[0, 2, 3]``; ``None`` stays ``None`` (all partitions)."""
+    if text is None:
+        return None
+    owned: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise InputError(f"--partitions {text!r}: use partition numbers and ranges such as 0,2-3")
+        owned.extend(range(int(lo), int(hi or lo) + 1))
+    return owned
+
+
+def time_ms(option: str, text: str | None) -> int | None:
+    """``--from-time``/``--to-time``: ISO-8601 with a zone, or epoch milliseconds."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"{option} {text!r}: use ISO-8601 such as 2026-11-21T10:00:00Z, or epoch ms") from None
+    if moment.tzinfo is None:
+        raise InputError(f"{option} {text!r}: add a zone (Z or +01:00); event times are UTC instants")
+    return int(moment.timestamp() * 1000)
+
+
+def day(option: str, text: str) -> dt.date:
+    """A ``YYYY-MM-DD`` option value as a date."""
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"{option} {text!r}: expected a UTC date YYYY-MM-DD") from None
+
+
+def days(date: str | None, from_day: str | None, to_day: str | None) -> list[dt.date]:
+    """The days named by ``--date`` or ``--from``/``--to``."""
+    if (date is None) == (from_day is None and to_day is None):
+        raise InputError("give --date DAY, or --from DAY --to DAY")
+    if date is not None:
+        return [day("--date", date)]
+    if from_day is None or to_day is None:
+        raise InputError("a range needs both --from and --to")
+    first, last = day("--from", from_day), day("--to", to_day)
+    if last < first:
+        raise InputError(f"--to {last} is before --from {first}")
+    return [first + dt.timedelta(days=i) for i in range((last - first).days + 1)]
+
+
+def open_tables(config: LakeSettings, *names: str):
+    """Open (creating if absent) the named tables and return the store.
+
+    Commands call it before starting Spark, so a wrong root, bad
+    credentials or a missing permission fail in a second, not after the JVM
+    started.
+    """
+    from metrics_lake.core.storage import open_store
+    from metrics_lake.core.tables import ensure_table
+
+    store = open_store(config)
+    for name in names:
+        ensure_table(store, name)
+    return store

@@ -1,0 +1,113 @@
+"""``lake stream``, ``lake replay``, ``lake consumers``: the speed layer and the log's readers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from metrics_lake.app.cli.options import partition_list, settings, stop_on_signals, time_ms
+from metrics_lake.app.console import err, out
+from metrics_lake.core.errors import InputError
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import open_store
+
+__all__ = ["consumers", "replay", "stream"]
+
+
+def stream(
+    once: Annotated[bool, typer.Option("--once", help="Process everything available, then stop.")] = False,
+    trigger: Annotated[
+        float | None, typer.Option(help="Micro-batch interval in seconds (LAKE_TRIGGER_SECONDS).")
+    ] = None,
+) -> None:
+    """Run the speed layer: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once."""
+    from metrics_lake.spark.jobs.progress import BatchProgressPrinter
+    from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
+    from metrics_lake.spark.session import build_session
+
+    config = settings(trigger_seconds=trigger)
+    prepare_lake(config)
+    spark = build_session(config, "lake-stream")
+    try:
+        spark.streams.addListener(BatchProgressPrinter(err))
+        stop = None if once else stop_on_signals()
+        mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
+        err.print(f"speed layer for topic {config.topic!r} ({mode}); checkpoints in {config.checkpoint_path}")
+        run_stream(spark, config, once=once, stop=stop)
+        if stop is not None and stop.is_set():
+            err.print("stopped on signal, between micro-batches")
+    finally:
+        spark.stop()
+
+
+def replay(
+    from_offset: Annotated[int | None, typer.Option(min=0, help="First offset (every partition).")] = None,
+    to_offset: Annotated[int | None, typer.Option(min=0, help="End offset, exclusive (every partition).")] = None,
+    from_time: Annotated[str | None, typer.Option(help="Events at or after this time (ISO-8601 or epoch ms).")] = None,
+    to_time: Annotated[str | None, typer.Option(help="Events before this time (ISO-8601 or epoch ms).")] = None,
+    partitions: Annotated[str | None, typer.Option(help="Only these partitions, e.g. 0,2-3.")] = None,
+    into: Annotated[
+        str | None, typer.Option(help="Write the range's events to this new table instead of bronze_events.")
+    ] = None,
+    topic: Annotated[str | None, typer.Option(help="Topic to replay (default LAKE_TOPIC).")] = None,
+) -> None:
+    """Re-read a range of the log through the bronze path; rows already in the table are skipped."""
+    from metrics_lake.spark.jobs.replay import replay as run_replay
+    from metrics_lake.spark.jobs.replay import replay_ranges
+
+    config = settings()
+    topic = topic or config.topic
+    from_ms, to_ms = time_ms("--from-time", from_time), time_ms("--to-time", to_time)
+    log = SegmentLog(open_store(config))
+    try:
+        ranges = replay_ranges(
+            log,
+            topic,
+            from_offset=from_offset,
+            to_offset=to_offset,
+            from_time_ms=from_ms,
+            to_time_ms=to_ms,
+            partitions=partition_list(partitions),
+        )
+    except IndexError as exc:
+        raise InputError(f"--partitions {partitions}: {exc}") from None
+    total = sum(r.end - r.start for r in ranges)
+    err.print(
+        f"replaying {total:,} records of {topic!r}: " + ", ".join(f"{r.partition}:[{r.start},{r.end})" for r in ranges)
+    )
+    stats = run_replay(
+        log,
+        topic,
+        ranges,
+        into=into,
+        from_time_ms=from_ms,
+        to_time_ms=to_ms,
+        progress=lambda r, done: err.print(f"  partition {r.partition}: {done:,}/{r.end - r.start:,}"),
+    )
+    written = ", ".join(f"{n:,} rows to {t}" for t, n in stats.written.items())
+    err.print(f"read {stats.read:,} records; wrote {written}; {stats.already_present:,} already present (skipped)")
+
+
+def consumers(
+    group: Annotated[str | None, typer.Option(help="Only this consumer group.")] = None,
+) -> None:
+    """Consumer groups: committed offset, log end and lag per partition; exits 1 if retention removed unread records."""
+    from metrics_lake.core.log.consumer_groups import lag_report
+
+    report = lag_report(SegmentLog(open_store(settings())), group)
+    if not report:
+        err.print("no consumer group has committed offsets yet (`lake stream` commits speed-bronze and speed-windows)")
+        return
+    view = Table("group", "topic", "partition", "committed", "log start", "log end", "lag")
+    for row in report:
+        lag = Text(f"{row.lag:,}", style="red" if row.behind_retention else "")
+        committed = "-" if row.committed is None else f"{row.committed:,}"
+        view.add_row(row.group, row.topic, str(row.partition), committed, f"{row.start:,}", f"{row.end:,}", lag)
+    out.print(view)
+    behind = [r for r in report if r.behind_retention]
+    if behind:
+        err.print(f"[red]warning:[/] {len(behind)} partition(s) have unread records already removed by retention")
+        raise typer.Exit(1)

@@ -1,0 +1,48 @@
+"""Where the application writes: rich consoles, and quiet logging unless ``--verbose``.
+
+Commands print their own progress and summary on stderr (:data:`err`) and
+results on stdout (:data:`out`), so ``lake sql ... --format csv > file`` and
+``eval "$(lake infra up)"`` get only data on stdout. Third-party libraries
+(Spark's py4j, Great Expectations, botocore, Airflow) log at INFO and draw
+progress bars; by default only their warnings and errors show, ``--verbose``
+lets everything through.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from rich.console import Console
+from rich.logging import RichHandler
+
+__all__ = ["configure_output", "err", "out"]
+
+#: Progress, summaries and errors (stderr).
+err = Console(stderr=True)
+#: Results (stdout).
+out = Console()
+
+#: Loggers that chatter at INFO in normal operation: shown only with --verbose.
+NOISY_LOGGERS = ("py4j", "great_expectations", "botocore", "urllib3", "filelock", "matplotlib", "airflow", "asyncio")
+
+
+def configure_output(*, verbose: bool = False) -> None:
+    """Set up logging for one CLI run: our own INFO notices, third-party only from WARNING (all with ``verbose``).
+
+    Also disables tqdm progress bars (Great Expectations draws one per
+    expectation) through tqdm's ``TQDM_DISABLE`` variable unless ``verbose``.
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=err, show_path=verbose, markup=False)],
+        force=True,
+    )
+    logging.getLogger("metrics_lake").setLevel(logging.INFO)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    if not verbose:
+        os.environ.setdefault("TQDM_DISABLE", "1")
+        # GX warns about its own usage statistics and analytics on every context; it sends nothing here.
+        os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")

@@ -1,0 +1,37 @@
+"""What the segment log holds: one record per event, and the same record with its log position."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from metrics_lake.schemas.types import TAGS, UTC_MS
+
+__all__ = ["LOG_RECORD", "LOG_ROW"]
+
+#: One metric event as producers hand it to the log (before an offset exists).
+#: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and
+#: a ``reason`` and may have any other field null, so nothing is dropped.
+LOG_RECORD = pa.schema(
+    [
+        pa.field("ts", UTC_MS),
+        pa.field("server", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("tags", TAGS),
+        pa.field("raw", pa.string()),
+        pa.field("reason", pa.string()),
+    ]
+)
+
+#: What the consumer API and the Spark log source yield: a log record plus its
+#: position. ``offset`` is dense per (topic, partition); ``ingested_at`` is the
+#: wall-clock time its segment was appended.
+LOG_ROW = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        *LOG_RECORD,
+        pa.field("ingested_at", UTC_MS, nullable=False),
+    ]
+)

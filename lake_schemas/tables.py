@@ -1,0 +1,307 @@
+"""The table registry: every Delta table of the lake and its facts, declared once.
+
+Each :class:`TableSpec` holds what the rest of the lake derives from: the
+schema (pyarrow; Spark's via :func:`metrics_lake.schemas.types.spark_schema`),
+the partition columns, the key that is unique per row, the column holding the
+row's UTC day, the ``LakeSettings`` field with its retention, its window size
+(window and rollup tables), the table it is rolled up from, and whether a
+Great Expectations suite checks it. Retention, the Airflow assets, the
+quality suites and the window jobs read these facts from :data:`TABLES`
+instead of repeating them; ``tests/lake_schemas/test_tables.py`` checks that
+they cover the same tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from metrics_lake.schemas.types import TAGS, UTC_US
+
+__all__ = [
+    "BRONZE_EVENTS",
+    "DQ_RESULTS",
+    "LAMBDA_RECONCILIATION",
+    "METRIC_ROLLUP_1D",
+    "METRIC_ROLLUP_1H",
+    "METRIC_WINDOWS_1M",
+    "QUARANTINE_EVENTS",
+    "QUERY_RESULTS",
+    "TABLES",
+    "TableSpec",
+    "rollup_chain",
+    "table_spec",
+]
+
+#: ``tables/bronze_events``: every valid event exactly once.
+BRONZE_EVENTS = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("ts", UTC_US),
+        pa.field("server", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("tags", TAGS),
+        pa.field("ingested_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
+#: ``tables/quarantine_events``: every rejected payload, with its reason and
+#: source position. Partitioned by the day it was ingested (event time may be
+#: missing or unparseable).
+QUARANTINE_EVENTS = pa.schema(
+    [
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("raw", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("ingested_at", UTC_US),
+        pa.field("ingest_date", pa.date32()),
+    ]
+)
+
+#: ``tables/metric_windows_1m``: one row per (metric, server, window_start) of
+#: a 1-minute event-time tumbling window. ``sketch`` is a serialized Apache
+#: DataSketches KLL doubles sketch (Spark's ``kll_sketch_agg_double``, k=200),
+#: mergeable across windows and servers; p50/p95/p99 are read from it.
+METRIC_WINDOWS_1M = pa.schema(
+    [
+        pa.field("metric", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("window_start", UTC_US),
+        pa.field("window_end", UTC_US),
+        pa.field("count", pa.int64()),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("avg", pa.float64()),
+        pa.field("p50", pa.float64()),
+        pa.field("p95", pa.float64()),
+        pa.field("p99", pa.float64()),
+        pa.field("sketch", pa.binary()),
+        pa.field("updated_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
+#: ``tables/metric_rollup_1h`` and ``tables/metric_rollup_1d``: the same
+#: columns as the 1-minute windows, one row per (metric, server, hour or UTC
+#: day), built from the finer table by summing count and sum, taking min and
+#: max, and merging the KLL sketches (``kll_merge_agg_double``), so p50/p95/p99
+#: are those of all the period's events within the sketch's rank error
+#: (the downsampling of Thanos and Mimir, with mergeable percentiles).
+METRIC_ROLLUP_1H = METRIC_WINDOWS_1M
+METRIC_ROLLUP_1D = METRIC_WINDOWS_1M
+
+#: ``tables/query_results``: the stored queries of
+#: ``lake_schemas/stored_queries.toml`` evaluated per UTC day, long format:
+#: one row per (query, window, server, aggregate). ``server`` is null for a
+#: fleet-wide row (the query's servers merged). ``event_date`` is the day
+#: the window's last minute falls in, so a window is computed once both days
+#: it may span are complete.
+QUERY_RESULTS = pa.schema(
+    [
+        pa.field("query", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("window_start", UTC_US),
+        pa.field("window_end", UTC_US),
+        pa.field("aggregate", pa.string()),
+        pa.field("value", pa.float64()),
+        pa.field("computed_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
+#: ``tables/lambda_reconciliation``: one row per (event_date, metric) from
+#: each nightly recompute: the speed layer's count and sum for that day
+#: before the recompute replaced its windows, the batch layer's, and
+#: ``late_events`` = batch_count - speed_count (events the speed layer missed,
+#: mostly arrivals later than its watermark). The fingerprints identify the
+#: bronze files the recompute read and the window files it wrote, so a re-run
+#: with nothing changed is skipped.
+LAMBDA_RECONCILIATION = pa.schema(
+    [
+        pa.field("event_date", pa.date32()),
+        pa.field("metric", pa.string()),
+        pa.field("speed_count", pa.int64()),
+        pa.field("speed_sum", pa.float64()),
+        pa.field("batch_count", pa.int64()),
+        pa.field("batch_sum", pa.float64()),
+        pa.field("late_events", pa.int64()),
+        pa.field("computed_at", UTC_US),
+        pa.field("bronze_fingerprint", pa.string()),
+        pa.field("windows_fingerprint", pa.string()),
+    ]
+)
+
+#: ``tables/dq_results``: one row per expectation per data-quality run
+#: (``lake quality``): which table and day it checked, whether it passed, what
+#: was observed, the threshold, and a sample of failing values (JSON).
+#: ``critical`` expectations gate downstream steps. Partitioned by the day
+#: checked.
+DQ_RESULTS = pa.schema(
+    [
+        pa.field("run_id", pa.string()),
+        pa.field("run_at", UTC_US),
+        pa.field("table", pa.string()),
+        pa.field("expectation", pa.string()),
+        pa.field("column", pa.string()),
+        pa.field("critical", pa.bool_()),
+        pa.field("success", pa.bool_()),
+        pa.field("observed_value", pa.string()),
+        pa.field("unexpected_count", pa.int64()),
+        pa.field("unexpected_percent", pa.float64()),
+        pa.field("threshold", pa.string()),
+        pa.field("sample", pa.string()),
+        pa.field("rows", pa.int64()),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One Delta table's facts (module docstring).
+
+    ``partition_by``: Delta partition columns, the day column first;
+    ``key``: columns unique per row (the merge key of upserted tables);
+    ``day_column``: partition column with the row's UTC day (retention and
+    quality work a day at a time); ``retention_setting``: name of the
+    ``LakeSettings`` field giving the days kept (``None``: kept until deleted
+    by hand); ``window_seconds``: tumbling window length in seconds (window
+    and rollup tables); ``rollup_of``: the finer table it is downsampled from;
+    ``quality_suite``: whether ``lake quality`` validates it.
+    """
+
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    key: tuple[str, ...]
+    description: str
+    retention_setting: str | None = None
+    window_seconds: int | None = None
+    rollup_of: str | None = None
+    quality_suite: bool = False
+
+    @property
+    def day_column(self) -> str:
+        """The partition column holding the row's UTC day."""
+        return self.partition_by[0]
+
+    @property
+    def asset_uri(self) -> str:
+        """The table's Airflow Asset URI (``lake://tables/<name>``)."""
+        return f"lake://tables/{self.name}"
+
+
+_WINDOW_KEY = ("event_date", "metric", "server", "window_start")
+
+#: Every table of the lake, by name.
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        TableSpec(
+            "bronze_events",
+            BRONZE_EVENTS,
+            ("event_date",),
+            ("topic", "partition", "offset"),
+            "every valid event exactly once, with its log position",
+            retention_setting="retention_bronze_days",
+            quality_suite=True,
+        ),
+        TableSpec(
+            "quarantine_events",
+            QUARANTINE_EVENTS,
+            ("ingest_date",),
+            ("topic", "partition", "offset"),
+            "every rejected payload with its reason and log position",
+            retention_setting="retention_bronze_days",
+        ),
+        TableSpec(
+            "metric_windows_1m",
+            METRIC_WINDOWS_1M,
+            ("event_date",),
+            _WINDOW_KEY,
+            "1-minute tumbling windows per (metric, server) with a KLL sketch",
+            retention_setting="retention_windows_days",
+            window_seconds=60,
+            quality_suite=True,
+        ),
+        TableSpec(
+            "lambda_reconciliation",
+            LAMBDA_RECONCILIATION,
+            ("event_date",),
+            ("event_date", "metric"),
+            "speed vs batch layer counts per day and metric",
+            retention_setting="retention_windows_days",
+            quality_suite=True,
+        ),
+        TableSpec(
+            "metric_rollup_1h",
+            METRIC_ROLLUP_1H,
+            ("event_date",),
+            _WINDOW_KEY,
+            "1-hour rollups of the 1-minute windows (merged sketches)",
+            retention_setting="retention_rollup_1h_days",
+            window_seconds=3600,
+            rollup_of="metric_windows_1m",
+            quality_suite=True,
+        ),
+        TableSpec(
+            "metric_rollup_1d",
+            METRIC_ROLLUP_1D,
+            ("event_date",),
+            _WINDOW_KEY,
+            "1-day rollups of the 1-hour rollups (merged sketches)",
+            retention_setting="retention_rollup_1d_days",
+            window_seconds=86_400,
+            rollup_of="metric_rollup_1h",
+            quality_suite=True,
+        ),
+        TableSpec(
+            "query_results",
+            QUERY_RESULTS,
+            ("event_date",),
+            ("event_date", "query", "server", "window_start", "aggregate"),
+            "stored queries evaluated per window, long format",
+            retention_setting="retention_windows_days",
+        ),
+        TableSpec(
+            "dq_results",
+            DQ_RESULTS,
+            ("event_date",),
+            ("run_id", "table", "expectation", "column", "threshold"),
+            "one row per expectation per data-quality run",
+        ),
+    )
+}
+
+
+def table_spec(name: str) -> TableSpec:
+    """The declared :class:`TableSpec` of ``name``; ``KeyError`` naming the declared tables if unknown."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise KeyError(f"no declared table {name!r}; declared: {', '.join(TABLES)}") from None
+
+
+def rollup_chain() -> list[TableSpec]:
+    """Rollup tables in build order (each after the table it is rolled up from)."""
+    ordered: list[TableSpec] = []
+    pending = [spec for spec in TABLES.values() if spec.rollup_of]
+    built = {spec.name for spec in TABLES.values() if not spec.rollup_of}
+    while pending:
+        ready = [spec for spec in pending if spec.rollup_of in built]
+        if not ready:
+            raise ValueError(f"rollup sources missing or cyclic: {[s.name for s in pending]}")
+        for spec in ready:
+            ordered.append(spec)
+            built.add(spec.name)
+            pending.remove(spec)
+    return ordered
