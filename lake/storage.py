@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -165,13 +166,27 @@ class LocalStore(Store):
         return {}
 
     def _write_temp(self, key: str, data: bytes | pa.Buffer) -> Path:
+        """Write ``data`` to a hidden temporary file beside ``key`` and fsync it; removed again on failure."""
         target = self.path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        temp = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            if temp is not None:
+                Path(temp).unlink(missing_ok=True)
+            if exc.errno == errno.ENOSPC:
+                raise StorageError(
+                    f"no space left on the device holding the lake root {self.root} (writing {key}); "
+                    "free disk space and run again"
+                ) from None
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise AccessDeniedError(f"cannot write {target}: {exc.strerror}") from None
+            raise
         return Path(temp)
 
     def create(self, key: str, data: bytes | pa.Buffer) -> None:

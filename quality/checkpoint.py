@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import shutil
 import time
 import uuid
@@ -130,11 +131,19 @@ def _previous_counts(store, table: str, day: dt.date) -> list[int]:
 
 
 def gx_context(settings: LakeSettings):
-    """The file-backed GX project in ``settings.quality_path`` (created on first use)."""
+    """The file-backed GX project in ``settings.quality_path`` (created on first use).
+
+    GX draws a progress bar per validation with its own switch, not tqdm's;
+    it follows tqdm's ``TQDM_DISABLE`` variable (set by the CLI unless
+    ``--verbose``), so both kinds of bar are on or off together.
+    """
     import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
 
     settings.quality_path.mkdir(parents=True, exist_ok=True)
-    return gx.get_context(mode="file", project_root_dir=str(settings.quality_path))
+    context = gx.get_context(mode="file", project_root_dir=str(settings.quality_path))
+    context.variables.progress_bars = ProgressBarsConfig(globally=os.environ.get("TQDM_DISABLE", "") in ("", "0"))
+    return context
 
 
 def validate(context, table: str, frame, suite):

@@ -101,6 +101,7 @@ def quality(
 
     Exits 1 when a critical expectation fails (the gate for rollups and stored queries).
     """
+    from metrics_lake.core.tables import list_tables, open_table
     from metrics_lake.quality.checkpoint import run_quality
     from metrics_lake.quality.suites import SUITE_TABLES
     from metrics_lake.spark.session import build_session
@@ -109,7 +110,9 @@ def quality(
     if table is not None and table not in SUITE_TABLES:
         raise InputError(f"--table {table}: no quality suite for it; suites exist for {', '.join(SUITE_TABLES)}")
     config = settings()
-    open_store(config)
+    store = open_store(config)
+    for name in set(list_tables(store)) & ({table} if table else set(SUITE_TABLES)):
+        open_table(store, name)  # fail on access before the JVM starts
     err.print(f"checking {table or 'every table'} for {checked} with Great Expectations ...")
     spark = build_session(config, "lake-quality")
     report = run_quality(spark, config, checked, [table] if table else None)
@@ -130,8 +133,10 @@ def quality(
     out.print(view)
     if not report.rows:
         err.print(f"no rows on {checked} in the checked tables")
-    err.print(f"report: {report.docs_index}  trend: {config.quality_path / 'trend.html'}  ({report.seconds:.1f} s)")
-    err.print(f"failing rows: lake sql \"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success\"")
+    err.print(f"checked in {report.seconds:.1f} s; report: {report.docs_index}", soft_wrap=True)
+    err.print(f"trend: {config.quality_path / 'trend.html'}", soft_wrap=True)
+    query = f"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success"
+    err.print(f'failing rows: lake sql "{query}"', soft_wrap=True, highlight=False)
     if report.critical_failures():
         err.print("[red]critical expectations failed:[/]\n" + escape(report.describe_failures()))
         raise typer.Exit(1)

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import StorageError
 from metrics_lake.core.log.lease import FencedError
 from metrics_lake.core.log.log import AppendResult, PartitionWriter, SegmentLog
 from metrics_lake.core.storage import Store, open_store
@@ -101,7 +102,8 @@ class Producer:
 
     ``roll_bytes``: flush a partition buffer at this many bytes;
     ``linger_ms``: flush at the latest this long after the first record was
-    buffered; ``retries``: attempts per flush on ``OSError`` (each retry
+    buffered; ``retries``: attempts per flush on a retryable ``OSError``
+    (not a :class:`~metrics_lake.core.errors.StorageError` that says retrying cannot help; each retry
     re-sends the same sequence number); ``owned``: the partitions this
     producer writes (default all); ``lease_ttl_ms``/``lease_wait_s``: lease
     time-to-live, and how long to wait for a partition leased to another
@@ -150,6 +152,9 @@ class Producer:
         self._lock = threading.Lock()
         # One flush at a time per partition keeps sequence numbers in order.
         self._flush_locks = [threading.Lock() for _ in range(self.partitions)]
+        # Background flush failures per partition and when to try again (backoff, so a dead store is not hammered).
+        self._failures = [0] * self.partitions
+        self._retry_at = [0.0] * self.partitions
         self._closed = threading.Event()
         self._flusher = threading.Thread(target=self._flush_aged_loop, name="producer-linger", daemon=True)
         self._flusher.start()
@@ -298,6 +303,8 @@ class Producer:
                 )
                 break
             except (OSError, FencedError) as exc:
+                if isinstance(exc, StorageError) and not exc.retryable:
+                    raise  # access denied, bad credentials, a full disk: trying again cannot help
                 if isinstance(exc, FencedError):
                     log.warning("%s; taking the lease again", exc)
                     self._writers[partition] = None
@@ -322,6 +329,8 @@ class Producer:
                 list(pool.map(self._tick, self.owned))
 
     def _tick(self, partition: int) -> None:
+        if time.monotonic() < self._retry_at[partition]:
+            return
         buffer = self._buffers[partition]
         aged = buffer.tables and (time.monotonic() - buffer.first_at) * 1000 >= self.linger_ms
         try:
@@ -329,8 +338,12 @@ class Producer:
                 self._flush_partition(partition)
             else:
                 self._renew(partition)
-        except Exception as exc:  # kept pending; retried on the next tick
-            log.warning("flush of %s/%d failed, will retry: %s", self.topic, partition, exc)
+            self._failures[partition] = 0
+        except Exception as exc:  # kept pending; retried after a backoff (0.1 s doubling to 5 s)
+            self._failures[partition] += 1
+            delay = min(0.1 * 2 ** (self._failures[partition] - 1), 5.0)
+            self._retry_at[partition] = time.monotonic() + delay
+            log.warning("flush of %s/%d failed, retrying in %.1f s: %s", self.topic, partition, delay, exc)
 
     def _renew(self, partition: int) -> None:
         # Skip if a flush holds the lock: an append renews the lease itself when due.

@@ -64,3 +64,13 @@ print(len(bag.dags))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == str(len(EXPECTED))
     assert secret not in result.stdout + result.stderr
+
+
+def test_every_table_of_the_registry_is_an_asset(dagbag):
+    from metrics_lake.app.orchestration import TABLE_ASSETS
+    from metrics_lake.schemas import TABLES
+
+    assert set(TABLE_ASSETS) == set(TABLES)
+    assert {name: asset.uri for name, asset in TABLE_ASSETS.items()} == {n: s.asset_uri for n, s in TABLES.items()}
+    used = {asset.name for dag in dagbag.dags.values() for task in dag.tasks for asset in task.outlets}
+    assert used <= set(TABLES)  # DAGs publish only registry tables

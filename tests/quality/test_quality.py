@@ -220,6 +220,7 @@ def test_cli_prints_a_summary_and_exits_1_on_a_critical_failure(spark, settings,
     assert result.exit_code == 1, result.output
     assert "metric_windows_1m" in result.output and "CRITICAL" in result.output
     assert "critical expectations failed" in result.output and "dq_results WHERE run_id" in result.output
+    assert len(result.output.splitlines()) < 40  # no GX logging or progress bars around the summary
     unknown = CliRunner().invoke(app, ["quality", "--table", "bronze", "--date", DAY.isoformat()])
     assert unknown.exit_code == 2 and "--table bronze: no quality suite" in unknown.output
 

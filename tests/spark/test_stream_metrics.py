@@ -15,7 +15,7 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.tables import open_table
 from metrics_lake.spark.jobs.stream_metrics import QUANTILES, run_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
-from tests.lake.test_contract import INVALID as CONTRACT_CASES
+from tests.lake_schemas.test_contract import INVALID as CONTRACT_CASES
 
 pytestmark = pytest.mark.spark
 START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000  # a minute boundary

@@ -1,0 +1,94 @@
+"""Layers and the import namespace: the import contracts hold, nothing installed can collide, no folder shadows us."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.helpers import LAKE
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The design card's folders and what they install as (pyproject [tool.setuptools.package-dir]).
+FOLDERS = {
+    "lake_schemas": "metrics_lake/schemas",
+    "lake": "metrics_lake/core",
+    "agents": "metrics_lake/agents",
+    "spark": "metrics_lake/spark",
+    "infra": "metrics_lake/infra",
+    "quality": "metrics_lake/quality",
+    "app": "metrics_lake/app",
+}
+COLLIDING = ("agents", "spark", "quality", "infra", "lake", "lake_schemas", "app")
+
+
+def test_import_contracts_hold():
+    """Layers import only downward; the core never imports Spark, Airflow or GX ([tool.importlinter])."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "0 broken" in result.stdout
+
+
+def test_the_distribution_declares_one_top_level_name():
+    assert importlib.metadata.distribution("metrics-lake").read_text("top_level.txt").split() == ["metrics_lake"]
+
+
+def test_no_colliding_top_level_module_is_importable(tmp_path):
+    """From a directory outside the checkout, none of the folder names resolves, while the namespace does."""
+    script = (
+        "import importlib.util as u, metrics_lake.app.cli\n"
+        f"print([n for n in {COLLIDING!r} if u.find_spec(n) is not None])"
+    )
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_a_built_wheel_holds_every_module_under_metrics_lake_only(tmp_path):
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("metrics_lake-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"metrics_lake"}
+    expected = {
+        f"{target}/{path.relative_to(ROOT / folder).as_posix()}"
+        for folder, target in FOLDERS.items()
+        for path in (ROOT / folder).rglob("*.py")
+    }
+    assert expected <= names, sorted(expected - names)
+    assert {"metrics_lake/spark/log4j2.properties", "metrics_lake/schemas/stored_queries.toml"} <= names
+
+
+@pytest.mark.spark
+@pytest.mark.integration
+def test_stream_once_works_from_a_directory_with_folders_named_like_ours(tmp_path):
+    """Spark's Python workers put the working directory first on sys.path; a folder named spark/ must not matter."""
+    work = tmp_path / "work"
+    for name in COLLIDING:
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text(f"raise ImportError('imported {name}/ of the working directory')\n")
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "LAKE_ROOT": str(tmp_path / "lake"),
+        "LAKE_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+        "LAKE_SPARK_MASTER": "local[2]",
+        "LAKE_SHUFFLE_PARTITIONS": "2",
+    }
+    for args in (["produce", "--servers", "3", "--metrics", "2", "--seconds", "20"], ["stream", "--once"]):
+        result = subprocess.run([LAKE, *args], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    bronze = DeltaTable(str(tmp_path / "lake" / "tables" / "bronze_events")).to_pyarrow_table(columns=["offset"])
+    assert bronze.num_rows == 3 * 2 * 20
