@@ -1,9 +1,14 @@
-"""Import events from a JSON Lines file (optionally gzip-compressed).
+"""Import events from a JSON Lines file (optionally gzip-compressed), at the speed of Arrow's JSON reader.
 
 Each non-blank line is one event in the contract of
-:mod:`metrics_lake.schemas.contract`. Lines that break it are produced as rejects and
-land in ``quarantine_events`` with the raw line and a reason; nothing is
-skipped except blank lines, which are counted.
+:mod:`metrics_lake.schemas.contract`. Lines that break it are produced as
+rejects and land in ``quarantine_events`` with the raw line and a reason;
+nothing is skipped except blank lines, which are counted.
+
+The file is read in chunks of :data:`CHUNK_BYTES` (a chunk ends at its last
+newline; the rest starts the next chunk), each validated vectorised by
+:func:`metrics_lake.schemas.ndjson.records_from_lines` on a small thread pool
+(Arrow and numpy release the GIL), and produced in file order.
 """
 
 from __future__ import annotations
@@ -11,15 +16,22 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.schemas.contract import to_log_records
+from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
 
-__all__ = ["ImportStats", "check_importable", "import_jsonl"]
+__all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "import_jsonl"]
+
+#: Bytes read and validated at a time.
+CHUNK_BYTES = 32 << 20
+#: Chunks validated at once (each thread holds one).
+VALIDATION_THREADS = 2
 
 
 @dataclass
@@ -43,11 +55,30 @@ def check_importable(path: str | Path) -> None:
         raise InputError(f"--from-file {path}: permission denied (not readable by this user)")
 
 
+def _chunks(handle, chunk_bytes: int) -> Iterator[bytes]:
+    """Whole lines of ``handle`` in chunks of about ``chunk_bytes`` (a longer line is one chunk of its own)."""
+    rest = b""
+    while True:
+        block = handle.read(chunk_bytes)
+        if not block:
+            break
+        data = rest + block if rest else block
+        cut = data.rfind(b"\n") + 1
+        if cut == 0 and len(data) <= max(chunk_bytes, MAX_LINE_BYTES) * 4:
+            rest = data  # no newline yet: the line continues in the next block
+            continue
+        cut = cut or len(data)  # a single line longer than four chunks: validate what we have as one line
+        yield data[:cut]
+        rest = data[cut:]
+    if rest:
+        yield rest
+
+
 def import_jsonl(
     producer: Producer,
     path: str | Path,
     *,
-    chunk_lines: int = 50_000,
+    chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[ImportStats], None] | None = None,
 ) -> ImportStats:
     """Validate and produce every line of ``path``; returns :class:`ImportStats`.
@@ -63,35 +94,30 @@ def import_jsonl(
     opener = gzip.open if path.suffix == ".gz" else open
     stats = ImportStats()
 
-    def send(chunk: list[bytes]) -> None:
-        records = to_log_records(chunk)
-        rejected = records.num_rows - records.column("reason").null_count
-        producer.send(records)
-        stats.accepted += records.num_rows - rejected
-        stats.rejected += rejected
+    def send(result: LinesResult) -> None:
+        producer.send(result.records)
+        stats.lines += result.lines
+        stats.blank += result.blank
+        stats.rejected += result.rejected
+        stats.accepted += result.records.num_rows - result.rejected
         if progress:
             progress(stats)
 
-    chunk: list[bytes] = []
-    try:
-        with opener(path, "rb") as handle:
-            for line in handle:
-                stats.lines += 1
-                line = line.rstrip(b"\r\n")
-                if not line.strip():
-                    stats.blank += 1
-                    continue
-                chunk.append(line)
-                if len(chunk) >= chunk_lines:
-                    send(chunk)
-                    chunk = []
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        if chunk:
-            send(chunk)  # the whole lines read before the damage are good events
-        raise InputError(
-            f"{path}: the gzip stream is truncated or corrupt after line {stats.lines:,} ({exc}); "
-            f"the {stats.accepted + stats.rejected:,} events before it were produced"
-        ) from None
-    if chunk:
-        send(chunk)
+    pending: deque = deque()
+    with ThreadPoolExecutor(max_workers=VALIDATION_THREADS, thread_name_prefix="validate") as pool:
+        try:
+            with opener(path, "rb") as handle:
+                for chunk in _chunks(handle, chunk_bytes):
+                    pending.append(pool.submit(records_from_lines, chunk))
+                    while len(pending) > VALIDATION_THREADS:
+                        send(pending.popleft().result())
+        except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+            while pending:  # the whole lines read before the damage are good events
+                send(pending.popleft().result())
+            raise InputError(
+                f"{path}: the gzip stream is truncated or corrupt after line {stats.lines:,} ({exc}); "
+                f"the {stats.accepted + stats.rejected:,} events before it were produced"
+            ) from None
+        while pending:
+            send(pending.popleft().result())
     return stats

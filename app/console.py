@@ -16,7 +16,7 @@ import os
 from rich.console import Console
 from rich.logging import RichHandler
 
-__all__ = ["configure_output", "err", "out"]
+__all__ = ["configure_output", "err", "out", "print_batch"]
 
 #: Progress, summaries and errors (stderr).
 err = Console(stderr=True)
@@ -46,3 +46,18 @@ def configure_output(*, verbose: bool = False) -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")
         # GX warns about its own usage statistics and analytics on every context; it sends nothing here.
         os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+
+def print_batch(outcome) -> None:
+    """One line per committed speed-layer micro-batch (a :class:`~metrics_lake.core.speed_layer.BatchOutcome`)."""
+    import time
+
+    rate = outcome.records / outcome.seconds if outcome.seconds else 0.0
+    late = f", {outcome.late_events:,} later than the watermark" if outcome.late_events else ""
+    err.print(
+        f"[dim]{time.strftime('%H:%M:%S')}[/] batch: {outcome.records:,} records in {outcome.seconds:.1f} s "
+        f"({rate:,.0f}/s) -> {outcome.rows['bronze_events']:,} bronze, {outcome.rows['quarantine_events']:,} "
+        f"quarantined, {outcome.windows_written:,} windows{late}",
+        highlight=False,
+        soft_wrap=True,
+    )

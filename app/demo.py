@@ -45,9 +45,9 @@ def _sql_literal(text: str) -> str:
 
 def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int, console: Console) -> None:
     """Run the demo; see the module docstring. Prints progress to ``console``."""
-    from metrics_lake.spark.jobs.progress import BatchProgressPrinter
+    from metrics_lake.app.console import print_batch
     from metrics_lake.spark.jobs.sql_query import run_sql
-    from metrics_lake.spark.jobs.stream_metrics import start_queries
+    from metrics_lake.spark.jobs.stream_metrics import start_stream
     from metrics_lake.spark.session import build_session
 
     wall_start = time.monotonic()
@@ -89,8 +89,7 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
 
     console.print("starting Spark (local) and the speed layer ...")
     spark = build_session(settings, "lake-demo")
-    spark.streams.addListener(BatchProgressPrinter(console))
-    handles = start_queries(spark, settings, trigger_seconds=settings.trigger_seconds)
+    query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=print_batch)
     try:
         with Progress(
             TextColumn("[progress.description]{task.description}"),
@@ -112,12 +111,10 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
             f"agents done: {producer.stats.records:,} events in {producer.stats.segments} segments; "
             "draining the log ..."
         )
-        for query in handles.all():
-            query.processAllAvailable()
+        query.processAllAvailable()
     finally:
         stop.set()
-        for query in handles.all():
-            query.stop()
+        query.stop()
 
     console.rule("[bold]tables")
     summary = Table("table", "version", "files", "rows")

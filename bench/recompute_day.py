@@ -1,17 +1,20 @@
-"""Benchmark: the nightly recompute of one simulated day, against a pyarrow peer.
+"""Benchmark: the nightly recompute of one simulated day, against DuckDB on the same bronze files.
 
 Builds a lake whose ``bronze_events`` holds one UTC day of simulator events
 (``--servers`` x ``--metrics`` series at ``--rate`` samples/s for 86,400 s;
 the demo's fleet is 20 x 8 at 1/s = 13.8 M events), written in hourly chunks
-straight into bronze with the sink's own functions (not timed), then times:
+straight into bronze (not timed), then times, in this process:
 
-- **recompute**: ``lake recompute`` of that day (Spark: read the day, 1-minute
-  windows with count/sum/min/max and KLL sketches, files written by
-  executors, one Delta commit, reconciliation);
-- **peer**: pyarrow reading the same bronze files and grouping by (metric,
-  server, minute) with count/sum/min/max only (no sketches), in this process.
+- **recompute**: the batch layer's recompute of that day (Spark local[2]:
+  tasks read the day's files and compute window states, a shuffle by series,
+  merged and finalized windows written by the tasks, one Delta commit, the
+  reconciliation), Spark's session start excluded;
+- **DuckDB** (``threads=2``): the same bronze Parquet files grouped by
+  (metric, server, minute) with count/sum/min/max/avg and ``approx_quantile``
+  p50/p95/p99, written to Parquet.
 
-Prints events/s for both and the ratio. Run:
+Prints events/s for both, the ratio, and the peak RSS of this process
+(driver) and of Spark's Python workers. Run:
 ``python bench/recompute_day.py [--servers 20 --metrics 8 --rate 1]``.
 """
 
@@ -19,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import resource
 import tempfile
 import time
 from pathlib import Path
 
+import duckdb
+import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import load_settings
@@ -74,20 +79,40 @@ def fill_bronze(settings, servers: int, metrics: int, rate: float) -> int:
     return total
 
 
-def peer(settings) -> float:
-    """Seconds for pyarrow to read the day's bronze files and aggregate count/sum/min/max per window."""
-    started = time.monotonic()
+def duckdb_peer(settings, out: Path) -> float:
+    """Seconds for DuckDB (2 threads) to compute the same windows from the day's bronze files."""
     table = open_table(open_store(settings), "bronze_events")
     paths = [
         f"{settings.root}/tables/bronze_events/{p}"
         for p in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     ]
-    data = pq.read_table(paths, columns=["ts", "server", "metric", "value"])
-    minute = pc.floor_temporal(data.column("ts"), unit="minute")
-    data.append_column("minute", minute).group_by(["metric", "server", "minute"]).aggregate(
-        [("value", "count"), ("value", "sum"), ("value", "min"), ("value", "max")]
+    started = time.monotonic()
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+    listing = ", ".join(f"'{p}'" for p in paths)
+    con.execute(
+        f"""COPY (
+              SELECT metric, server, time_bucket(INTERVAL 1 minute, ts) AS window_start,
+                     count(*) AS count, sum(value) AS sum, min(value) AS min, max(value) AS max, avg(value) AS avg,
+                     approx_quantile(value, 0.5) AS p50, approx_quantile(value, 0.95) AS p95,
+                     approx_quantile(value, 0.99) AS p99
+              FROM read_parquet([{listing}]) GROUP BY ALL)
+            TO '{out}' (FORMAT parquet, COMPRESSION zstd)"""
     )
     return time.monotonic() - started
+
+
+def children_rss() -> dict[str, int]:
+    """Summed RSS of this process's children by kind: the driver JVM (``java``) and Spark's Python workers."""
+    totals = {"java": 0, "python": 0}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            kind = "java" if "java" in child.name() else "python" if "python" in child.name() else None
+            if kind:
+                totals[kind] += child.memory_info().rss
+        except psutil.Error:
+            pass
+    return totals
 
 
 def main() -> None:
@@ -104,10 +129,16 @@ def main() -> None:
     print(f"bronze: {events:,} events for {DAY} written in {time.monotonic() - started:.0f} s (not timed)")
     spark = build_session(settings, "bench-recompute")
     (result,) = recompute(spark, settings, [DAY])
-    print(f"recompute   {result.seconds:7.1f} s  {events / result.seconds:>10,.0f} ev/s  ({result.windows:,} windows)")
-    seconds = peer(settings)
-    print(f"peer        {seconds:7.1f} s  {events / seconds:>10,.0f} ev/s  (pyarrow group-by, no sketches)")
-    print(f"recompute / peer: {seconds / result.seconds:.2f}")
+    rss = children_rss()
+    seconds = duckdb_peer(settings, work / "duckdb-windows.parquet")
+    print(f"recompute  {result.seconds:7.1f} s  {events / result.seconds:>12,.0f} ev/s  ({result.windows:,} windows)")
+    print(f"DuckDB     {seconds:7.1f} s  {events / seconds:>12,.0f} ev/s  (2 threads, approx_quantile)")
+    print(f"recompute / DuckDB: {seconds / result.seconds:.2f}")
+    print(
+        f"memory after the recompute: driver JVM {rss['java'] / 2**20:,.0f} MiB, Spark's Python workers "
+        f"{rss['python'] / 2**20:,.0f} MiB; this Python process peaked at "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB (it also ran DuckDB)"
+    )
     spark.stop()
 
 

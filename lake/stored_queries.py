@@ -1,4 +1,6 @@
-"""Stored queries: the grammar and its parser; the declarations ship in ``lake_schemas/stored_queries.toml``.
+"""Stored queries: the grammar, its parser, and their evaluation over 1-minute window states (Arrow).
+
+The declarations ship in ``lake_schemas/stored_queries.toml``.
 
 The query language is the APM one::
 
@@ -15,22 +17,36 @@ The query language is the APM one::
 - ``<aggregate>``: ``count``, ``sum``, ``min``, ``max``, ``avg`` or
   ``percentile(p)`` with 0 < p < 100 (percent), e.g. ``percentile(99.9)``;
 - by default one fleet-wide row per window and aggregate (the servers'
-  KLL sketches merged, so a fleet p99 is the p99 of every matching event,
-  as with Datadog's distributions); ``PER SERVER`` gives a row per server.
+  sketches merged, so a fleet p99 is the p99 of every matching event within
+  the sketch's relative error, as with Datadog's distributions);
+  ``PER SERVER`` gives a row per server.
 
 Keywords are case-insensitive. :func:`load_stored_queries` raises
 :class:`StoredQueryError` naming the query and what is wrong with it.
+
+Evaluation (:func:`query_states`, then :func:`query_rows` after merging) is
+engine-independent: a query window holds exactly the 1-minute windows that
+start inside it, so its state is the merge of theirs, and count, sum, min
+and max are exact.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.core import sketch
 from metrics_lake.core.errors import InputError
+from metrics_lake.core.windows import WINDOW_STATE
+from metrics_lake.schemas import QUERY_RESULTS, UTC_US
 from metrics_lake.schemas.contract import METRIC_NAME
 
 #: The declarations shipped with the lake (package data of ``metrics_lake.schemas``).
@@ -167,3 +183,118 @@ def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
     if duplicates:
         raise StoredQueryError(f"{path}: stored query names used twice: {duplicates}")
     return queries
+
+
+def server_pattern(servers: tuple[str, ...]) -> str | None:
+    """A regular expression (RE2 and Java compatible) matching any of ``servers`` (names or globs); None for all."""
+    if "*" in servers:
+        return None
+    alternatives = ["".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in s) for s in servers]
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Table:
+    """Window states of ``query``'s windows ending in ``day`` (UTC), from 1-minute window rows.
+
+    ``windows`` has the :data:`~metrics_lake.core.windows.WINDOW_STATE`
+    columns of ``metric_windows_1m`` rows covering days ``day - 1`` and
+    ``day``. Each minute goes to every query window that contains it (one
+    for tumbling, ``WINDOW / EVERY`` for hopping); the result is keyed by
+    ``metric`` = the query's *name*, ``server`` (null for a fleet-wide
+    query) and the query window's start, ready for
+    :func:`~metrics_lake.core.windows.merge_states` and :func:`query_rows`.
+    """
+    start = dt.datetime.combine(day, dt.time(), dt.UTC)
+    end_us = int((start + dt.timedelta(days=1)).timestamp() * 1_000_000)
+    start_us = int(start.timestamp() * 1_000_000)
+    duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
+    minute = pc.cast(windows.column("window_start"), pa.int64())
+    keep = pc.and_(
+        pc.equal(windows.column("metric"), query.metric),
+        pc.and_(pc.greater_equal(minute, start_us - duration_us), pc.less(minute, end_us)),
+    )
+    pattern = server_pattern(query.servers)
+    if pattern is not None:
+        keep = pc.and_(keep, pc.match_substring_regex(windows.column("server"), pattern))
+    rows = windows.filter(keep)
+    minutes = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+    first = minutes - np.mod(minutes, slide_us)  # latest window start at or before the minute
+    hops = -(-query.duration_s // query.slide_s)
+    pieces = []
+    for k in range(hops):
+        window_start = first - k * slide_us
+        window_end = window_start + duration_us
+        inside = (window_end > minutes) & (window_end > start_us) & (window_end <= end_us)
+        if not inside.any():
+            continue
+        chosen = rows.filter(pa.array(inside))
+        pieces.append(
+            pa.table(
+                {
+                    "metric": pa.array([query.name] * chosen.num_rows, pa.string()),
+                    "server": chosen.column("server") if query.per_server else pa.nulls(chosen.num_rows, pa.string()),
+                    "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
+                    **{name: chosen.column(name) for name in ("count", "sum", "min", "max", "sketch")},
+                }
+            )
+        )
+    if not pieces:
+        return WINDOW_STATE.empty_table()
+    return pa.concat_tables(pieces).cast(WINDOW_STATE)
+
+
+def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date, computed_at: dt.datetime) -> pa.Table:
+    """``query_results`` rows (long format) from merged states of :func:`query_states` for ``day``."""
+    by_name = {q.name: q for q in queries}
+    row, keys, counts = sketch.explode(states.column("sketch"))
+    row, keys, counts = sketch.merge_buckets(row, keys, counts)
+    names = states.column("metric")
+    percentiles = sorted({a.quantile for q in queries for a in q.aggregates if a.quantile is not None})
+    estimates = sketch.quantiles(
+        states.num_rows,
+        row,
+        keys,
+        counts,
+        percentiles,
+        low=states.column("min").to_numpy(zero_copy_only=False),
+        high=states.column("max").to_numpy(zero_copy_only=False),
+    )
+    column = {q: i for i, q in enumerate(percentiles)}
+    simple = {
+        "count": states.column("count").cast(pa.float64()).to_numpy(zero_copy_only=False),
+        "sum": states.column("sum").to_numpy(zero_copy_only=False),
+        "min": states.column("min").to_numpy(zero_copy_only=False),
+        "max": states.column("max").to_numpy(zero_copy_only=False),
+    }
+    simple["avg"] = simple["sum"] / simple["count"]
+    pieces = []
+    for name in pc.unique(names).to_pylist():
+        query = by_name[name]
+        mask = pc.equal(names, name).to_numpy(zero_copy_only=False)
+        chosen = states.filter(pa.array(mask))
+        start = chosen.column("window_start")
+        for aggregate in query.aggregates:
+            values = (
+                estimates[mask, column[aggregate.quantile]]
+                if aggregate.kind == "percentile"
+                else simple[aggregate.kind][mask]
+            )
+            n = chosen.num_rows
+            pieces.append(
+                pa.table(
+                    {
+                        "query": pa.array([name] * n, pa.string()),
+                        "metric": pa.array([query.metric] * n, pa.string()),
+                        "server": chosen.column("server"),
+                        "window_start": start,
+                        "window_end": pc.add(start, pa.scalar(dt.timedelta(seconds=query.duration_s))),
+                        "aggregate": pa.array([aggregate.label] * n, pa.string()),
+                        "value": pa.array(values, pa.float64()),
+                        "computed_at": pa.array([computed_at] * n, UTC_US),
+                        "event_date": pa.array([day] * n, pa.date32()),
+                    }
+                )
+            )
+    if not pieces:
+        return QUERY_RESULTS.empty_table()
+    return pa.concat_tables(pieces).select(QUERY_RESULTS.names).cast(QUERY_RESULTS)

@@ -21,6 +21,7 @@ instead of replaying every JSON commit.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -31,7 +32,8 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables import open_table, retry_on_conflict
+from metrics_lake.core.tables import maintenance_lease, open_table, retry_on_conflict
+from metrics_lake.schemas import TABLES
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +95,36 @@ def compact_table(
     target_bytes: int = DEFAULT_TARGET_BYTES,
     z_order: bool = False,
     progress: Callable[[str], None] | None = None,
+    skip_from: dt.date | None = None,
 ) -> TableCompaction:
     """Compact table ``name`` partition by partition, then checkpoint it (module docstring).
 
-    ``progress`` gets a line per partition rewritten. Raises ``deltalake.exceptions.TableNotFoundError``
+    Holds the table's maintenance lease throughout
+    (:func:`~metrics_lake.core.tables.maintenance_lease`). ``skip_from``
+    leaves day partitions from that day on alone: days a writer may still
+    rewrite (the speed layer's open windows). ``progress`` gets a line per
+    partition rewritten. Raises ``deltalake.exceptions.TableNotFoundError``
     if the table does not exist, ``CommitFailedError`` if a partition keeps
     conflicting after every retry.
     """
     started = time.monotonic()
+    with maintenance_lease(store, name) as renew:
+        return _compact(store, name, target_bytes, z_order, progress, skip_from, renew, started)
+
+
+def _compact(store, name, target_bytes, z_order, progress, skip_from, renew, started) -> TableCompaction:
     table = open_table(store, name)
     before = file_counts(table)
     z_columns = [c for c in Z_ORDER_COLUMNS if c in table.schema().to_arrow().names] if z_order else []
+    day_column = TABLES[name].day_column if name in TABLES else None
     rewritten = 0
     for key, (files, size) in sorted(before.items(), key=lambda item: str(item[0])):
         if files < 2 and not (z_columns and files == 1 and size > 0):
             continue
+        day = dict(key).get(day_column)
+        if skip_from is not None and day is not None and dt.date.fromisoformat(day) >= skip_from:
+            continue
+        renew()
         filters = [(column, "=", value) for column, value in key] or None
 
         def optimize(filters=filters) -> dict:

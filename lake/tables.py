@@ -1,32 +1,38 @@
 """Delta tables of the lake, through delta-rs (``deltalake``).
 
 Every table lives at ``<LAKE_ROOT>/tables/<name>`` with the schema and
-partition columns declared in :mod:`metrics_lake.schemas`. The exactly-once commit
-path is here:
+partition columns declared in the registry :data:`metrics_lake.schemas.TABLES`.
+The exactly-once commit path is here, in two forms:
 
-- :func:`commit_files` commits data files written elsewhere (by Spark
-  executors) as one Delta version carrying the transaction action
-  ``txn(appId, version=batchId)``;
-- :func:`merge_rows` upserts rows by key in one Delta version with the same
-  kind of transaction action.
-
-Both first read ``transaction_version(appId)`` and do nothing when it is
-already ``>= batchId``: exactly how Delta-Spark's streaming sink skips a
-micro-batch it has committed before (DeltaSink.addBatch, Delta PROTOCOL.md
-"Transaction Identifiers"). The check and the commit are not one atomic step,
-which is safe because one streaming query (one appId) commits its batches
-sequentially.
+- **Log positions** (the speed layer): a table records, for every log
+  partition it has consumed, the next offset it holds, as the Delta
+  transaction action ``txn(appId="<consumer>/<topic>/<partition>",
+  version=<next offset>)`` (:func:`offset_transactions`,
+  :func:`committed_offsets`). Data files and the new positions are committed
+  in one Delta version (:func:`commit_changes`), so a table never holds a
+  row without also holding its position, whatever the process or its
+  checkpoint went through. delta-rs fails a commit whose ``txn`` appIds a
+  concurrent commit changed, and one that removes a file a concurrent commit
+  removed (both verified with delta-rs 1.6), so two writers cannot both
+  commit the same positions.
+- **Batch ids** (replay): :func:`commit_files` commits files with
+  ``txn(appId, version=batchId)`` and skips a batch id already recorded, as
+  Delta-Spark's streaming sink does (``DeltaSink.addBatch``; Delta
+  PROTOCOL.md "Transaction Identifiers").
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import math
+import os
+import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -35,8 +41,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
+from metrics_lake.core.log.lease import acquire_lease_at, release_lease, renew_lease
+from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.schemas import TABLES, table_spec
 
@@ -66,6 +74,48 @@ def retry_on_conflict(commit: Callable[[], T], what: str, attempts: int = COMMIT
             log.info("%s: concurrent commit won (%s); retrying (%d/%d)", what, exc, attempt, attempts - 1)
             time.sleep(min(0.1 * attempt, 2.0))
     raise AssertionError("unreachable")
+
+
+#: How long a maintenance lease lasts without renewal (a holder that dies frees the table after this).
+MAINTENANCE_LEASE_TTL_MS = 15 * 60 * 1000
+
+
+@contextlib.contextmanager
+def maintenance_lease(store: Store, name: str, *, wait_s: float = 900.0) -> Iterator[Callable[[], None]]:
+    """Hold table ``name``'s maintenance lease for the block; yields a function that renews it.
+
+    Compaction and day replacements rewrite a table's files. delta-rs 1.6
+    does not fail a commit that removes a file a concurrent OPTIMIZE
+    (``dataChange=false``) already removed, which would leave both
+    rewrites' files active: duplicated rows (Delta-Spark raises
+    ``ConcurrentDeleteDeleteException`` there; verified here with delta-rs
+    1.6.6). So those writers take this lease (``tables/_leases/<name>.json``,
+    compare-and-swap like the log's partition leases) and never interleave;
+    the speed layer instead never rewrites what compaction may touch (see
+    :func:`metrics_lake.core.speed_layer.first_open_day`). Waits up to
+    ``wait_s`` for another holder, then raises
+    :class:`~metrics_lake.core.log.lease.LeaseHeldError`.
+    """
+    owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    key = f"tables/_leases/{name}.json"
+    lease = acquire_lease_at(
+        store,
+        key,
+        f"table {name}",
+        owner,
+        ttl_ms=MAINTENANCE_LEASE_TTL_MS,
+        wait_s=wait_s,
+        hint="Another compaction or day rewrite of this table is running; wait for it or for its lease to expire.",
+    )
+    held = [lease]
+
+    def renew() -> None:
+        held[0] = renew_lease(store, held[0], MAINTENANCE_LEASE_TTL_MS)
+
+    try:
+        yield renew
+    finally:
+        release_lease(store, held[0])
 
 
 def table_uri(store: Store, name: str) -> str:
@@ -167,41 +217,59 @@ def commit_files(store: Store, name: str, actions: list[AddAction], *, app_id: s
     return retry_on_conflict(commit, f"{name} batch {batch_id}")
 
 
-def merge_rows(store: Store, name: str, rows: pa.Table, *, app_id: str, batch_id: int) -> bool:
-    """Upsert ``rows`` into declared table ``name`` by its registry key for one micro-batch.
+def offset_app_id(consumer: str, topic: str, partition: int) -> str:
+    """The ``txn`` appId under which a table records ``consumer``'s position in one log partition."""
+    return f"{consumer}/{topic}/{partition}"
 
-    Matching rows are replaced whole, new keys inserted. Returns False,
-    changing nothing, if ``app_id`` already committed ``batch_id``. A merge
-    that loses to a concurrent commit (compaction rewrote a file it
-    rewrites) is re-planned on the new snapshot (:func:`retry_on_conflict`).
+
+def committed_offsets(table: DeltaTable, consumer: str, topic: str, partitions) -> dict[int, int | None]:
+    """Per log partition, the next offset ``table`` holds for ``consumer`` (``None``: nothing recorded yet)."""
+    return {p: table.transaction_version(offset_app_id(consumer, topic, p)) for p in partitions}
+
+
+def offset_transactions(consumer: str, topic: str, ends: dict[int, int]) -> list[Transaction]:
+    """``txn`` actions recording that a table now holds ``consumer``'s records up to ``ends`` (next offsets)."""
+    now = int(time.time() * 1000)
+    return [Transaction(offset_app_id(consumer, topic, p), end, now) for p, end in sorted(ends.items())]
+
+
+def remove_action(data_file) -> RemoveAction:
+    """The Delta ``remove`` action for an active :class:`~metrics_lake.core.snapshots.DataFile`."""
+    return RemoveAction(
+        path=data_file.relative,
+        data_change=True,
+        deletion_timestamp=int(time.time() * 1000),
+        size=data_file.size,
+        partition_values=dict(data_file.partition_values),
+    )
+
+
+def commit_changes(
+    table: DeltaTable,
+    name: str,
+    adds: list[WrittenFile],
+    removes: list[RemoveAction],
+    *,
+    transactions: list[Transaction],
+    operation: str,
+) -> None:
+    """Commit ``adds`` and ``removes`` with ``transactions`` as one Delta version on ``table``'s snapshot.
+
+    Committing on the snapshot the caller planned from is what makes
+    delta-rs detect a concurrent writer (module docstring); it raises
+    ``CommitFailedError`` then and nothing is committed, so the caller
+    re-plans on a fresh snapshot.
     """
     spec = table_spec(name)
-    rows = rows.select(spec.schema.names).cast(spec.schema)
-    predicate = " AND ".join(f"t.`{column}` = s.`{column}`" for column in spec.key)
-    # Literal partition filter so delta-rs prunes files of untouched days.
-    for column in spec.partition_by:
-        values = ", ".join(f"'{value}'" for value in pc.unique(rows.column(column)).to_pylist())
-        predicate += f" AND t.`{column}` IN ({values})"
-
-    def merge() -> bool:
-        table = ensure_table(store, name)
-        if committed_batch(table, app_id) >= batch_id:
-            return False
-        (
-            table.merge(
-                rows,
-                predicate,
-                source_alias="s",
-                target_alias="t",
-                commit_properties=batch_commit_properties(app_id, batch_id, "STREAMING MERGE"),
-            )
-            .when_matched_update_all()
-            .when_not_matched_insert_all()
-            .execute()
-        )
-        return True
-
-    return retry_on_conflict(merge, f"{name} merge of batch {batch_id}")
+    table.create_write_transaction(
+        [f.add_action() for f in adds] + removes,
+        mode="append",
+        schema=spec.schema,
+        partition_by=list(spec.partition_by),
+        commit_properties=CommitProperties(
+            app_transactions=transactions, custom_metadata={"lake.operation": operation}
+        ),
+    )
 
 
 def _stat_value(value):
@@ -305,7 +373,7 @@ def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFil
         body = part.drop_columns(partition_by)
         key = f"tables/{name}/{relative}"
         sink = pa.BufferOutputStream()
-        pq.write_table(body, sink, compression="zstd")
+        pq.write_table(body, sink, **write_options(body.schema))
         encoded = sink.getvalue()
         store.create(key, encoded)
         written.append(

@@ -66,9 +66,11 @@ QUARANTINE_EVENTS = pa.schema(
 )
 
 #: ``tables/metric_windows_1m``: one row per (metric, server, window_start) of
-#: a 1-minute event-time tumbling window. ``sketch`` is a serialized Apache
-#: DataSketches KLL doubles sketch (Spark's ``kll_sketch_agg_double``, k=200),
-#: mergeable across windows and servers; p50/p95/p99 are read from it.
+#: a 1-minute event-time tumbling window. ``sketch`` is the window's values as
+#: a log-bucketed histogram (``metrics_lake.core.sketch``: the OpenTelemetry
+#: exponential-histogram layout at scale 6, packed (key int32, count int64)
+#: pairs), mergeable across windows and servers by adding bucket counts;
+#: p50/p95/p99 are read from it within 0.54 % relative error, clamped to [min, max].
 METRIC_WINDOWS_1M = pa.schema(
     [
         pa.field("metric", pa.string()),
@@ -92,8 +94,8 @@ METRIC_WINDOWS_1M = pa.schema(
 #: ``tables/metric_rollup_1h`` and ``tables/metric_rollup_1d``: the same
 #: columns as the 1-minute windows, one row per (metric, server, hour or UTC
 #: day), built from the finer table by summing count and sum, taking min and
-#: max, and merging the KLL sketches (``kll_merge_agg_double``), so p50/p95/p99
-#: are those of all the period's events within the sketch's rank error
+#: max, and merging the sketches (adding bucket counts), so p50/p95/p99
+#: are those of all the period's events within the sketch's relative error
 #: (the downsampling of Thanos and Mimir, with mergeable percentiles).
 METRIC_ROLLUP_1H = METRIC_WINDOWS_1M
 METRIC_ROLLUP_1D = METRIC_WINDOWS_1M
@@ -228,7 +230,7 @@ TABLES: dict[str, TableSpec] = {
             METRIC_WINDOWS_1M,
             ("event_date",),
             _WINDOW_KEY,
-            "1-minute tumbling windows per (metric, server) with a KLL sketch",
+            "1-minute tumbling windows per (metric, server) with a mergeable quantile sketch",
             retention_setting="retention_windows_days",
             window_seconds=60,
             quality_suite=True,

@@ -10,19 +10,23 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.spark import jvm_archive
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
-def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
+def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, extra_java_options: str = ""):
     """Create (or reuse) a SparkSession for ``settings`` and register the lake data sources.
 
-    Registered formats: ``lakelog`` (streaming reader over the segment log),
-    ``lakedelta`` (batch reader over a Delta snapshot) and
-    ``lakebronze`` (streaming Delta sink for bronze and quarantine).
+    Registered formats: ``lakelog`` (the speed layer's streaming source over
+    the segment log) and ``lakedelta`` (batch reader over a Delta snapshot).
+    The driver JVM maps this environment's class-data sharing archive when
+    there is one (:mod:`metrics_lake.spark.jvm_archive`); ``extra_java_options``
+    are added to the driver's.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -33,7 +37,6 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
     from pyspark.sql import SparkSession
 
     from metrics_lake.spark.readers.delta_reader import DeltaSnapshotDataSource
-    from metrics_lake.spark.sinks.delta_sink import BronzeDeltaDataSource
     from metrics_lake.spark.sources.log_source import LogDataSource
 
     spark = (
@@ -41,14 +44,46 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake"):
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}")
+        .config(
+            "spark.driver.extraJavaOptions",
+            " ".join(
+                option
+                for option in (
+                    f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}",
+                    extra_java_options or jvm_archive.java_options(),
+                )
+                if option
+            ),
+        )
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.driver.memory", "2g")
+        # Python workers fork from a daemon that has imported pyarrow and the lake already (spark/worker_daemon.py).
+        .config("spark.python.daemon.module", "metrics_lake.spark.worker_daemon")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    for source in (LogDataSource, DeltaSnapshotDataSource, BronzeDeltaDataSource):
+    for source in (LogDataSource, DeltaSnapshotDataSource):
         spark.dataSource.register(source)
+    threading.Thread(target=_warm_up_python_workers, args=(spark,), name="python-worker-warm-up", daemon=True).start()
     return spark
+
+
+def _warm_up_python_workers(spark) -> None:
+    """Start the Python worker daemon and one worker per core now, in the background.
+
+    Spark starts them lazily, on the critical path of the first job (or of
+    planning a Python data source): about 2 s measured here. Running a tiny
+    job while the caller sets up its query moves that off the path. Failure
+    is harmless (the first real job starts them as usual).
+    """
+
+    def touch(batches):
+        yield from batches
+
+    try:
+        cores = spark.sparkContext.defaultParallelism
+        spark.range(0, cores, 1, numPartitions=cores).mapInArrow(touch, "id long").collect()
+    except Exception as exc:  # noqa: BLE001 - an optimisation only
+        logging.getLogger(__name__).debug("python worker warm-up failed: %s", exc)

@@ -38,7 +38,7 @@ def recompute(date: DateOption = None, from_day: FromOption = None, to_day: ToOp
 
 
 def rollup(date: DateOption = None, from_day: FromOption = None, to_day: ToOption = None) -> None:
-    """Downsample days of 1-minute windows into metric_rollup_1h and metric_rollup_1d (merged KLL sketches)."""
+    """Downsample days of 1-minute windows into metric_rollup_1h and metric_rollup_1d (merged sketches)."""
     from metrics_lake.spark.jobs.rollups import ROLLUPS
     from metrics_lake.spark.jobs.rollups import rollup as run_rollup
     from metrics_lake.spark.session import build_session

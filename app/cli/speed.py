@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from metrics_lake.app.cli.options import partition_list, settings, stop_on_signals, time_ms
-from metrics_lake.app.console import err, out
+from metrics_lake.app.console import err, out, print_batch
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import open_store
@@ -24,7 +24,6 @@ def stream(
     ] = None,
 ) -> None:
     """Run the speed layer: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once."""
-    from metrics_lake.spark.jobs.progress import BatchProgressPrinter
     from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
     from metrics_lake.spark.session import build_session
 
@@ -32,11 +31,10 @@ def stream(
     prepare_lake(config)
     spark = build_session(config, "lake-stream")
     try:
-        spark.streams.addListener(BatchProgressPrinter(err))
         stop = None if once else stop_on_signals()
         mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
-        err.print(f"speed layer for topic {config.topic!r} ({mode}); checkpoints in {config.checkpoint_path}")
-        run_stream(spark, config, once=once, stop=stop)
+        err.print(f"speed layer for topic {config.topic!r} ({mode})", highlight=False)
+        run_stream(spark, config, once=once, stop=stop, progress=print_batch)
         if stop is not None and stop.is_set():
             err.print("stopped on signal, between micro-batches")
     finally:
@@ -99,7 +97,7 @@ def consumers(
 
     report = lag_report(SegmentLog(open_store(settings())), group)
     if not report:
-        err.print("no consumer group has committed offsets yet (`lake stream` commits speed-bronze and speed-windows)")
+        err.print("no consumer group has committed offsets yet (`lake stream` commits the group speed-layer)")
         return
     view = Table("group", "topic", "partition", "committed", "log start", "log end", "lag")
     for row in report:

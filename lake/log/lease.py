@@ -53,15 +53,19 @@ def _now_ms() -> int:
 class Lease:
     """A lease as read or written; ``version`` is the object version it was read or written at.
 
+    ``key`` is the lease object's key and ``name`` what it guards (for
+    messages); ``topic``/``partition`` are set for a log partition's lease.
     Times are epoch milliseconds (UTC wall clock of the writer).
     """
 
-    topic: str
-    partition: int
+    key: str
+    name: str
     owner: str
     epoch: int
     expires_at_ms: int
     version: str
+    topic: str | None = None
+    partition: int | None = None
 
     def remaining_ms(self, now_ms: int | None = None) -> int:
         """Milliseconds until expiry (negative once expired)."""
@@ -72,60 +76,89 @@ class Lease:
         return f"{self.owner} (epoch {self.epoch}), expires in {self.remaining_ms() / 1000:.1f} s"
 
 
-def read_lease(store: Store, topic: str, partition: int) -> Lease | None:
-    """The partition's current lease, or ``None`` if it never had one."""
+def read_lease_at(store: Store, key: str, name: str, **where) -> Lease | None:
+    """The lease stored at ``key``, or ``None`` if there never was one."""
     try:
-        data, version = store.read_versioned(lease_key(topic, partition))
+        data, version = store.read_versioned(key)
     except FileNotFoundError:
         return None
     doc = json.loads(data)
-    return Lease(topic, partition, doc["owner"], int(doc["epoch"]), int(doc["expires_at_ms"]), version)
+    return Lease(key, name, doc["owner"], int(doc["epoch"]), int(doc["expires_at_ms"]), version, **where)
 
 
-def _write(store: Store, topic: str, partition: int, owner: str, epoch: int, ttl_ms: int, version: str | None) -> Lease:
+def read_lease(store: Store, topic: str, partition: int) -> Lease | None:
+    """The partition's current lease, or ``None`` if it never had one."""
+    return read_lease_at(store, lease_key(topic, partition), f"{topic}/{partition}", topic=topic, partition=partition)
+
+
+def _write(store: Store, base: Lease, owner: str, epoch: int, ttl_ms: int, version: str | None) -> Lease:
     now = _now_ms()
     expires = now + ttl_ms if ttl_ms > 0 else 0
     # renewed_at_ms changes on every write, so the content version (MD5) never repeats.
     doc = {"owner": owner, "epoch": epoch, "expires_at_ms": expires, "renewed_at_ms": now}
-    new_version = store.replace_if(lease_key(topic, partition), json.dumps(doc).encode(), version)
-    return Lease(topic, partition, owner, epoch, expires, new_version)
+    new_version = store.replace_if(base.key, json.dumps(doc).encode(), version)
+    return Lease(base.key, base.name, owner, epoch, expires, new_version, base.topic, base.partition)
 
 
-def try_acquire_lease(store: Store, topic: str, partition: int, owner: str, ttl_ms: int) -> Lease | None:
-    """Take the partition's lease for ``owner`` for ``ttl_ms`` if it is free; ``None`` if another holds it.
+def try_acquire_lease_at(store: Store, key: str, name: str, owner: str, ttl_ms: int, **where) -> Lease | None:
+    """Take the lease at ``key`` for ``owner`` for ``ttl_ms`` if it is free; ``None`` if another holds it.
 
     Free means: never leased, expired, released, or already ``owner``'s.
     Taking a lease from anyone (including an expired one of ``owner``'s
     own) bumps the epoch, which fences every earlier holder.
     """
+    template = Lease(key, name, owner, 0, 0, "", **where)
     while True:
-        current = read_lease(store, topic, partition)
+        current = read_lease_at(store, key, name, **where)
         if current is not None and current.owner != owner and current.remaining_ms() > 0:
             return None
         epoch = 1 if current is None else current.epoch + 1
         try:
-            return _write(store, topic, partition, owner, epoch, ttl_ms, None if current is None else current.version)
+            return _write(store, template, owner, epoch, ttl_ms, None if current is None else current.version)
         except VersionConflictError:
             continue  # someone else wrote the lease in between: look again
 
 
-def acquire_lease(store: Store, topic: str, partition: int, owner: str, *, ttl_ms: int, wait_s: float = 0.0) -> Lease:
-    """Like :func:`try_acquire_lease`, but wait up to ``wait_s`` seconds for the holder to release or expire.
+def try_acquire_lease(store: Store, topic: str, partition: int, owner: str, ttl_ms: int) -> Lease | None:
+    """:func:`try_acquire_lease_at` for one log partition's lease."""
+    return try_acquire_lease_at(
+        store, lease_key(topic, partition), f"{topic}/{partition}", owner, ttl_ms, topic=topic, partition=partition
+    )
 
-    Raises :class:`LeaseHeldError` naming the holder when the wait runs out.
+
+def acquire_lease_at(
+    store: Store, key: str, name: str, owner: str, *, ttl_ms: int, wait_s: float = 0.0, hint: str = "", **where
+) -> Lease:
+    """Like :func:`try_acquire_lease_at`, but wait up to ``wait_s`` seconds for the holder to release or expire.
+
+    Raises :class:`LeaseHeldError` naming the holder (and ``hint``) when the wait runs out.
     """
     deadline = time.monotonic() + wait_s
     while True:
-        lease = try_acquire_lease(store, topic, partition, owner, ttl_ms)
+        lease = try_acquire_lease_at(store, key, name, owner, ttl_ms, **where)
         if lease is not None:
             return lease
         if time.monotonic() >= deadline:
-            holder = read_lease(store, topic, partition)
+            holder = read_lease_at(store, key, name, **where)
             raise LeaseHeldError(
-                f"{topic}/{partition} is leased to {holder.describe() if holder else 'another writer'}; "
-                f"waited {wait_s:.0f} s. Stop the other producer or gateway, or wait for its lease to expire."
+                f"{name} is leased to {holder.describe() if holder else 'another writer'}; waited {wait_s:.0f} s. {hint}"
             )
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+
+
+def acquire_lease(store: Store, topic: str, partition: int, owner: str, *, ttl_ms: int, wait_s: float = 0.0) -> Lease:
+    """:func:`acquire_lease_at` for one log partition's lease."""
+    return acquire_lease_at(
+        store,
+        lease_key(topic, partition),
+        f"{topic}/{partition}",
+        owner,
+        ttl_ms=ttl_ms,
+        wait_s=wait_s,
+        hint="Stop the other producer or gateway, or wait for its lease to expire.",
+        topic=topic,
+        partition=partition,
+    )
 
 
 def renew_lease(store: Store, lease: Lease, ttl_ms: int) -> Lease:
@@ -135,12 +168,11 @@ def renew_lease(store: Store, lease: Lease, ttl_ms: int) -> Lease:
     ``lease`` was written (another writer took it over).
     """
     try:
-        return _write(store, lease.topic, lease.partition, lease.owner, lease.epoch, ttl_ms, lease.version)
+        return _write(store, lease, lease.owner, lease.epoch, ttl_ms, lease.version)
     except VersionConflictError:
-        now = read_lease(store, lease.topic, lease.partition)
+        now = read_lease_at(store, lease.key, lease.name, topic=lease.topic, partition=lease.partition)
         raise FencedError(
-            f"lease on {lease.topic}/{lease.partition} (epoch {lease.epoch}) was taken over"
-            + (f" by {now.describe()}" if now else "")
+            f"lease on {lease.name} (epoch {lease.epoch}) was taken over" + (f" by {now.describe()}" if now else "")
         ) from None
 
 
@@ -150,6 +182,6 @@ def release_lease(store: Store, lease: Lease) -> None:
     Does nothing if the lease was already taken over.
     """
     try:
-        _write(store, lease.topic, lease.partition, lease.owner, lease.epoch, 0, lease.version)
+        _write(store, lease, lease.owner, lease.epoch, 0, lease.version)
     except VersionConflictError:
         pass

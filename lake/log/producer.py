@@ -156,6 +156,7 @@ class Producer:
         self._failures = [0] * self.partitions
         self._retry_at = [0.0] * self.partitions
         self._closed = threading.Event()
+        self._full_pool = ThreadPoolExecutor(max_workers=min(4, len(self.owned)), thread_name_prefix="producer-full")
         self._flusher = threading.Thread(target=self._flush_aged_loop, name="producer-linger", daemon=True)
         self._flusher.start()
 
@@ -228,8 +229,10 @@ class Producer:
                 futures.append(buffer.done)
                 if buffer.nbytes >= self.roll_bytes:
                     full.append(p)
-        for p in full:
-            self._flush_partition(p)
+        if len(full) > 1:  # encode and append the full partitions side by side (Arrow releases the GIL)
+            list(self._full_pool.map(self._flush_partition, full))
+        elif full:
+            self._flush_partition(full[0])
         return futures
 
     def _known_batch(self, partition: int, source_id: str, seq: int) -> Future | None:
@@ -260,6 +263,7 @@ class Producer:
         try:
             self.flush()
         finally:
+            self._full_pool.shutdown()
             for p, writer in enumerate(self._writers):
                 if writer is not None:
                     try:

@@ -1,8 +1,7 @@
-"""Spark jobs: :mod:`.stream_metrics` (speed layer), :mod:`.recompute`, :mod:`.rollups`, :mod:`.stored_queries`, :mod:`.replay`, :mod:`.sql_query`; shared: :mod:`.day_partitions`, :mod:`.progress`."""
+"""Spark jobs: :mod:`.stream_metrics` (speed layer), :mod:`.recompute`, :mod:`.rollups`, :mod:`.stored_queries`, :mod:`.replay`, :mod:`.sql_query`; shared: :mod:`.day_partitions`."""
 
 __all__ = [
     "day_partitions",
-    "progress",
     "recompute",
     "replay",
     "rollups",

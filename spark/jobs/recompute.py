@@ -2,10 +2,12 @@
 
 For each UTC day:
 
-1. Spark reads that day's ``bronze_events`` partition (the ``lakedelta``
-   reader with ``partitionFilter=event_date=<day>``) and computes the speed
-   layer's windows (same aggregates, :func:`metrics_lake.spark.jobs.stream_metrics.finalize_windows`)
-   with no watermark, so events that arrived too late for the speed layer count.
+1. Spark tasks read that day's ``bronze_events`` files and compute the
+   speed layer's window states with the same code
+   (:func:`metrics_lake.core.windows.aggregate_events`), with no watermark, so
+   events that arrived too late for the speed layer count; Spark shuffles
+   the states by series and tasks merge and finalize them
+   (:mod:`metrics_lake.spark.jobs.day_partitions`).
 2. Executors write the windows as Parquet files (invisible until committed).
 3. The driver sums the speed layer's count and sum per metric for the day,
    then commits the new files with delta-rs ``create_write_transaction``
@@ -44,9 +46,10 @@ import pyarrow.compute as pc
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import ensure_table, open_table, write_data_files
+from metrics_lake.core.windows import aggregate_events, finalize
 from metrics_lake.schemas import TABLES
-from metrics_lake.spark.jobs.day_partitions import read_days, replace_day, rows_written, write_on_executors
-from metrics_lake.spark.readers.delta_reader import snapshot_files
+from metrics_lake.spark.jobs.day_partitions import finalize_on_executors, replace_day, rows_written, states_from_files
+from metrics_lake.spark.readers.delta_reader import table_files
 
 BRONZE = "bronze_events"
 WINDOWS = "metric_windows_1m"
@@ -71,22 +74,27 @@ def fingerprint(root: str, table: str, day: dt.date) -> str:
     Data files are immutable and uniquely named, so it changes exactly when
     the day's data changes.
     """
-    files = snapshot_files(root, table, None, ("event_date", day.isoformat()))
+    files = table_files(root, table, None, ("event_date", day.isoformat()))
     return hashlib.sha256("\n".join(sorted(f.path for f in files)).encode()).hexdigest()
 
 
-def batch_windows(spark, root: str, day: dt.date):
-    """DataFrame of ``day``'s windows (``metric_windows_1m`` columns), computed from bronze without a watermark."""
-    from pyspark.sql import functions as F
+def batch_windows(spark, settings: LakeSettings, day: dt.date):
+    """Write ``day``'s windows (``metric_windows_1m`` rows) computed from bronze without a watermark.
 
-    from metrics_lake.spark.jobs.stream_metrics import WINDOW_INTERVAL, event_aggregates, finalize_windows
-
-    aggregates = (
-        read_days(spark, root, BRONZE, [day])
-        .groupBy(F.window("ts", WINDOW_INTERVAL).alias("window"), "metric", "server")
-        .agg(*event_aggregates())
+    Returns the files written (not committed) and per-metric (count, sum) totals.
+    """
+    window = TABLES[WINDOWS].window_seconds
+    states = states_from_files(
+        spark,
+        settings.root,
+        BRONZE,
+        [day],
+        ["ts", "server", "metric", "value"],
+        lambda events: aggregate_events(events, window),
     )
-    return finalize_windows(aggregates)
+    return finalize_on_executors(
+        states, settings.root, WINDOWS, lambda merged: finalize(merged, window), settings.shuffle_partitions
+    )
 
 
 def _totals(rows: pa.Table) -> dict[str, tuple[int, float]]:
@@ -114,16 +122,7 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     else:
         speed = _totals(open_table(store, WINDOWS).to_pyarrow_table(columns=["metric", "count", "sum"], filters=on_day))
 
-    from pyspark.sql import functions as F
-
-    windows = batch_windows(spark, root, day).cache()
-    try:
-        files = write_on_executors(windows, root, WINDOWS)
-        # Sum per metric in Spark: only one row per metric reaches the driver.
-        per_metric = windows.groupBy("metric").agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"))
-        batch = _totals(per_metric.toArrow())
-    finally:
-        windows.unpersist()
+    files, batch = batch_windows(spark, settings, day)
     replace_day(store, WINDOWS, day, files, "RECOMPUTE")
 
     computed_at = dt.datetime.now(dt.UTC)

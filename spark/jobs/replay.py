@@ -6,7 +6,7 @@ times, which the partition index turns into a conservative offset range
 are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
-(:func:`metrics_lake.spark.sinks.delta_sink.split_log_rows`, then data files and one
+(:func:`metrics_lake.core.speed_layer.split_log_rows`, then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
 before writing, every row whose ``(topic, partition, offset)`` is already in
 the target table is dropped (a left anti join on the offsets of the chunk's
@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed_layer import BRONZE, QUARANTINE, split_log_rows
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables import commit_files, ensure_table, open_table, write_data_files
-from metrics_lake.spark.sinks.delta_sink import BRONZE, QUARANTINE, split_log_rows
 
 CHUNK_RECORDS = 500_000
 POSITION = ["topic", "partition", "offset"]

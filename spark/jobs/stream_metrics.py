@@ -1,172 +1,55 @@
-"""The speed layer: log -> bronze/quarantine and 1-minute windows, exactly once.
+"""The speed layer on Spark: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once.
 
-Two Spark Structured Streaming queries read the same topic (format
-``lakelog``), each with its own checkpoint under ``LAKE_CHECKPOINT_DIR``:
+One Structured Streaming query over the ``lakelog`` source runs the speed
+layer of :mod:`metrics_lake.core.speed_layer` in ``foreachBatch``:
 
-``bronze``
-    log rows -> ``lakebronze`` sink (append): valid events to
-    ``bronze_events``, rejected ones to ``quarantine_events``, each Delta
-    commit carrying ``txn(appId, batchId)``.
-``windows``
-    valid events -> event-time watermark -> 1-minute tumbling windows per
-    (metric, server) with count/sum/min/max and a KLL sketch, in **update**
-    mode -> ``foreachBatch`` upsert into ``metric_windows_1m`` with delta-rs
-    ``merge`` carrying ``txn(appId, batchId)``. Python data source sinks are
-    append-only in Spark 4.2, hence foreachBatch for update mode.
+1. the driver reads each table's committed positions and plans the batch
+   (:func:`~metrics_lake.core.speed_layer.plan_batch`): chunks of the log
+   from the lowest position up to the batch's ends;
+2. Spark runs one task per chunk (``mapInArrow`` over ``spark.range``); a
+   task reads its segments with pyarrow, writes the bronze and quarantine
+   Parquet files and computes the chunk's 1-minute window states, all in
+   Arrow (:func:`~metrics_lake.core.speed_layer.process_chunk`), and returns
+   the file list and the states, so events never cross into the JVM;
+3. the driver commits each table with its new positions
+   (:func:`~metrics_lake.core.speed_layer.commit_batch`).
 
-Exactly once: Spark writes a batch's offsets to its offset log before running
-it and re-runs the same batch id with the same offsets after a crash; the
-source returns the same rows (immutable segments); each sink skips a batch id
-its table already recorded for the query's appId. Events later than the
-watermark are in bronze but not in the speed layer's windows; the nightly
-recompute from bronze covers them.
+The log is read once per batch for all three tables. Spark's checkpoint
+(``LAKE_CHECKPOINT_DIR``) is a cache of how far batches went: deleting it, or
+starting on another machine, resumes from what the tables hold.
 """
 
 from __future__ import annotations
 
-import logging
+import io
+import json
 import threading
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 
-from metrics_lake.core.config import LakeSettings
+import pyarrow as pa
+
+from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.log import SegmentLog, TopicNotFoundError
-from metrics_lake.core.storage import LocalStore, ObjectExistsError, Store, open_store
-from metrics_lake.core.tables import ensure_table, merge_rows
+from metrics_lake.core.speed_layer import (
+    BatchOutcome,
+    BatchPlan,
+    ChunkResult,
+    commit_batch,
+    plan_batch,
+    process_chunk,
+)
+from metrics_lake.core.storage import Store, open_store
+from metrics_lake.core.tables import WrittenFile, ensure_table
 from metrics_lake.schemas import TABLES
 
-log = logging.getLogger(__name__)
-WINDOWS_TABLE = "metric_windows_1m"
-#: The speed layer's tumbling window as a Spark interval, from the table registry.
-WINDOW_INTERVAL = f"{TABLES[WINDOWS_TABLE].window_seconds} seconds"
-QUANTILES = (0.5, 0.95, 0.99)
+__all__ = ["prepare_lake", "run_batch", "run_stream", "start_stream"]
 
-
-def query_app_id(checkpoint: Path) -> str:
-    """The appId of the query checkpointed at ``checkpoint``, created on first use.
-
-    It lives inside the checkpoint, so it is stable across restarts and
-    changes only when the checkpoint is deleted, which also restarts batch
-    ids at 0 (the same lifetime Delta-Spark gives its sink's queryId).
-    """
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    store = LocalStore(checkpoint)
-    try:
-        store.create("lake_app_id", f"{checkpoint.name}-{uuid.uuid4().hex}".encode())
-    except ObjectExistsError:
-        pass
-    return store.read("lake_app_id").decode()
-
-
-#: Consumer groups of the speed layer's two queries (see ``lake consumers``).
-BRONZE_GROUP = "speed-bronze"
-WINDOWS_GROUP = "speed-windows"
-
-
-def log_stream(spark, settings: LakeSettings, consumer_group: str | None = None):
-    """The topic as a streaming DataFrame of log rows; ``consumer_group`` commits its offsets after each batch."""
-    reader = (
-        spark.readStream.format("lakelog")
-        .option("root", settings.root)
-        .option("topic", settings.topic)
-        .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
-    )
-    return (reader.option("consumerGroup", consumer_group) if consumer_group else reader).load()
-
-
-def event_aggregates() -> list:
-    """Aggregate columns of a 1-minute window over raw events: count, sum, min, max and a KLL sketch of ``value``."""
-    from pyspark.sql import functions as F
-
-    return [
-        F.count(F.lit(1)).alias("count"),
-        F.sum("value").alias("sum"),
-        F.min("value").alias("min"),
-        F.max("value").alias("max"),
-        F.expr("kll_sketch_agg_double(value)").alias("sketch"),
-    ]
-
-
-def merged_aggregates() -> list:
-    """The same columns over window rows (for coarser windows): counts and sums added, sketches merged."""
-    from pyspark.sql import functions as F
-
-    return [
-        F.sum("count").alias("count"),
-        F.sum("sum").alias("sum"),
-        F.min("min").alias("min"),
-        F.max("max").alias("max"),
-        F.expr("kll_merge_agg_double(sketch)").alias("sketch"),
-    ]
-
-
-def window_aggregates(events, watermark_seconds: int):
-    """Streaming 1-minute tumbling-window aggregates of valid events.
-
-    Output columns: ``metric, server, window (struct start,end), count, sum,
-    min, max, sketch`` (KLL doubles sketch, binary).
-    """
-    from pyspark.sql import functions as F
-
-    return (
-        events.where(F.col("reason").isNull())
-        .withWatermark("ts", f"{watermark_seconds} seconds")
-        .groupBy(F.window("ts", WINDOW_INTERVAL).alias("window"), "metric", "server")
-        .agg(*event_aggregates())
-    )
-
-
-def finalize_windows(aggregates):
-    """Add ``avg`` and p50/p95/p99 (read from the sketch) in the table's column order."""
-    from pyspark.sql import functions as F
-
-    quantiles = ", ".join(f"{q}D" for q in QUANTILES)
-    return aggregates.withColumn("q", F.expr(f"kll_sketch_get_quantile_double(sketch, array({quantiles}))")).select(
-        "metric",
-        "server",
-        F.col("window.start").alias("window_start"),
-        F.col("window.end").alias("window_end"),
-        "count",
-        "sum",
-        "min",
-        "max",
-        (F.col("sum") / F.col("count")).alias("avg"),
-        F.col("q")[0].alias("p50"),
-        F.col("q")[1].alias("p95"),
-        F.col("q")[2].alias("p99"),
-        "sketch",
-        F.current_timestamp().alias("updated_at"),
-        F.to_date("window.start").alias("event_date"),
-    )
-
-
-def upsert_windows(store: Store, app_id: str) -> Callable:
-    """foreachBatch function: merge a batch's updated windows into ``metric_windows_1m``.
-
-    The batch is always computed (so Spark's state store commits its
-    version) but only merged if this appId has not committed ``batch_id``.
-    """
-
-    def upsert(batch_df, batch_id: int) -> None:
-        rows = finalize_windows(batch_df).toArrow()
-        if rows.num_rows:
-            merge_rows(store, WINDOWS_TABLE, rows, app_id=app_id, batch_id=batch_id)
-
-    return upsert
-
-
-@dataclass
-class StreamHandles:
-    """The two running queries."""
-
-    bronze: object
-    windows: object
-
-    def all(self) -> list:
-        """Both queries."""
-        return [self.bronze, self.windows]
+#: What a task returns per chunk: the files it wrote (JSON), its window states (Arrow IPC), counts (JSON).
+_RESULT = "files string, states binary, meta string"
+#: Records one task reads at most (a log partition's range is cut into chunks of this size).
+CHUNK_RECORDS = 500_000
 
 
 def prepare_lake(settings: LakeSettings) -> Store:
@@ -186,63 +69,113 @@ def prepare_lake(settings: LakeSettings) -> Store:
     return store
 
 
-def start_queries(spark, settings: LakeSettings, *, trigger_seconds: float) -> StreamHandles:
-    """Start the bronze and windows queries for ``settings.topic``.
+def _encode(result: ChunkResult) -> dict:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, result.states.schema) as writer:
+        writer.write_table(result.states)
+    meta = {"event_time_max_ms": result.event_time_max_ms, "counts": result.counts}
+    return {"files": json.dumps([asdict(f) for f in result.files]), "states": sink.getvalue(), "meta": json.dumps(meta)}
+
+
+def _decode(row: dict) -> ChunkResult:
+    meta = json.loads(row["meta"])
+    return ChunkResult(
+        files=[WrittenFile(**f) for f in json.loads(row["files"])],
+        states=pa.ipc.open_stream(row["states"]).read_all(),
+        event_time_max_ms=meta["event_time_max_ms"],
+        counts=meta["counts"],
+    )
+
+
+def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list[ChunkResult]:
+    """Run :func:`~metrics_lake.core.speed_layer.process_chunk` for every chunk of ``plan``, one Spark task each."""
+    root, skew = settings.root, settings.quality_clock_skew_seconds
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        store = open_store(load_settings(root=root))  # executors read LAKE_S3_* from their own environment
+        for batch in batches:
+            for index in batch.column("id").to_pylist():
+                result = process_chunk(store, plan, plan.chunks[index], clock_skew_seconds=skew)
+                yield pa.RecordBatch.from_pylist([_encode(result)])
+
+    count = len(plan.chunks)
+    rows = spark.range(0, count, 1, numPartitions=count).mapInArrow(task, _RESULT).toArrow()
+    return [_decode(row) for row in rows.to_pylist()]
+
+
+def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutcome | None:
+    """Plan, process and commit one micro-batch reading up to ``ends``; ``None`` if no table needs anything."""
+    started = time.monotonic()
+    store = open_store(settings)
+    plan = plan_batch(
+        store, settings.topic, ends, watermark_seconds=settings.watermark_seconds, chunk_records=CHUNK_RECORDS
+    )
+    if not plan.chunks:
+        return None
+    results = process_on_executors(spark, settings, plan)
+    return commit_batch(store, plan, results, watermark_seconds=settings.watermark_seconds, started=started)
+
+
+def start_stream(
+    spark, settings: LakeSettings, *, trigger_seconds: float, progress: Callable[[BatchOutcome], None] | None = None
+):
+    """Start the speed layer's streaming query for ``settings.topic``; returns the ``StreamingQuery``.
 
     Micro-batches start every ``trigger_seconds`` (0: back to back), each
-    reading at most ``settings.max_records_per_batch`` records.
+    reading at most ``settings.max_records_per_batch`` records; ``progress``
+    gets every committed batch's outcome.
     """
-    store = prepare_lake(settings)
-    base = settings.checkpoint_path / settings.topic
-    trigger = {"processingTime": f"{trigger_seconds} seconds"}
+    prepare_lake(settings)
 
-    bronze = (
-        log_stream(spark, settings, BRONZE_GROUP)
-        .writeStream.format("lakebronze")
-        .queryName(f"bronze[{settings.topic}]")
+    def each_batch(batch_df, batch_id: int) -> None:
+        ends = {int(row["partition"]): int(row["end"]) for row in batch_df.collect()}
+        outcome = run_batch(spark, settings, ends)
+        if outcome is not None and progress is not None:
+            progress(outcome)
+
+    return (
+        spark.readStream.format("lakelog")
         .option("root", settings.root)
-        .option("appId", query_app_id(base / "bronze"))
-        .option("checkpointLocation", str(base / "bronze"))
-        .trigger(**trigger)
+        .option("topic", settings.topic)
+        .option("maxRecordsPerBatch", str(settings.max_records_per_batch))
+        .load()
+        .writeStream.foreachBatch(each_batch)
+        .queryName(f"speed-layer[{settings.topic}]")
+        .option("checkpointLocation", str(settings.checkpoint_path / settings.topic / "speed-layer"))
+        .trigger(processingTime=f"{trigger_seconds} seconds")
         .start()
     )
-    windows = (
-        window_aggregates(log_stream(spark, settings, WINDOWS_GROUP), settings.watermark_seconds)
-        .writeStream.outputMode("update")
-        .queryName(f"windows[{settings.topic}]")
-        .foreachBatch(upsert_windows(store, query_app_id(base / "windows")))
-        .option("checkpointLocation", str(base / "windows"))
-        .trigger(**trigger)
-        .start()
-    )
-    return StreamHandles(bronze, windows)
 
 
-def run_stream(spark, settings: LakeSettings, *, once: bool, stop: threading.Event | None = None) -> None:
+def run_stream(
+    spark,
+    settings: LakeSettings,
+    *,
+    once: bool,
+    stop: threading.Event | None = None,
+    progress: Callable[[BatchOutcome], None] | None = None,
+) -> None:
     """Run the speed layer; with ``once``, until all available data is processed.
 
-    ``once`` runs micro-batches back to back until the queries have caught up
-    with the log, then stops. (Spark's ``availableNow`` trigger is not used:
-    for Python data sources it reads the whole backlog as one batch,
-    ignoring ``maxRecordsPerBatch``.) Without ``once`` it runs every
+    ``once`` runs micro-batches back to back until the query has caught up
+    with the log, then stops (``availableNow`` is not used: for Python data
+    sources it reads the whole backlog as one batch, ignoring
+    ``maxRecordsPerBatch``). Without ``once`` it runs every
     ``settings.trigger_seconds`` until ``stop`` is set (a signal handler sets
     it: raising inside a blocking py4j call could break the JVM gateway) or
-    a query fails. Raises ``pyspark.errors.StreamingQueryException`` if a
-    query fails.
+    the query fails. Raises ``pyspark.errors.StreamingQueryException`` if a
+    batch fails.
     """
-    handles = start_queries(spark, settings, trigger_seconds=0 if once else settings.trigger_seconds)
+    query = start_stream(spark, settings, trigger_seconds=0 if once else settings.trigger_seconds, progress=progress)
     try:
         if once:
-            for query in handles.all():
-                query.processAllAvailable()
+            query.processAllAvailable()
         else:
             stop = stop or threading.Event()
             while not stop.is_set() and not spark.streams.awaitAnyTermination(1.0):
                 pass
-        for query in handles.all():
-            if query.exception() is not None:
-                raise query.exception()
+        if query.exception() is not None:
+            raise query.exception()
     finally:
-        for query in handles.all():
-            if query.isActive:
-                query.stop()
+        if query.isActive:
+            query.stop()

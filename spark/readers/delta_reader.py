@@ -15,28 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.snapshots import DataFile, read_data_file, snapshot_files
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import open_table, table_layout
 from metrics_lake.schemas import TABLES, spark_schema
 
 FILES_PER_TASK_BYTES = 128 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One active data file: its path in the lake's ``pyarrow.fs`` file system, size, partition values."""
-
-    path: str
-    size: int
-    partition_values: tuple[tuple[str, str | None], ...]
 
 
 @dataclass(frozen=True)
@@ -46,40 +35,15 @@ class FileGroup(InputPartition):
     files: tuple[DataFile, ...]
 
 
-def snapshot_files(
-    root: str, table: str, version: int | None, partition: tuple[str, str | tuple[str, ...]] | None = None
+def table_files(
+    root: str, table: str, version: int | None = None, partition: tuple[str, str | tuple[str, ...]] | None = None
 ) -> list[DataFile]:
-    """Active files of ``table`` at ``version`` (latest if None), only those of ``partition`` if given.
+    """Active files of lake table ``table`` under ``root`` at ``version`` (latest if None), of ``partition`` if given.
 
-    ``partition`` is ``(column, value)`` or ``(column, (value, ...))``,
-    values as Delta stores them (strings, dates as ``YYYY-MM-DD``).
-
-    Raises ``ValueError`` if the table needs reader features this reader
-    does not implement (deletion vectors, column mapping), rather than
-    returning wrong rows.
+    See :func:`metrics_lake.core.snapshots.snapshot_files`.
     """
     store = open_store(load_settings(root=root))
-    delta = open_table(store, table, version)
-    features = set(delta.protocol().reader_features or [])
-    unsupported = features & {"deletionVectors", "columnMapping"}
-    if unsupported:
-        raise ValueError(f"table {table} uses reader features this reader lacks: {sorted(unsupported)}")
-    _, root_path = store.arrow_fs()
-    base = f"{root_path}/tables/{table}"
-    actions = pa.table(delta.get_add_actions(flatten=True))
-    partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
-    if partition is not None:
-        wanted = {partition[1]} if isinstance(partition[1], str) else set(partition[1])
-    files = []
-    for row in actions.to_pylist():
-        path = unquote(row["path"])
-        full = path.partition("://")[2] if "://" in path else path if path.startswith("/") else f"{base}/{path}"
-        values = tuple(
-            (c.removeprefix("partition."), None if row[c] is None else str(row[c])) for c in partition_columns
-        )
-        if partition is None or dict(values).get(partition[0]) in wanted:
-            files.append(DataFile(full, int(row["size_bytes"]), values))
-    return files
+    return snapshot_files(store, table, open_table(store, table, version), partition)
 
 
 def group_files(files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES) -> list[FileGroup]:
@@ -94,16 +58,6 @@ def group_files(files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES)
     if current:
         groups.append(FileGroup(tuple(current)))
     return groups
-
-
-def read_data_file(data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem) -> pa.Table:
-    """One data file (read from ``filesystem``) with its partition columns restored, cast to ``schema``."""
-    data = pq.read_table(data_file.path, filesystem=filesystem)
-    for name, value in data_file.partition_values:
-        if name not in data.column_names:
-            column = pa.array([value] * data.num_rows, pa.string()).cast(schema.field(name).type)
-            data = data.append_column(name, column)
-    return data.select(schema.names).cast(schema)
 
 
 class DeltaSnapshotReader(DataSourceReader):
@@ -127,7 +81,7 @@ class DeltaSnapshotReader(DataSourceReader):
         Spark replaces an empty partition list with a bare ``InputPartition``,
         so an empty snapshot is made an explicit task with no files.
         """
-        return group_files(snapshot_files(self.root, self.table, self.version, self.partition)) or [FileGroup(())]
+        return group_files(table_files(self.root, self.table, self.version, self.partition)) or [FileGroup(())]
 
     def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the task's files (runs on executors)."""

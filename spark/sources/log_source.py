@@ -1,23 +1,20 @@
-"""Spark streaming source over the segment log (format ``lakelog``).
+"""Spark streaming source over the segment log (format ``lakelog``): it says how far each micro-batch reads.
 
-Offsets are ``{"<partition>": <next offset>}`` for one topic: a micro-batch
-reads ``[start, end)`` per partition. Because segments are immutable and
-offsets dense, re-reading a batch after a crash (Spark re-plans it from its
-offset log) returns exactly the same rows, which is what lets the sinks be
-exactly-once.
+Offsets are ``{"<partition>": <next offset>}`` for one topic. A micro-batch
+is one row per log partition, ``(topic, partition, start, end)``: the
+speed layer (:mod:`metrics_lake.spark.jobs.stream_metrics`) reads the
+records itself, in Spark tasks, from where each table's own committed
+position is (:mod:`metrics_lake.core.speed_layer`). So the offsets Spark
+keeps in its checkpoint only decide how far a batch goes; where it starts,
+and what is exactly-once, is decided by the tables. A query without a
+checkpoint starts at the lowest position the tables hold
+(:func:`~metrics_lake.core.speed_layer.starting_offsets`).
 
 Options:
+
 - ``root`` (required): lake root, as ``LAKE_ROOT``;
 - ``topic`` (default ``metrics``);
-- ``maxRecordsPerBatch``: read limit, split fairly across partitions;
-- ``recordsPerSplit`` (default 500000): a partition's range is cut into Spark
-  tasks of at most this many records;
-- ``startingOffsets``: ``earliest`` (default) or ``latest`` for a new query;
-- ``consumerGroup``: commit each finished batch's end offsets under this
-  consumer group name (:mod:`metrics_lake.core.log.consumer_groups`), for ``lake consumers``.
-
-Rows have the :data:`metrics_lake.schemas.LOG_ROW` columns with timestamps in
-microseconds (Spark's ``TIMESTAMP``).
+- ``maxRecordsPerBatch``: read limit, split fairly across partitions.
 """
 
 from __future__ import annotations
@@ -30,27 +27,34 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.consumer import end_offsets, read_range, start_offsets
-from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.storage import open_store
-from metrics_lake.schemas import LOG_ROW, UTC_US, spark_schema
+from metrics_lake.core.speed_layer import starting_offsets
+from metrics_lake.core.storage import Store, open_store
+from metrics_lake.schemas import spark_schema
 
-#: LOG_ROW as Spark sees it (timestamps in microseconds).
-SPARK_LOG_ROW = pa.schema(
-    [field.with_type(UTC_US) if pa.types.is_timestamp(field.type) else field for field in LOG_ROW]
+__all__ = ["BATCH_RANGE", "LogDataSource", "LogRange", "LogStreamReader", "limit_offsets"]
+
+#: One row of a micro-batch: the offsets of one partition it covers.
+BATCH_RANGE = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        pa.field("start", pa.int64(), nullable=False),
+        pa.field("end", pa.int64(), nullable=False),
+    ]
 )
 
 
-def _open_log(options) -> SegmentLog:
+def _open_store(options) -> Store:
     if "root" not in options:
         raise ValueError("lakelog source needs option 'root' (the lake root, like LAKE_ROOT)")
-    return SegmentLog(open_store(load_settings(root=options["root"])))
+    return open_store(load_settings(root=options["root"]))
 
 
 @dataclass(frozen=True)
 class LogRange(InputPartition):
-    """One Spark task's input: offsets ``[start, end)`` of one topic partition."""
+    """Offsets ``[start, end)`` of one topic partition in a micro-batch."""
 
     topic: str
     partition: int
@@ -64,7 +68,7 @@ def limit_offsets(start: dict[int, int], end: dict[int, int], max_rows: int) -> 
     Water-filling: partitions with little backlog take all of it, the rest
     split what is left equally, so no partition starves. Returns new ends.
     """
-    backlog = {p: end[p] - start.get(p, 0) for p in end}
+    backlog = {p: max(end[p] - start.get(p, 0), 0) for p in end}
     remaining = max_rows
     limited = {}
     for left, p in enumerate(sorted(backlog, key=backlog.get), start=0):
@@ -76,37 +80,31 @@ def limit_offsets(start: dict[int, int], end: dict[int, int], max_rows: int) -> 
 
 
 class LogStreamReader(DataSourceStreamReader):
-    """Micro-batch reader of one topic; see the module docstring for options."""
+    """Micro-batch planner for one topic; see the module docstring for options."""
 
     def __init__(self, options) -> None:
         self.options = options
         self.topic = self.options.get("topic", "metrics")
         self.max_rows = int(self.options["maxRecordsPerBatch"]) if "maxRecordsPerBatch" in self.options else None
-        self.split = int(self.options.get("recordsPerSplit", 500_000))
-        if self.split < 1:
-            raise ValueError("recordsPerSplit must be >= 1")
-        self._log: SegmentLog | None = _open_log(self.options)
+        self._store: Store | None = _open_store(self.options)
 
     @property
-    def log(self) -> SegmentLog:
-        """The log, reopened lazily after unpickling."""
-        if self._log is None:
-            self._log = _open_log(self.options)
-        return self._log
+    def store(self) -> Store:
+        """The lake's store, reopened lazily after unpickling."""
+        if self._store is None:
+            self._store = _open_store(self.options)
+        return self._store
 
     def __getstate__(self) -> dict:
         # Spark pickles the reader; an S3 client holds sockets and locks, so it is reopened where unpickled.
-        return {**self.__dict__, "_log": None}
+        return {**self.__dict__, "_store": None}
 
     def _ends(self) -> dict[int, int]:
-        return end_offsets(self.log, self.topic)
+        return end_offsets(SegmentLog(self.store), self.topic)
 
     def initialOffset(self) -> dict:
-        """Where a new query starts: the earliest retained offsets, or the latest."""
-        offsets = (
-            self._ends() if self.options.get("startingOffsets") == "latest" else start_offsets(self.log, self.topic)
-        )
-        return {str(p): offset for p, offset in offsets.items()}
+        """Where a query without a checkpoint starts: the lowest position the speed layer's tables hold."""
+        return {str(p): offset for p, offset in starting_offsets(self.store, self.topic).items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows(maxRecordsPerBatch)`` when the option is set."""
@@ -125,29 +123,29 @@ class LogStreamReader(DataSourceStreamReader):
         return {str(p): offset for p, offset in self._ends().items()}
 
     def partitions(self, start: dict, end: dict) -> list[LogRange]:
-        """One task per ``recordsPerSplit`` records of each partition's range."""
-        ranges = []
-        for key, stop in end.items():
-            p, lo = int(key), int(start.get(key, 0))
-            for begin in range(lo, int(stop), self.split):
-                ranges.append(LogRange(self.topic, p, begin, min(begin + self.split, int(stop))))
-        return ranges
+        """One range per partition of the topic (including those with nothing new: the batch names every end)."""
+        return [LogRange(self.topic, int(p), int(start.get(p, stop)), int(stop)) for p, stop in end.items()]
 
     def read(self, partition: LogRange) -> Iterator[pa.RecordBatch]:
-        """Arrow batches of one range (runs on executors)."""
-        log = _open_log(self.options)
-        table = read_range(log, partition.topic, partition.partition, partition.start, partition.end)
-        yield from table.cast(SPARK_LOG_ROW).to_batches(max_chunksize=65_536)
+        """The range as one row (runs on executors; reading the records is the speed layer's job)."""
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "topic": partition.topic,
+                    "partition": partition.partition,
+                    "start": partition.start,
+                    "end": partition.end,
+                }
+            ],
+            schema=BATCH_RANGE,
+        )
 
     def commit(self, end: dict) -> None:
-        """Record ``end`` as the consumer group's offsets (if one is set); segments are kept by retention."""
-        group = self.options.get("consumerGroup")
-        if group:
-            commit_offsets(self.log.store, group, self.topic, {int(p): int(o) for p, o in end.items()})
+        """Nothing to do: the speed layer records positions in the tables and the consumer group itself."""
 
 
 class LogDataSource(DataSource):
-    """``spark.readStream.format("lakelog")``: the segment log as a stream."""
+    """``spark.readStream.format("lakelog")``: the segment log as a stream of per-partition batch ranges."""
 
     @classmethod
     def name(cls) -> str:
@@ -155,8 +153,8 @@ class LogDataSource(DataSource):
         return "lakelog"
 
     def schema(self):
-        """The :data:`LOG_ROW` columns as a Spark schema."""
-        return spark_schema(SPARK_LOG_ROW)
+        """The :data:`BATCH_RANGE` columns as a Spark schema."""
+        return spark_schema(BATCH_RANGE)
 
     def streamReader(self, schema) -> LogStreamReader:
         """A reader over the topic named in the options."""

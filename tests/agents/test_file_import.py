@@ -17,7 +17,7 @@ def test_import_counts_and_keeps_every_line(log, tmp_path):
     with gzip.open(path, "wt") as handle:
         handle.write("\n".join(lines) + "\n")
     with Producer(log, "metrics", partitions=2) as producer:
-        stats = import_jsonl(producer, path, chunk_lines=4)
+        stats = import_jsonl(producer, path, chunk_bytes=64)  # chunks end mid-line: the rest starts the next one
     assert (stats.lines, stats.accepted, stats.rejected, stats.blank) == (13, 10, 2, 1)
     rows = [
         r for p, end in end_offsets(log, "metrics").items() for r in read_range(log, "metrics", p, 0, end).to_pylist()

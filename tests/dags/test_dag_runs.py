@@ -129,8 +129,8 @@ def test_compaction_merges_segments_and_files_without_changing_data(dagbag, lake
 
 def land_rows(events: pa.Table, batch: int) -> pa.Table:
     """Bronze rows of ``events`` at offsets of batch ``batch`` (distinct positions per batch)."""
+    from metrics_lake.core.speed_layer import split_log_rows
     from metrics_lake.schemas import LOG_ROW
-    from metrics_lake.spark.sinks.delta_sink import split_log_rows
 
     n = events.num_rows
     rows = pa.table(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -44,7 +45,13 @@ def test_end_to_end_on_s3_gives_exact_bronze_quarantine_and_windows(s3_lake, tmp
     envs, admin = s3_lake
     invalid = tmp_path / "invalid.jsonl"
     invalid.write_text("\n".join(INVALID) + "\n")
-    run_lake(envs["agent"], "produce", "--servers", "4", "--metrics", "3", "--seconds", "120", "--rate", "3")
+    run_lake(envs["agent"], "produce", "--servers", "4", "--metrics", "3", "--seconds", "60", "--rate", "3")
+    run_lake(envs["pipeline"], "stream", "--once")
+    # The checkpoint is lost (another machine, an ephemeral container); the tables on S3 say where to resume.
+    shutil.rmtree(tmp_path / "checkpoints")
+    run_lake(
+        envs["agent"], "produce", "--servers", "4", "--metrics", "3", "--seconds", "60", "--rate", "3", "--seed", "7"
+    )
     run_lake(envs["agent"], "produce", "--from-file", str(invalid))
     run_lake(envs["pipeline"], "stream", "--once")
 
@@ -57,7 +64,7 @@ def test_end_to_end_on_s3_gives_exact_bronze_quarantine_and_windows(s3_lake, tmp
     assert set(in_bronze) == set(positions(valid))
     quarantine = table_rows(admin, "quarantine_events")
     assert {r["raw"]: r["reason"].split(":")[0] for r in quarantine} == INVALID
-    assert check_windows(admin, produced) == 4 * 3 * 3  # the default start is mid-minute: 120 s span 3 minutes
+    assert check_windows(admin, produced) >= 4 * 3 * 2  # equal to an independent computation; two runs of 60 s
     # Replay as the pipeline identity: an ingested range changes no table; into a new table it reproduces it.
     versions = {name: open_table(admin, name).version() for name in TABLES}
     run_lake(envs["pipeline"], "replay")
@@ -66,9 +73,9 @@ def test_end_to_end_on_s3_gives_exact_bronze_quarantine_and_windows(s3_lake, tmp
     copy = open_table(admin, "bronze_copy").to_pyarrow_table()
     assert sorted(positions(copy)) == sorted(p for p in in_bronze if p[1] in (0, 1))
     lag = run_lake(envs["pipeline"], "consumers").stdout
-    assert "speed-bronze" in lag and "speed-windows" in lag
+    assert "speed-layer" in lag
     report = lag_report(SegmentLog(admin))
-    assert len(report) == 2 * 4 and all(r.lag == 0 for r in report)  # both queries caught up on 4 partitions
+    assert len(report) == 4 and all(r.lag == 0 for r in report)  # the speed layer caught up on 4 partitions
     # The analyst-facing SQL works against S3 too.
     answer = run_lake(envs["pipeline"], "sql", "SELECT count(*) AS n FROM bronze_events", "--format", "json")
     assert json.loads(answer.stdout) == {"n": valid.num_rows}  # JSON Lines, one object per row

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metrics_lake.core.stored_queries import StoredQueryError, load_stored_queries, parse_query
-from metrics_lake.spark.jobs.stored_queries import server_pattern
+from metrics_lake.core.stored_queries import StoredQueryError, load_stored_queries, parse_query, server_pattern
 
 
 def test_parses_hopping_fleet_and_per_server_queries():

@@ -1,4 +1,4 @@
-"""Delta compaction: fewer, larger files with the same rows; a stream commit that loses to it is retried."""
+"""Delta compaction: fewer, larger files with the same rows; it leaves alone what other writers may rewrite."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 from deltalake.exceptions import CommitFailedError
 
-import metrics_lake.core.tables
+from metrics_lake.core.log.lease import LeaseHeldError
 from metrics_lake.core.table_compaction import compact_table
-from metrics_lake.core.tables import merge_rows, open_table, retry_on_conflict
+from metrics_lake.core.tables import commit_files, maintenance_lease, open_table, retry_on_conflict, write_data_files
 from metrics_lake.schemas import METRIC_WINDOWS_1M
 
 DAY = dt.date(2027, 1, 15)
@@ -41,9 +41,14 @@ def counts(store) -> dict[str, int]:
     return {r["server"]: r["count"] for r in rows}
 
 
+def append(store, rows: pa.Table, batch: int) -> None:
+    files = write_data_files(store, "metric_windows_1m", rows)
+    commit_files(store, "metric_windows_1m", [f.add_action() for f in files], app_id="load", batch_id=batch)
+
+
 def test_binpack_then_zorder_keeps_every_row(store):
     for batch in range(6):
-        merge_rows(store, "metric_windows_1m", window_rows([f"s{batch}"], 1), app_id="a", batch_id=batch)
+        append(store, window_rows([f"s{batch}"], 1), batch)
     before = counts(store)
     result = compact_table(store, "metric_windows_1m", target_bytes=1 << 20)
     assert (result.files_before, result.files_after, result.partitions_rewritten) == (6, 1, 1)
@@ -57,30 +62,24 @@ def test_binpack_then_zorder_keeps_every_row(store):
     assert compact_table(store, "metric_windows_1m").partitions_rewritten == 0  # nothing small left
 
 
-def test_a_merge_that_loses_to_compaction_is_retried_exactly_once(store, monkeypatch):
-    for batch, server in enumerate("abc"):  # three inserts: three files
-        merge_rows(
-            store,
-            "metric_windows_1m",
-            window_rows([server], 3),
-            app_id="s",
-            batch_id=batch,
-        )
-    real_ensure = metrics_lake.core.tables.ensure_table
-    calls = []
+def test_days_a_writer_may_still_rewrite_are_skipped(store):
+    for batch in range(3):
+        append(store, window_rows([f"s{batch}"], 1), batch)
+    skipped = compact_table(store, "metric_windows_1m", target_bytes=1 << 20, skip_from=DAY)
+    assert (skipped.files_before, skipped.files_after, skipped.partitions_rewritten) == (3, 3, 0)
+    later = compact_table(store, "metric_windows_1m", target_bytes=1 << 20, skip_from=DAY + dt.timedelta(days=1))
+    assert later.files_after == 1
 
-    def stale_first(store_, name, like=None):
-        table = real_ensure(store_, name, like)
-        calls.append(table.version())
-        if len(calls) == 1:  # compaction rewrites b's file after this merge read its snapshot
-            assert compact_table(store_, name, target_bytes=1 << 20).files_after == 1
-        return table
 
-    monkeypatch.setattr(metrics_lake.core.tables, "ensure_table", stale_first)
-    assert merge_rows(store, "metric_windows_1m", window_rows(["b"], 10), app_id="s", batch_id=3)
-    assert len(calls) == 2  # the first attempt failed with CommitFailedError, the second committed
-    assert counts(store) == {"a": 3, "b": 10, "c": 3}
-    assert open_table(store, "metric_windows_1m").transaction_version("s") == 3
+def test_a_day_replacement_waits_for_a_running_compaction(store):
+    """Compaction and day replacements of one table never interleave: the second waits for the maintenance lease."""
+    append(store, window_rows(["a"], 1), 0)
+    with maintenance_lease(store, "metric_windows_1m"):
+        with pytest.raises(LeaseHeldError, match="table metric_windows_1m is leased"):
+            with maintenance_lease(store, "metric_windows_1m", wait_s=0.3):
+                pass
+    with maintenance_lease(store, "metric_windows_1m", wait_s=0):  # released: free at once
+        pass
 
 
 def test_retry_gives_up_after_the_last_attempt():

@@ -1,4 +1,4 @@
-"""The lakelog streaming source: read limits, splits, and reads of exact ranges."""
+"""The lakelog streaming source: read limits, a start taken from the tables, one range row per partition."""
 
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ def test_limit_is_shared_fairly_and_never_exceeded():
 def reader(settings, log):
     with Producer(log, "metrics", partitions=2) as producer:
         producer.send(FleetSimulator(servers=4, metrics=3, seconds=50, seed=8).generate())
-    return LogStreamReader(
-        {"root": settings.root, "topic": "metrics", "maxRecordsPerBatch": "100", "recordsPerSplit": "64"}
-    )
+    return LogStreamReader({"root": settings.root, "topic": "metrics", "maxRecordsPerBatch": "100"})
 
 
 def test_offsets_respect_read_limit_and_all_available(reader, log):
@@ -38,14 +36,17 @@ def test_offsets_respect_read_limit_and_all_available(reader, log):
     assert everything == {str(p): log.index("metrics", p).next_offset for p in (0, 1)}
 
 
-def test_partitions_split_ranges_and_read_returns_exact_offsets(reader):
+def test_a_batch_is_one_range_row_per_partition(reader):
     end = reader.latestOffset({"0": 0, "1": 0}, ReadAllAvailable())
     ranges = reader.partitions({"0": 0, "1": 0}, end)
-    assert all(r.end - r.start <= 64 for r in ranges)
-    offsets = []
-    for r in ranges:
-        for batch in reader.read(r):
-            offsets += [(r.partition, o) for o in batch.column("offset").to_pylist()]
-    assert sorted(offsets) == [(p, o) for p in (0, 1) for o in range(int(end[str(p)]))]
-    assert reader.partitions(end, end) == []
-    assert isinstance(ranges[0], LogRange)
+    assert all(isinstance(r, LogRange) for r in ranges)
+    rows = [row for r in ranges for batch in reader.read(r) for row in batch.to_pylist()]
+    assert rows == [{"topic": "metrics", "partition": p, "start": 0, "end": int(end[str(p)])} for p in (0, 1)]
+
+
+def test_a_new_query_starts_where_the_tables_are(reader, settings, store, log):
+    from metrics_lake.core.speed_layer import run_batch_in_process
+
+    halves = {p: log.index("metrics", p).next_offset // 2 for p in (0, 1)}
+    run_batch_in_process(store, "metrics", halves, watermark_seconds=120, clock_skew_seconds=300)
+    assert reader.initialOffset() == {str(p): offset for p, offset in halves.items()}

@@ -8,10 +8,11 @@ import pytest
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.log.consumer_groups import commit_offsets, lag_report
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.speed_layer import CONSUMER
 from metrics_lake.core.tables import open_table
 from metrics_lake.spark.jobs.replay import replay, replay_ranges
 from metrics_lake.spark.jobs.sql_query import run_sql
-from metrics_lake.spark.jobs.stream_metrics import BRONZE_GROUP, WINDOWS_GROUP, run_stream
+from metrics_lake.spark.jobs.stream_metrics import run_stream
 from tests.helpers import positions
 from tests.spark.test_stream_metrics import INVALID, START_MS, produced_rows
 
@@ -35,7 +36,7 @@ def versions(store) -> dict[str, int]:
 
 def test_the_speed_layer_commits_its_consumer_groups(ingested, log):
     report = lag_report(log)
-    assert {(r.group, r.partition) for r in report} == {(g, p) for g in (BRONZE_GROUP, WINDOWS_GROUP) for p in range(4)}
+    assert {(r.group, r.partition) for r in report} == {(CONSUMER, p) for p in range(4)}
     assert all(r.lag == 0 and r.committed == r.end for r in report)
     commit_offsets(log.store, "analytics", "metrics", {0: 1})  # a group that has read one record
     mine = lag_report(log, "analytics")

@@ -1,0 +1,118 @@
+"""What the benchmarks share: running a command while sampling the memory of its process tree, the simulator's events as JSON Lines.
+
+Not a test: the benchmarks print figures beside peers run in the same
+process, they assert nothing about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+LAKE = str(Path(sys.executable).with_name("lake"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished command: wall seconds, peak RSS (bytes) of the whole process tree and of its largest process."""
+
+    seconds: float
+    peak_tree_rss: int
+    peak_process_rss: int
+    stderr: str
+
+
+def run_measured(args: list[str], env: dict[str, str], cwd: Path | None = None) -> Run:
+    """Run ``args`` and sample the RSS of it and its descendants (Spark's JVM, Python workers) every 50 ms.
+
+    Raises ``RuntimeError`` with the stderr tail if the command fails.
+    """
+    started = time.perf_counter()
+    process = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    peaks = [0, 0]
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(process.pid)
+        while not done.is_set():
+            try:
+                processes = [root, *root.children(recursive=True)]
+                sizes = []
+                for p in processes:
+                    try:
+                        sizes.append(p.memory_info().rss)
+                    except psutil.NoSuchProcess:
+                        pass
+                peaks[0] = max(peaks[0], sum(sizes))
+                peaks[1] = max(peaks[1], max(sizes, default=0))
+            except psutil.NoSuchProcess:
+                return
+            done.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, stderr = process.communicate()
+    done.set()
+    sampler.join()
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({process.returncode}):\n{stderr[-3000:]}")
+    return Run(seconds, peaks[0], peaks[1], stderr)
+
+
+def lake_env(workdir: Path, **extra: str) -> dict[str, str]:
+    """An environment with a fresh local lake under ``workdir`` and nothing else of ``LAKE_*``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
+    env.update(
+        LAKE_ROOT=str(workdir / "lakehouse"),
+        LAKE_CHECKPOINT_DIR=str(workdir / "checkpoints"),
+        LAKE_SPARK_MASTER="local[2]",
+        **extra,
+    )
+    return env
+
+
+#: The broken lines :func:`write_jsonl` mixes in, one of each kind in turn.
+BROKEN = (
+    b'{"ts": 1763600000000, "server": "web-01", "metric": "CPU Usage %", "value": 1}',
+    b'{"ts": "yesterday", "server": "web-01", "metric": "app.rpc.count", "value": 1}',
+    b'{"server": "web-01", "metric": "app.rpc.count", "value": 1}',
+    b"{truncated",
+)
+
+
+def write_jsonl(events, path: Path, invalid_every: int = 0) -> int:
+    """Write simulator events (a LOG_RECORD table) as contract JSON Lines; every ``invalid_every``-th line broken.
+
+    Returns the number of invalid lines written. ``ts`` is epoch milliseconds.
+    """
+    ts = events.column("ts").cast("int64").to_pylist()
+    server = events.column("server").to_pylist()
+    metric = events.column("metric").to_pylist()
+    value = events.column("value").to_pylist()
+    tags = events.column("tags").to_pylist()
+    broken = [line.decode() for line in BROKEN]
+    invalid = 0
+    with open(path, "w") as handle:
+        for i, (a, b, c, d, e) in enumerate(zip(ts, server, metric, value, tags, strict=True)):
+            if invalid_every and i % invalid_every == invalid_every - 1:
+                handle.write(broken[invalid % len(broken)] + "\n")
+                invalid += 1
+            event = {"ts": a, "server": b, "metric": c, "value": d}
+            if e:
+                event["tags"] = dict(e)
+            handle.write(json.dumps(event, separators=(",", ":")) + "\n")
+    return invalid
+
+
+def mib(n: int) -> str:
+    """Bytes as MiB with no decimals."""
+    return f"{n / 2**20:,.0f}"

@@ -1,0 +1,198 @@
+"""Benchmark: windows lag under steady load, ``lake stream --trigger 1`` against the same speed layer without Spark.
+
+For each rate (events/s; one sample per series per second, so the rate is
+also the number of series, as in the design brief's fleet), this process
+produces simulator events in real time for ``--seconds`` into a fresh local
+lake (the library producer, segments rolled every 250 ms) while the speed
+layer runs:
+
+- **lake**: ``lake stream --trigger 1`` as its own process (Spark local[2]);
+- **peer**: the same speed layer (:func:`metrics_lake.core.speed_layer.run_batch_in_process`)
+  in this process on a 1-second trigger, without Spark.
+
+Every 0.5 s it reads how many records ``metric_windows_1m`` holds (the sum of
+its committed log positions) and turns that into *lag*: the seconds since
+the moment that many records had been produced. Reported: lag p50/p99/max
+after a warm-up of a quarter of the run, the rate actually produced, and the
+peak RSS of the stream's process tree. Run:
+``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from common import LAKE, lake_env, mib
+from deltalake import DeltaTable
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import producer_for
+from metrics_lake.core.speed_layer import CONSUMER, run_batch_in_process
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.core.tables import committed_offsets
+
+METRICS_PER_SERVER = 100
+
+
+def windows_records(root: Path, partitions: int) -> int:
+    """Records the windows table holds: the sum of its committed positions (0 before it exists)."""
+    path = root / "tables" / "metric_windows_1m"
+    if not (path / "_delta_log").exists():
+        return 0
+    marks = committed_offsets(DeltaTable(str(path)), CONSUMER, "metrics", range(partitions))
+    return sum(m or 0 for m in marks.values())
+
+
+def produce_in_real_time(settings, rate: int, seconds: int, timeline: list, ready: threading.Event) -> None:
+    """Produce ``rate`` events/s for ``seconds``; append (time, records handed over) to ``timeline`` each second."""
+    servers = max(rate // METRICS_PER_SERVER, 1)
+    simulator = FleetSimulator(
+        servers=servers, metrics=METRICS_PER_SERVER, seconds=seconds, seed=1, start_ms=int(time.time() * 1000) + 3000
+    )
+    batches = list(simulator.second_batches())  # generated before the clock starts
+    ready.wait()
+    produced = 0
+    with producer_for(settings, linger_ms=250) as producer:
+        started = time.monotonic()
+        for offset, batch in batches:
+            time.sleep(max(0.0, started + offset - time.monotonic()))
+            producer.send(batch)
+            produced += batch.num_rows
+            timeline.append((time.monotonic(), produced))
+    timeline.append((time.monotonic(), produced))
+
+
+def measure(root: Path, settings, rate: int, seconds: int, start_consumer, stop_consumer) -> dict:
+    """Run one load: produce while sampling the windows table; returns lag percentiles and the produced rate."""
+    timeline: list[tuple[float, int]] = []
+    ready = threading.Event()
+    producer = threading.Thread(target=produce_in_real_time, args=(settings, rate, seconds, timeline, ready))
+    producer.start()
+    start_consumer()
+    ready.set()
+    samples = []
+    while producer.is_alive() or (timeline and windows_records(root, settings.partitions) < timeline[-1][1]):
+        time.sleep(0.5)
+        now, counted = time.monotonic(), windows_records(root, settings.partitions)
+        if timeline:
+            times = [t for t, _ in timeline]
+            counts = [c for _, c in timeline]
+            reached = bisect.bisect_right(counts, counted)  # first second whose cumulative count exceeds `counted`
+            lag = 0.0 if reached >= len(times) else now - times[reached]
+            samples.append((now, lag))
+        if timeline and now > timeline[-1][0] + 120:
+            break  # far behind: stop waiting
+    stop_consumer()
+    producer.join()
+    begin = timeline[0][0]
+    steady = [lag for at, lag in samples if at > begin + seconds / 4]
+    lags = np.array(steady or [np.nan])
+    return {
+        "produced": timeline[-1][1] / max(timeline[-1][0] - begin, 1e-9),
+        "p50": float(np.percentile(lags, 50)),
+        "p99": float(np.percentile(lags, 99)),
+        "max": float(lags.max()),
+    }
+
+
+def run_lake(rate: int, seconds: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lake-steady-") as tmp:
+        work = Path(tmp)
+        env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250")
+        settings = load_settings(root=env["LAKE_ROOT"], checkpoint_dir=env["LAKE_CHECKPOINT_DIR"])
+        SegmentLog(LocalStore(settings.root)).ensure_topic(settings.topic, settings.partitions)
+        process: list[subprocess.Popen] = []
+        peak = [0]
+        done = threading.Event()
+
+        def sample_rss() -> None:
+            while not done.is_set():
+                try:
+                    root = psutil.Process(process[0].pid)
+                    tree = [root, *root.children(recursive=True)]
+                    peak[0] = max(peak[0], sum(p.memory_info().rss for p in tree if p.is_running()))
+                except psutil.Error:
+                    pass
+                done.wait(0.5)
+
+        def start() -> None:
+            process.append(
+                subprocess.Popen([LAKE, "stream"], env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            )
+            threading.Thread(target=sample_rss, daemon=True).start()
+            deadline = time.monotonic() + 180  # wait for Spark to be up: the first (empty) tables exist
+            while not (work / "lakehouse" / "tables" / "metric_windows_1m" / "_delta_log").exists():
+                if time.monotonic() > deadline or process[0].poll() is not None:
+                    raise RuntimeError(process[0].stderr.read().decode()[-3000:])
+                time.sleep(0.2)
+            time.sleep(3)  # the query's first (empty) batches
+
+        def stop() -> None:
+            done.set()
+            process[0].terminate()
+            process[0].wait(60)
+
+        result = measure(Path(settings.root), settings, rate, seconds, start, stop)
+        result["rss"] = peak[0]
+        return result
+
+
+def run_peer(rate: int, seconds: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lake-steady-peer-") as tmp:
+        settings = load_settings(root=f"{tmp}/lakehouse", checkpoint_dir=f"{tmp}/ck")
+        store = LocalStore(settings.root)
+        SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
+        stop_flag = threading.Event()
+
+        def loop() -> None:
+            while not stop_flag.is_set():
+                started = time.monotonic()
+                ends = end_offsets(SegmentLog(store), settings.topic)
+                run_batch_in_process(
+                    store,
+                    settings.topic,
+                    ends,
+                    watermark_seconds=settings.watermark_seconds,
+                    clock_skew_seconds=settings.quality_clock_skew_seconds,
+                )
+                stop_flag.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+        worker = threading.Thread(target=loop)
+        result = measure(
+            Path(settings.root), settings, rate, seconds, worker.start, lambda: (stop_flag.set(), worker.join())
+        )
+        result["rss"] = psutil.Process().memory_info().rss
+        return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", nargs="+", type=int, default=[50_000, 100_000, 200_000])
+    parser.add_argument("--seconds", type=int, default=60)
+    args = parser.parse_args()
+    print(
+        f"{'target ev/s':>12} {'runner':<28} {'produced ev/s':>14} {'lag p50 s':>10} {'p99 s':>7} {'max s':>7} {'peak RSS MiB':>13}"
+    )
+    for rate in args.rates:
+        for name, run in (("lake stream --trigger 1", run_lake), ("peer: same code, no Spark", run_peer)):
+            r = run(rate, args.seconds)
+            print(
+                f"{rate:>12,} {name:<28} {r['produced']:>14,.0f} {r['p50']:>10.1f} {r['p99']:>7.1f} {r['max']:>7.1f} "
+                f"{mib(r['rss']):>13}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

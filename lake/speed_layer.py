@@ -1,0 +1,474 @@
+"""The speed layer's work on one micro-batch, whatever schedules it: plan, process chunks, commit.
+
+A micro-batch reads the log up to ``ends`` (per partition, the next offset)
+into three tables: ``bronze_events`` (valid events), ``quarantine_events``
+(rejects, with their reasons) and ``metric_windows_1m`` (1-minute window
+states). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
+:func:`plan_batch` and :func:`commit_batch` on the driver, :func:`process_chunk`
+in the tasks.
+
+**Exactly once, held by the tables.** Each table records the log position
+it holds, per partition, as a Delta ``txn`` action committed in the same
+version as its data (:func:`metrics_lake.core.tables.offset_transactions`).
+A batch reads every table's position first and processes, for each table,
+only the records from that position up to ``ends``; it then commits data and
+new positions atomically. So whatever the engine's checkpoint says — lost,
+older, or from another lake — no record enters a table twice or is skipped:
+a batch replayed after a crash finds its positions committed and commits
+nothing, a batch after a lost checkpoint starts where the tables are. The
+three tables commit separately (Delta has no multi-table transactions); one
+that a crash left behind simply catches up in the next batch.
+
+**Watermark.** Windows leave out events older than the *watermark*: the
+newest event time the windows hold minus ``watermark_seconds`` (Spark's
+``withWatermark`` semantics), never moving back. The windows table records
+it in the same commit as a ``txn`` action too, so a replayed batch uses the
+watermark it used the first time, and maintenance knows which days the
+speed layer may still rewrite (:func:`first_open_day`). An event's time
+counts for the watermark only up to its append time plus a clock skew, so one
+event from an agent with a clock in the year 2099 cannot close every window.
+Late events are in bronze; the nightly recompute counts them.
+
+**Window files.** Upserting windows rewrites the files holding the windows a
+batch touched (one commit: remove the old files, add the new ones, record
+positions). Rewritten rows are laid out so that later batches touch little:
+windows that the new watermark has closed go to one *sealed* file per day
+(never touched by the speed layer again), open windows to one file per
+window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import Transaction
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from metrics_lake.core.errors import LakeError
+from metrics_lake.core.log.consumer import read_range, start_offsets
+from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.snapshots import read_data_files, snapshot_files
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables import (
+    COMMIT_ATTEMPTS,
+    WrittenFile,
+    commit_changes,
+    committed_offsets,
+    ensure_table,
+    offset_transactions,
+    open_table,
+    remove_action,
+    write_data_files,
+)
+from metrics_lake.core.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
+from metrics_lake.schemas import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, TABLES
+
+__all__ = [
+    "BRONZE",
+    "CONSUMER",
+    "QUARANTINE",
+    "WINDOWS",
+    "BatchOutcome",
+    "BatchPlan",
+    "Chunk",
+    "ChunkResult",
+    "ConcurrentWriterError",
+    "commit_batch",
+    "first_open_day",
+    "plan_batch",
+    "process_chunk",
+    "rewritable_from",
+    "run_batch_in_process",
+    "split_log_rows",
+    "starting_offsets",
+]
+
+log = logging.getLogger(__name__)
+
+BRONZE, QUARANTINE, WINDOWS = "bronze_events", "quarantine_events", "metric_windows_1m"
+#: The tables a micro-batch writes, in commit order.
+SPEED_TABLES = (BRONZE, QUARANTINE, WINDOWS)
+#: The consumer the tables' positions belong to (``txn`` appId prefix), also the consumer group name.
+CONSUMER = "speed-layer"
+WINDOW_SECONDS = TABLES[WINDOWS].window_seconds
+
+
+class ConcurrentWriterError(LakeError):
+    """Another speed layer committed positions to the same table meanwhile: two streams on one topic."""
+
+
+def watermark_app_id(topic: str) -> str:
+    """The ``txn`` appId under which the windows table records the speed layer's watermark (epoch ms)."""
+    return f"{CONSUMER}/{topic}/watermark"
+
+
+def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Split log rows (:data:`~metrics_lake.schemas.LOG_ROW`) into (bronze rows, quarantine rows).
+
+    ``event_date`` is the UTC date of the event time; ``ingest_date`` the
+    UTC date the record was appended to the log.
+    """
+    rejected = pc.is_valid(rows.column("reason"))
+    valid = rows.filter(pc.invert(rejected))
+    bad = rows.filter(rejected)
+    bronze = valid.append_column("event_date", pc.cast(valid.column("ts"), pa.date32()))
+    quarantine = bad.append_column("ingest_date", pc.cast(bad.column("ingested_at"), pa.date32()))
+    return (
+        bronze.select(BRONZE_EVENTS.names).cast(BRONZE_EVENTS),
+        quarantine.select(QUARANTINE_EVENTS.names).cast(QUARANTINE_EVENTS),
+    )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Offsets ``[start, end)`` of one log partition: one task's input."""
+
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one micro-batch does (see the module docstring).
+
+    ``ends``: per partition, the next offset the batch reads up to;
+    ``marks``: per table and partition, the next offset the table holds
+    (where its records start); ``watermark_ms``: events older than this
+    are left out of windows (``None`` before the first batch); ``chunks``:
+    the ranges to read.
+    """
+
+    topic: str
+    ends: dict[int, int]
+    marks: dict[str, dict[int, int]]
+    watermark_ms: int | None
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def records(self) -> int:
+        """Log records the batch reads."""
+        return sum(c.end - c.start for c in self.chunks)
+
+    def advances(self, table: str) -> dict[int, int]:
+        """The partitions whose position ``table`` moves forward in this batch, with their new positions."""
+        return {p: end for p, end in self.ends.items() if end > self.marks[table][p]}
+
+
+@dataclass
+class ChunkResult:
+    """What a task made of one chunk: data files written (not yet committed), window states, counts.
+
+    ``event_time_max_ms``: newest event time of the chunk's valid events for
+    the windows (clamped to append time plus the clock skew); ``counts``:
+    rows per table, plus ``late`` (valid events older than the watermark).
+    """
+
+    files: list[WrittenFile] = field(default_factory=list)
+    states: pa.Table = field(default_factory=WINDOW_STATE.empty_table)
+    event_time_max_ms: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds.
+
+    A table that already held the batch's positions (a replayed batch) counts 0 rows.
+    """
+
+    records: int
+    rows: dict[str, int]
+    windows_written: int
+    late_events: int
+    watermark_ms: int | None
+    seconds: float
+
+
+def starting_offsets(store: Store, topic: str) -> dict[int, int]:
+    """Where a speed layer with no checkpoint starts: per partition, the lowest position any of its tables holds."""
+    log = SegmentLog(store)
+    first = start_offsets(log, topic)
+    tables = [ensure_table(store, name) for name in SPEED_TABLES]
+    marks = [committed_offsets(table, CONSUMER, topic, first) for table in tables]
+    return {p: min(max(m[p] or 0, first[p]) for m in marks) for p in first}
+
+
+def plan_batch(
+    store: Store, topic: str, ends: dict[int, int], *, watermark_seconds: int, chunk_records: int
+) -> BatchPlan:
+    """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``.
+
+    A position below the log's start offset (retention removed records a
+    table never got; ``lake consumers`` reports it) starts at the log start.
+    """
+    first = start_offsets(SegmentLog(store), topic)
+    marks: dict[str, dict[int, int]] = {}
+    for name in SPEED_TABLES:
+        committed = committed_offsets(ensure_table(store, name), CONSUMER, topic, ends)
+        marks[name] = {}
+        for p in ends:
+            mark = committed[p] or 0
+            if mark < first[p]:
+                if committed[p] is not None:
+                    log.warning(
+                        "%s: records %d..%d of %s/%d were removed by retention before it read them",
+                        name,
+                        mark,
+                        first[p],
+                        topic,
+                        p,
+                    )
+                mark = first[p]
+            marks[name][p] = mark
+    chunks = []
+    for p, end in sorted(ends.items()):
+        start = min(marks[name][p] for name in SPEED_TABLES)
+        chunks += [Chunk(p, lo, min(lo + chunk_records, end)) for lo in range(start, end, chunk_records)]
+    watermark = ensure_table(store, WINDOWS).transaction_version(watermark_app_id(topic))
+    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks))
+
+
+def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
+    """Read one chunk and write what each table still needs of it: bronze and quarantine files, window states.
+
+    Files are written but not committed (invisible until :func:`commit_batch`);
+    a failed or retried task leaves only files that VACUUM removes.
+    """
+    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
+    bronze, quarantine = split_log_rows(rows)
+    p = chunk.partition
+
+    def new_for(table: str, data: pa.Table) -> pa.Table:
+        return data.filter(pc.greater_equal(data.column("offset"), plan.marks[table][p]))
+
+    result = ChunkResult()
+    bronze_new, quarantine_new = new_for(BRONZE, bronze), new_for(QUARANTINE, quarantine)
+    result.files = write_data_files(store, BRONZE, bronze_new) + write_data_files(store, QUARANTINE, quarantine_new)
+    events = new_for(WINDOWS, bronze)
+    late = 0
+    if events.num_rows:
+        ts_ms = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        appended_ms = events.column("ingested_at").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        result.event_time_max_ms = int(np.max(np.minimum(ts_ms, appended_ms + clock_skew_seconds * 1000)))
+        if plan.watermark_ms is not None:
+            on_time = ts_ms >= plan.watermark_ms
+            late = int(np.count_nonzero(~on_time))
+            events = events.filter(pa.array(on_time))
+        result.states = aggregate_events(events, WINDOW_SECONDS)
+    result.counts = {BRONZE: bronze_new.num_rows, QUARANTINE: quarantine_new.num_rows, "late": late}
+    return result
+
+
+def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> bool:
+    """Run ``commit(table)`` for ``name`` on a fresh snapshot whose positions are still the plan's.
+
+    Returns False (committing nothing) if the table already holds the
+    batch's positions: an earlier attempt of this very batch committed.
+    Raises :class:`ConcurrentWriterError` if another writer moved them.
+    Retries when a concurrent commit of another kind (compaction) wins.
+    """
+    advances = plan.advances(name)
+    if not advances:
+        return False
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        table = ensure_table(store, name)
+        current = committed_offsets(table, CONSUMER, plan.topic, advances)
+        if all((current[p] or 0) >= end for p, end in advances.items()):
+            return False
+        expected = {p: plan.marks[name][p] for p in advances}
+        moved = {p: current[p] for p in advances if (current[p] or 0) > expected[p]}
+        if moved:
+            raise ConcurrentWriterError(
+                f"{name}: another speed layer committed positions {moved} of topic {plan.topic!r} while this one "
+                f"planned from {expected}; run one `lake stream` per topic"
+            )
+        try:
+            commit(table, advances)
+            return True
+        except CommitFailedError as exc:
+            if attempt == COMMIT_ATTEMPTS:
+                raise
+            log.info("%s: concurrent commit won (%s); re-planning (%d/%d)", name, exc, attempt, COMMIT_ATTEMPTS - 1)
+            time.sleep(min(0.1 * attempt, 2.0))
+    raise AssertionError("unreachable")
+
+
+def _write_window_files(store: Store, rows: pa.Table, sealed_before_us: int | None) -> list[WrittenFile]:
+    """Window rows as files: closed windows (end <= ``sealed_before_us``) one file per day, open ones one per window."""
+    if rows.num_rows == 0:
+        return []
+    end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    sealed = end_us <= sealed_before_us if sealed_before_us is not None else np.zeros(rows.num_rows, bool)
+    files = write_data_files(store, WINDOWS, rows.filter(pa.array(sealed)))
+    open_rows = rows.filter(pa.array(~sealed))
+    if open_rows.num_rows:
+        starts = open_rows.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        order = np.argsort(starts, kind="stable")
+        open_rows, starts = open_rows.take(pa.array(order)), starts[order]
+        bounds = np.flatnonzero(np.diff(starts)) + 1
+        for lo, hi in zip([0, *bounds], [*bounds, len(starts)], strict=True):
+            files += write_data_files(store, WINDOWS, open_rows.slice(int(lo), int(hi - lo)))
+    return files
+
+
+def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None) -> int:
+    """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written."""
+    written = 0
+    sealed_before_us = None if watermark is None else watermark * 1000
+    transactions = []
+    if watermark is not None and watermark != plan.watermark_ms:
+        transactions.append(Transaction(watermark_app_id(plan.topic), watermark, int(time.time() * 1000)))
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        removes, files = [], []
+        if states.num_rows:
+            start_us = states.column("window_start").cast(pa.int64())
+            lo, hi = pc.min(start_us).as_py(), pc.max(start_us).as_py()
+            days = sorted(
+                {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
+            )
+            candidates = _files_with_windows(store, table, days, lo, hi)
+            existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
+            keys = states.select(["metric", "server", "window_start"])
+            untouched = existing.join(keys, ["metric", "server", "window_start"], join_type="left anti")
+            touched = existing.join(keys, ["metric", "server", "window_start"], join_type="left semi")
+            updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
+            rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
+            files = _write_window_files(store, rows, sealed_before_us)
+            removes = [remove_action(f) for f in candidates]
+            written = updated.num_rows
+        commit_changes(
+            table,
+            WINDOWS,
+            files,
+            removes,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
+            operation="STREAMING WINDOWS",
+        )
+
+    return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
+
+
+def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us: int):
+    """Active files of the windows table on ``days`` whose window_start statistics overlap ``[lo_us, hi_us]``."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    wanted = set()
+    for row in actions.select(["path", "partition.event_date", "min.window_start", "max.window_start"]).to_pylist():
+        day = row["partition.event_date"]
+        day = day.isoformat() if hasattr(day, "isoformat") else str(day)
+        low, high = row["min.window_start"], row["max.window_start"]
+        if day not in days:
+            continue
+        if (
+            low is None
+            or high is None
+            or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
+        ):
+            wanted.add(row["path"])
+    return [f for f in snapshot_files(store, WINDOWS, table) if f.relative in wanted]
+
+
+def commit_batch(
+    store: Store, plan: BatchPlan, results: list[ChunkResult], *, watermark_seconds: int, started: float | None = None
+) -> BatchOutcome:
+    """Commit a processed batch: bronze, quarantine, then windows, each with its new positions (module docstring).
+
+    Also records the batch's end as consumer group ``speed-layer`` (what
+    ``lake consumers`` shows). Raises :class:`ConcurrentWriterError` if
+    another stream moved a table's positions meanwhile.
+    """
+    started = started or time.monotonic()
+    rows = {}
+    for name in (BRONZE, QUARANTINE):
+        files = [f for r in results for f in r.files if f.table == name]
+        committed = _commit_with_positions(
+            store,
+            plan,
+            name,
+            lambda table, advances, name=name, files=files: commit_changes(
+                table,
+                name,
+                files,
+                [],
+                transactions=offset_transactions(CONSUMER, plan.topic, advances),
+                operation="STREAMING UPDATE",
+            ),
+        )
+        rows[name] = sum(r.counts.get(name, 0) for r in results) if committed else 0
+    times = [r.event_time_max_ms for r in results if r.event_time_max_ms is not None]
+    candidates = [max(times) - watermark_seconds * 1000] if times else []
+    watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
+    states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
+    written = _upsert_windows(store, plan, states, watermark)
+    if plan.ends:
+        commit_offsets(store, CONSUMER, plan.topic, plan.ends)
+    return BatchOutcome(
+        records=plan.records,
+        rows=rows,
+        windows_written=written,
+        late_events=sum(r.counts.get("late", 0) for r in results),
+        watermark_ms=plan.watermark_ms,
+        seconds=time.monotonic() - started,
+    )
+
+
+def run_batch_in_process(
+    store: Store,
+    topic: str,
+    ends: dict[int, int],
+    *,
+    watermark_seconds: int,
+    clock_skew_seconds: int,
+    chunk_records: int = 500_000,
+) -> BatchOutcome | None:
+    """Plan, process (chunk after chunk, in this process) and commit one batch; ``None`` if nothing to do.
+
+    The same steps the Spark job runs, without Spark: for tests, tools and
+    the benchmarks' "library without Spark" peer.
+    """
+    started = time.monotonic()
+    plan = plan_batch(store, topic, ends, watermark_seconds=watermark_seconds, chunk_records=chunk_records)
+    if not plan.chunks:
+        return None
+    results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds) for chunk in plan.chunks]
+    return commit_batch(store, plan, results, watermark_seconds=watermark_seconds, started=started)
+
+
+def rewritable_from(store: Store, table: str) -> dt.date | None:
+    """The first day of ``table`` the speed layer may still rewrite (compaction must leave it alone), or None.
+
+    Only ``metric_windows_1m`` is rewritten (bronze and quarantine are append-only).
+    """
+    return first_open_day(store) if table == WINDOWS else None
+
+
+def first_open_day(store: Store) -> dt.date | None:
+    """The first UTC day of ``metric_windows_1m`` the speed layer may still rewrite, over every topic.
+
+    The day of the lowest recorded watermark; windows before it are closed
+    and never rewritten again (the watermark never moves back). Before the
+    speed layer recorded any watermark it may touch any day: returns
+    ``dt.date.min`` then. ``None`` if the lake has no topic.
+    """
+    topics = SegmentLog(store).topics()
+    if not topics:
+        return None
+    try:
+        table = open_table(store, WINDOWS)
+    except TableNotFoundError:
+        return None
+    marks = [table.transaction_version(watermark_app_id(topic)) for topic in topics]
+    if any(mark is None for mark in marks):
+        return dt.date.min
+    return dt.datetime.fromtimestamp(min(marks) / 1000, dt.UTC).date()

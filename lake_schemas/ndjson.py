@@ -1,0 +1,359 @@
+"""JSON Lines in the event contract, checked a block at a time with Arrow: the importer's (and gateway's) fast path.
+
+:func:`records_from_lines` turns bytes holding one event per line into
+:data:`~metrics_lake.schemas.LOG_RECORD` rows, in line order, with exactly
+the outcome :func:`metrics_lake.schemas.contract.to_log_records` gives line
+by line (the same accepted values, the same reasons and raw payloads), at
+the speed of Arrow's JSON reader:
+
+1. Lines are split on ``\\n`` only (a trailing ``\\r`` is dropped), never on
+   the other characters ``str.splitlines`` treats as line breaks (U+2028,
+   U+0085, ``\\x0b``...), which may legally appear inside JSON strings.
+   Whitespace-only lines are counted and skipped.
+2. Lines that could hurt the parser go straight to the per-line validator:
+   more than :data:`MAX_BRACKETS` opening brackets (a deeply nested line
+   crashes Arrow's JSON parser with a stack overflow, measured with pyarrow
+   26; counting brackets, unlike estimating depth, cannot be fooled by
+   brackets inside strings), more than :data:`MAX_LINE_BYTES` bytes, or
+   bytes that are not UTF-8 (Arrow's JSON reader does not check them and
+   would carry them into string columns).
+3. The other lines are parsed in blocks by ``pyarrow.json``. When a block
+   does not parse (mixed types, a line that is not an object...), the line
+   the error names goes line by line and the rest is parsed again, so each
+   line is parsed at most twice; a block that yields another number of rows
+   than lines (two objects on one line) is split in halves instead, and
+   parts of at most :data:`SMALL_BLOCK` lines that still fail go line by line.
+4. The contract is checked on the Arrow columns (types, nulls, ranges, the
+   metric pattern, server length, finite values, string-to-string tags,
+   ISO-8601 times with a zone); every row it rejects is validated again by
+   the per-line validator, which gives the reason.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from metrics_lake.schemas.contract import MAX_SERVER_LEN, MAX_TS_MS, MIN_TS_MS, to_log_records
+from metrics_lake.schemas.log_records import LOG_RECORD
+from metrics_lake.schemas.types import TAGS
+
+__all__ = ["MAX_BRACKETS", "MAX_LINE_BYTES", "LinesResult", "records_from_lines"]
+
+#: Lines with more opening brackets than this are validated one by one (no event needs more than a few).
+MAX_BRACKETS = 32
+#: Lines longer than this (bytes) are validated one by one.
+MAX_LINE_BYTES = 1 << 20
+#: Lines up to this long cannot nest deeply enough to hurt the parser; longer ones have their brackets counted.
+SHORT_LINE_BYTES = 1024
+#: Lines parsed by one call of Arrow's JSON reader (as one block, on the calling thread).
+BLOCK_LINES = 1 << 16
+#: A failing block at most this long is validated line by line instead of being split further.
+SMALL_BLOCK = 16
+#: After a parse error, calls shrink to no fewer lines than this.
+MIN_CALL_LINES = 256
+#: Arrow's block size on the fast path (a line must fit in one block: more than MAX_LINE_BYTES).
+FAST_BLOCK_BYTES = 2 << 20
+
+_ZONE = r"(Z|z|[+-]\d\d(:?\d\d)?)$"
+_ERROR_ROW = re.compile(r"in row (\d+)")
+_METRIC = r"^[a-z0-9_.]{1,128}$"
+
+
+@dataclass(frozen=True)
+class LinesResult:
+    """Records made of a block of lines: ``records`` (LOG_RECORD, in line order), line counts."""
+
+    records: pa.Table
+    lines: int
+    blank: int
+
+    @property
+    def rejected(self) -> int:
+        """Records that broke the contract (they carry a ``reason``)."""
+        return self.records.num_rows - self.records.column("reason").null_count
+
+
+def records_from_lines(data: bytes) -> LinesResult:
+    """Validate newline-separated events in ``data`` into LOG_RECORD rows (module docstring); never raises for bad input."""
+    buffer = np.frombuffer(data, dtype=np.uint8)
+    scratch = np.empty(len(buffer), dtype=bool)  # one temporary, reused: fresh large arrays cost page faults
+    newlines = np.flatnonzero(np.equal(buffer, 10, out=scratch))
+    starts = np.concatenate([[0], newlines + 1])
+    ends = np.concatenate([newlines, [len(buffer)]])
+    if len(buffer) and buffer[-1] == 10:  # a final newline ends the last line; it does not start another
+        starts, ends = starts[:-1], ends[:-1]
+    carriage = (ends > starts) & (buffer[np.maximum(ends - 1, 0)] == 13)
+    ends = ends - carriage
+    if len(starts) == 0:
+        return LinesResult(LOG_RECORD.empty_table(), 0, 0)
+    length = ends - starts
+    # Blank: only whitespace (bytes.strip's set: \t \n \x0b \x0c \r and space). Events start with "{", so
+    # only the few lines starting with whitespace, or empty, are looked at one by one.
+    first = buffer[np.minimum(starts, max(len(buffer) - 1, 0))] if len(buffer) else np.zeros(0, np.uint8)
+    maybe_blank = (length <= 0) | (first == 32) | ((first >= 9) & (first <= 13))
+    blank = np.zeros(len(starts), dtype=bool)
+    for index in np.flatnonzero(maybe_blank).tolist():
+        blank[index] = not data[starts[index] : ends[index]].strip()
+    # Opening brackets of long lines only: Arrow's parser survives nesting 10,000 deep (crashes by 20,000, pyarrow
+    # 26), so a line of at most SHORT_LINE_BYTES (at most half as deep) is safe whatever it holds.
+    heavy = ~blank & (length > MAX_LINE_BYTES)
+    for index in np.flatnonzero(~blank & ~heavy & (length > SHORT_LINE_BYTES)).tolist():
+        line = data[starts[index] : ends[index]]
+        heavy[index] = line.count(b"{") + line.count(b"[") > MAX_BRACKETS
+    heavy[_lines_with_invalid_utf8(data, starts, ends)] = True
+    lines = np.flatnonzero(~blank)
+    pieces: list[tuple[np.ndarray, pa.Table]] = []
+    slow = list(lines[heavy[lines]])
+    fast = lines[~heavy[lines]]
+    for lo in range(0, len(fast), BLOCK_LINES):
+        slow += _parse_block(data, starts, ends, fast[lo : lo + BLOCK_LINES], pieces)
+    if slow:
+        slow_lines = np.array(sorted(slow), dtype=np.int64)
+        payloads = [data[starts[i] : ends[i]] for i in slow_lines]
+        pieces.append((slow_lines, to_log_records(payloads)))
+    if not pieces:
+        return LinesResult(LOG_RECORD.empty_table(), len(starts), int(blank.sum()))
+    order = np.concatenate([index for index, _ in pieces])
+    records = pa.concat_tables([table for _, table in pieces])
+    if np.any(np.diff(order) < 0):  # rejects were validated apart: put every record back in line order
+        records = records.take(pa.array(np.argsort(order, kind="stable")))
+    return LinesResult(records, len(starts), int(blank.sum()))
+
+
+def _lines_with_invalid_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Indexes of the lines holding bytes that are not UTF-8: usually none, found with one decode of the block."""
+    try:
+        data.decode("utf-8")
+        return np.zeros(0, dtype=np.int64)
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for index, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        try:
+            data[start:end].decode("utf-8")
+        except UnicodeDecodeError:
+            bad.append(index)
+    return np.array(bad, dtype=np.int64)
+
+
+def _read(data: bytes, starts, ends, block: np.ndarray, exact_rows: bool = True) -> pa.Table:
+    """Parse the lines ``block`` with Arrow; with ``exact_rows`` as one block, so an error names its row in the call."""
+    if block[-1] - block[0] + 1 == len(block):  # consecutive lines: the original bytes, no copy
+        joined = memoryview(data)[starts[block[0]] : ends[block[-1]]]
+    else:
+        joined = b"\n".join(data[starts[i] : ends[i]] for i in block.tolist())
+    if exact_rows:
+        options = pj.ReadOptions(use_threads=False, block_size=max(len(joined) + 1, 1 << 16))
+    else:
+        options = pj.ReadOptions(use_threads=True, block_size=FAST_BLOCK_BYTES)
+    return pj.read_json(io.BytesIO(joined), read_options=options)
+
+
+def _error_row(error: Exception) -> int | None:
+    """The 0-based row an Arrow JSON error names (``... in row N``), or None."""
+    match = _ERROR_ROW.search(str(error))
+    return int(match.group(1)) if match else None
+
+
+def _parse_block(data: bytes, starts, ends, block: np.ndarray, pieces: list) -> list[int]:
+    """Parse and check the lines ``block``; append (line numbers, records) to ``pieces``; return lines to do one by one."""
+    parsed: list[tuple[np.ndarray, pa.Table]] = []
+    try:  # the fast way first: Arrow's threads on small blocks (an error then names a row within a block only)
+        table = _read(data, starts, ends, block, exact_rows=False)
+        slow = [] if table.num_rows == len(block) else _parse(data, starts, ends, block, parsed)
+        if not slow and not parsed:
+            parsed = [(block, table)]
+    except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
+        slow = _parse(data, starts, ends, block, parsed)
+    if not parsed:
+        return slow
+    try:  # one check for the block: Arrow unifies int64 with double and struct fields of the parts
+        groups = [
+            (
+                np.concatenate([lines for lines, _ in parsed]),
+                pa.concat_tables([t for _, t in parsed], promote_options="permissive"),
+            )
+        ]
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        groups = parsed
+    for lines, table in groups:
+        accepted, records = _check(table)
+        if records.num_rows:
+            pieces.append((lines[accepted], records))
+        slow += lines[~accepted].tolist()
+    return slow
+
+
+def _parse(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+    """Parse the lines ``block`` into ``parsed`` (line numbers, table); return the lines to do one by one.
+
+    Arrow parses a whole call before it reports an error, so after an error
+    calls get smaller (a sixteenth, at least :data:`MIN_CALL_LINES` lines)
+    and grow back (doubling) while they succeed: where bad lines are dense,
+    an error wastes the parse of a small call only. On an error at a named
+    row, the rows before it are parsed again, that line goes one by one and
+    parsing resumes after it. An error without a row (two objects on one
+    line) splits the call in halves instead.
+    """
+    slow: list[int] = []
+    size, position = len(block), 0
+    while position < len(block):
+        call = block[position : position + size]
+        try:
+            table = _read(data, starts, ends, call)
+        except (pa.ArrowInvalid, ValueError, UnicodeDecodeError) as error:
+            row = _error_row(error)
+            if row is None or not 0 <= row < len(call):
+                slow += _halve(data, starts, ends, call, parsed)
+            else:
+                if row:
+                    slow += _parse(data, starts, ends, call[:row], parsed)
+                slow.append(int(call[row]))
+                position += row + 1
+                size = max(size // 16, MIN_CALL_LINES)
+                continue
+        else:
+            if table.num_rows == len(call):
+                parsed.append((call, table))
+            else:  # two objects on one line: which one is unknown
+                slow += _halve(data, starts, ends, call, parsed)
+        position += len(call)
+        size = min(size * 2, len(block))
+    return slow
+
+
+def _halve(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+    if len(block) <= SMALL_BLOCK:
+        return block.tolist()
+    half = len(block) // 2
+    return _parse(data, starts, ends, block[:half], parsed) + _parse(data, starts, ends, block[half:], parsed)
+
+
+def _column(table: pa.Table, name: str) -> pa.Array | None:
+    if name not in table.column_names:
+        return None
+    column = table.column(name).combine_chunks()
+    return None if pa.types.is_null(column.type) else column
+
+
+def _valid(column: pa.Array) -> np.ndarray:
+    if column.null_count == 0:
+        return np.ones(len(column), dtype=bool)
+    return column.is_valid().to_numpy(zero_copy_only=False)
+
+
+def _times(column: pa.Array | None, ok: np.ndarray) -> np.ndarray:
+    """Epoch ms of each row (0 where not acceptable); clears ``ok`` for rows the contract rejects."""
+    ms = np.zeros(len(ok), dtype=np.int64)
+    if column is None:
+        ok[:] = False
+    elif pa.types.is_integer(column.type):
+        ok &= _valid(column)
+        ms = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    elif pa.types.is_string(column.type):
+        ok &= _valid(column) & np.asarray(pc.fill_null(pc.match_substring_regex(column, _ZONE), False))
+        try:
+            parsed = pc.cast(pc.if_else(pa.array(ok), column, "1970-01-01T00:00:00Z"), pa.timestamp("ms", "UTC"))
+            ms = parsed.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        except pa.ArrowInvalid:
+            ok[:] = False  # some string Arrow cannot read: leave all string times to the per-line validator
+    else:  # floats and booleans are wrong types
+        ok[:] = False
+    ok &= (ms >= MIN_TS_MS) & (ms < MAX_TS_MS)
+    return ms
+
+
+def _strings(column: pa.Array | None, ok: np.ndarray) -> pa.Array:
+    if column is None or not pa.types.is_string(column.type):
+        ok[:] = False
+        return pa.nulls(len(ok), pa.string())
+    ok &= _valid(column)
+    return column
+
+
+def _per_value(column: pa.Array, check) -> np.ndarray:
+    """``check`` (a compute function on distinct values) per row, False for nulls: servers and metrics repeat."""
+    encoded = pc.dictionary_encode(column)
+    verdict = pc.fill_null(check(encoded.dictionary), False).to_numpy(zero_copy_only=False)
+    indices = encoded.indices
+    result = (
+        verdict[indices.fill_null(0).to_numpy(zero_copy_only=False)] if len(verdict) else np.zeros(len(column), bool)
+    )
+    return result & _valid(indices)
+
+
+def _tags(column: pa.Array | None, ok: np.ndarray) -> pa.Array:
+    """``map<string, string>`` from the parsed ``tags`` (objects of string to string, or null)."""
+    n = len(ok)
+    if column is None:
+        return pa.nulls(n, TAGS)
+    present = _valid(column)
+    if not pa.types.is_struct(column.type):
+        ok &= ~present  # a string, number or list where an object belongs
+        return pa.nulls(n, TAGS)
+    children = [column.field(i) for i in range(column.type.num_fields)]
+    for child in children:
+        if not pa.types.is_string(child.type):
+            ok &= ~(present & _valid(child))
+        # A null field is either a key that line lacks (fine) or an explicit null (rejected): the per-line
+        # validator tells them apart, so such rows go there.
+        ok &= ~(present & ~_valid(child))
+    rows, fields, items = [], [], []
+    for k, child in enumerate(children):
+        if pa.types.is_string(child.type):
+            where = np.flatnonzero(present & _valid(child))
+            rows.append(where)
+            fields.append(np.full(len(where), k, dtype=np.int64))
+            items.append(child.take(pa.array(where)))
+    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    field = np.concatenate(fields) if fields else np.zeros(0, np.int64)
+    item = pa.concat_arrays(items) if items else pa.array([], pa.string())
+    order = np.lexsort((field, row))  # map entries row by row, in the order of the object's fields
+    row, field, item = row[order], field[order], item.take(pa.array(order))
+    names = pa.array([column.type.field(i).name for i in range(column.type.num_fields)], pa.string())
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(row, minlength=n), out=offsets[1:])
+    mask = pa.array(~present)
+    return pa.MapArray.from_arrays(pa.array(offsets), names.take(pa.array(field)), item, mask=mask).cast(TAGS)
+
+
+def _check(table: pa.Table) -> tuple[np.ndarray, pa.Table]:
+    """(accepted mask, LOG_RECORD rows of the accepted lines) for one parsed block."""
+    n = table.num_rows
+    ok = np.ones(n, dtype=bool)
+    ms = _times(_column(table, "ts"), ok)
+    server = _strings(_column(table, "server"), ok)
+    ok &= _per_value(
+        server,
+        lambda d: pc.and_(pc.greater_equal(pc.utf8_length(d), 1), pc.less_equal(pc.utf8_length(d), MAX_SERVER_LEN)),
+    )
+    metric = _strings(_column(table, "metric"), ok)
+    ok &= _per_value(metric, lambda d: pc.match_substring_regex(d, _METRIC))
+    value = _column(table, "value")
+    if value is None or not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
+        ok[:] = False
+        value = pa.nulls(n, pa.float64())
+    value = value.cast(pa.float64())
+    ok &= _valid(value) & np.asarray(pc.fill_null(pc.is_finite(value), False))
+    tags = _tags(_column(table, "tags"), ok)
+    keep = pa.array(ok)
+    records = pa.table(
+        {
+            "ts": pa.array(ms, pa.int64()).cast(LOG_RECORD.field("ts").type).filter(keep),
+            "server": server.filter(keep),
+            "metric": metric.filter(keep),
+            "value": value.filter(keep),
+            "tags": tags.filter(keep),
+            "raw": pa.nulls(int(ok.sum()), pa.string()),
+            "reason": pa.nulls(int(ok.sum()), pa.string()),
+        },
+        schema=LOG_RECORD,
+    )
+    return ok, records

@@ -1,3 +1,0 @@
-"""Streaming sinks: :mod:`.delta_sink` (format ``lakebronze``)."""
-
-__all__ = ["delta_sink"]

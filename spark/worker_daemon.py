@@ -1,0 +1,26 @@
+"""Spark's Python worker daemon, with the lake's modules imported before it forks workers.
+
+Spark starts Python workers by forking them from a daemon process
+(``pyspark.daemon``); ``spark.python.daemon.module`` may name another module
+to run as that daemon (Spark configuration "Python worker daemon"). This one
+imports pyarrow, numpy, delta-rs and the lake modules the tasks use, then
+runs pyspark's daemon, so each forked worker starts with them already
+loaded: a new worker's first task no longer spends about a second importing
+(measured: 0.7 s of "init" per worker with the plain daemon).
+"""
+
+from __future__ import annotations
+
+import deltalake  # noqa: F401
+import numpy  # noqa: F401
+import pyarrow  # noqa: F401
+import pyarrow.parquet  # noqa: F401
+from pyspark import daemon
+
+import metrics_lake.core.speed_layer  # noqa: F401
+import metrics_lake.core.windows  # noqa: F401
+import metrics_lake.spark.readers.delta_reader  # noqa: F401
+import metrics_lake.spark.sources.log_source  # noqa: F401
+
+if __name__ == "__main__":
+    daemon.manager()

@@ -1,0 +1,75 @@
+"""Window states: exact against a plain-Python computation, and merging partial states equals aggregating all events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import sketch
+from metrics_lake.core.windows import aggregate_events, finalize, merge_states, rewindow
+from tests.helpers import expected_windows
+
+
+def events(seed=1, servers=7, metrics=4, seconds=150, rate=2.0) -> pa.Table:
+    start = 1_763_600_000_000 - 1_763_600_000_000 % 60_000 + 17_000  # windows do not start at the first event
+    return FleetSimulator(
+        servers=servers, metrics=metrics, seconds=seconds, rate=rate, seed=seed, start_ms=start
+    ).generate()
+
+
+def by_key(rows: pa.Table) -> dict[tuple, dict]:
+    out = {}
+    for row in rows.to_pylist():
+        start = int(row["window_start"].timestamp() * 1000)
+        out[(row["metric"], row["server"], start)] = row
+    return out
+
+
+def test_windows_equal_an_independent_computation_and_quantiles_are_within_the_bound():
+    data = events()
+    rows = by_key(finalize(aggregate_events(data, 60), 60))
+    expected = expected_windows(data)
+    assert rows.keys() == expected.keys()
+    for key, want in expected.items():
+        got = rows[key]
+        assert (got["count"], got["min"], got["max"]) == (want["count"], want["min"], want["max"])
+        assert got["sum"] == pytest.approx(want["sum"], rel=1e-12) and got["avg"] == pytest.approx(
+            want["sum"] / want["count"]
+        )
+        assert got["window_end"] - got["window_start"] == dt.timedelta(minutes=1)
+        for column, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            exact = want["sorted"][math.floor(q * (want["count"] - 1))]
+            assert abs(got[column] - exact) <= sketch.RELATIVE_ERROR * abs(exact) * (1 + 1e-12)
+
+
+def test_merging_partials_of_any_split_equals_aggregating_everything():
+    data = events(seed=5)
+    whole = finalize(aggregate_events(data, 60), 60, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    rng = np.random.default_rng(11)
+    cut = np.sort(rng.choice(data.num_rows, size=6, replace=False))
+    parts = [data.slice(lo, hi - lo) for lo, hi in zip([0, *cut], [*cut, data.num_rows], strict=True)]
+    merged = merge_states(pa.concat_tables([aggregate_events(part, 60) for part in parts]))
+    merged = finalize(merged, 60, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for table in (whole, merged):
+        assert table.num_rows == len(expected_windows(data))
+    left, right = by_key(whole), by_key(merged)
+    for key in left:
+        a, b = left[key], right[key]
+        assert a["sum"] == pytest.approx(b["sum"], rel=1e-12)
+        a.pop("sum"), b.pop("sum"), a.pop("avg"), b.pop("avg")
+        assert a == b  # counts, min, max, quantiles and sketch bytes identical
+
+
+def test_rewindow_rolls_minutes_up_to_hours_like_aggregating_the_events_by_hour():
+    data = events(seed=9, seconds=7200, rate=0.2, servers=3, metrics=2)
+    hourly = by_key(finalize(rewindow(aggregate_events(data, 60), 3600), 3600))
+    direct = by_key(finalize(aggregate_events(data, 3600), 3600))
+    assert hourly.keys() == direct.keys()
+    for key in direct:
+        for column in ("count", "min", "max", "p50", "p95", "p99", "sketch"):
+            assert hourly[key][column] == direct[key][column]

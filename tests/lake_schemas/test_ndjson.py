@@ -1,0 +1,111 @@
+"""The vectorised JSON Lines path gives exactly what the per-line validator gives, on any input, without crashing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from metrics_lake.schemas.contract import MAX_RAW_BYTES, to_log_records
+from metrics_lake.schemas.ndjson import MAX_BRACKETS, records_from_lines
+from tests.lake_schemas.test_contract import INVALID
+
+GOOD = [
+    '{"ts": 1763600000000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5}',
+    '{"ts": 1763600000001, "server": "web-02", "metric": "app.rpc.count", "value": 7, "tags": {"dc": "eu", "az": "b"}}',
+    '{"ts": "2025-11-20T01:33:20.250Z", "server": "db", "metric": "x", "value": -1e-300}',
+    '{"ts": "2025-11-20T02:33:20.123456+01:00", "server": "é", "metric": "y_1.z", "value": 1e300, "extra": [1]}',
+    '{"value": 3, "metric": "m", "server": "s", "ts": 1763600000002, "tags": {"az": "a", "dc": "us"}}',
+    '{"ts": 1763600000003, "server": "s", "metric": "m", "value": 123456789012345678901234567890}',
+    '{"ts": 1763600000004, "server": "s", "metric": "m", "value": 1, "tags": {}}',
+    '{"ts": 1763600000005, "server": "a\u2028b\u0085c\\u000bd", "metric": "m", "value": 1}',
+    '{"ts": 1763600000006, "server": "s", "metric": "m", "value": 1, "tags": null}',
+]
+NASTY = [
+    '{"ts": 1763600000000, "server": "s\\ud800", "metric": "m", "value": 1}',  # lone surrogate
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": ' + "9" * 400 + "}",
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": ' + "9" * 5001 + "}",
+    '{"ts": ' + "1" * 30 + ', "server": "s", "metric": "m", "value": 1}',
+    '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}",  # crashes Arrow's parser if it ever reached it
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 1} {"second": "object"}',
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 1, "value": 2}',
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 1e400}',
+    '{"ts": 1763600000000.0, "server": "s", "metric": "m", "value": 1}',
+    '{"ts": "2025-11-20T01:33:20", "server": "s", "metric": "m", "value": 1}',
+    '{"ts": "2025-W47-1T00:00:00Z", "server": "s", "metric": "m", "value": 1}',
+    '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 1, "tags": {"k": {"nested": "x"}}}',
+    '{"ts": 1763600000000, "server": "' + "x" * (MAX_RAW_BYTES + 10) + '", "metric": "m", "value": 1}',
+    "[" * (MAX_BRACKETS + 1),
+    "\x00\x01binary",
+    "",
+    "   ",
+]
+
+
+def normalise(table):
+    rows = table.to_pylist()
+    for row in rows:
+        if row["tags"] is not None:
+            row["tags"] = dict(row["tags"])  # a map's key order carries no meaning
+    return rows
+
+
+def assert_same(lines: list[bytes]) -> None:
+    data = b"\n".join(lines) + b"\n"
+    fast = records_from_lines(data)
+    expected = to_log_records([line for line in lines if line.strip()])
+    assert normalise(fast.records) == normalise(expected)
+    assert fast.lines == len(lines) and fast.blank == sum(1 for line in lines if not line.strip())
+
+
+def test_contract_cases_good_and_nasty_lines_match_the_per_line_validator():
+    lines = [*GOOD, *(raw for raw, _ in INVALID), *NASTY, *GOOD]
+    assert_same([line.encode("utf-8", "surrogatepass") for line in lines])
+
+
+def test_lines_are_split_on_newline_only_with_crlf_and_no_final_newline():
+    data = (GOOD[0] + "\r\n\r\n" + GOOD[7] + "\n" + GOOD[1]).encode()
+    result = records_from_lines(data)
+    assert (result.lines, result.blank, result.records.num_rows, result.rejected) == (4, 1, 3, 0)
+    assert result.records.column("server").to_pylist()[1] == "a\u2028b\u0085c\x0bd"  # one event, not three
+
+
+def test_invalid_utf8_is_quarantined_with_its_bytes_escaped():
+    line = b'{"ts": 1763600000000, "server": "a\xffb", "metric": "m", "value": 1}'
+    result = records_from_lines(GOOD[0].encode() + b"\n" + line)
+    assert result.rejected == 1
+    assert result.records.column("reason").to_pylist()[1].startswith("invalid_json")
+    assert "\\xff" in result.records.column("raw").to_pylist()[1]
+
+
+MUTATIONS = (
+    lambda s, r: s[: r.randrange(max(len(s), 1))],  # truncated
+    lambda s, r: s.replace('"', "", 1),
+    lambda s, r: s.replace("1763600000000", r.choice(["-1", "1.5", '"x"', "true", "null", "1e3", "[]"])),
+    lambda s, r: s.replace('"m"', r.choice(['"M"', '""', '"a b"', "1", '"' + "m" * 129 + '"', "null"])),
+    lambda s, r: s.replace('"s"', r.choice(['""', "7", '"' + "s" * 129 + '"', '"\\ud800"', '"\u2028"', "{}"])),
+    lambda s, r: s.replace("12.5", r.choice(["NaN", "Infinity", '"12"', "false", "1e999", "-0", "9" * 30])),
+    lambda s, r: s.replace("}", ', "tags": ' + r.choice(['{"a": 1}', '{"a": "b"}', '"t"', "[]", '{"a": null}']) + "}"),
+    lambda s, r: s[: (i := r.randrange(len(s) + 1))] + r.choice(["\x00", "\u2028", "\\", "{", "]", ",", "é"]) + s[i:],
+    lambda s, r: "[" + s + "]",
+    lambda s, r: s + " " + s,
+)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fuzzed_lines_match_the_per_line_validator(seed):
+    rng = random.Random(seed)
+    base = '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 12.5}'
+    lines = []
+    for _ in range(4000):
+        line = base
+        for _ in range(rng.randint(0, 3)):
+            line = rng.choice(MUTATIONS)(line, rng)
+        encoded = line.encode("utf-8", "surrogatepass")
+        if rng.random() < 0.05:  # bytes that are not UTF-8
+            cut = rng.randrange(len(encoded) + 1)
+            encoded = encoded[:cut] + bytes([rng.randrange(0x80, 0x100)]) + encoded[cut:]
+        lines.append(encoded)
+    assert_same(lines)
+    assert json.loads(base)  # the base line itself is valid JSON
