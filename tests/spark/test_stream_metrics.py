@@ -160,7 +160,7 @@ def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, 
     between batches, an older checkpoint restored, another query's checkpoint. The tables' positions decide."""
     import shutil
 
-    settings = settings.model_copy(update={"max_records_per_batch": 500})  # several batches per run
+    settings = settings.model_copy(update={"max_records_per_batch": 150})  # 361 records per produce: several batches
     checkpoint = settings.checkpoint_path
 
     def produce(seed: int, start_ms: int) -> None:
