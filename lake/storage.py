@@ -43,6 +43,7 @@ from metrics_lake.core.errors import (
     AccessDeniedError,
     BucketNotFoundError,
     CredentialsError,
+    InputError,
     StorageError,
     StorageUnavailableError,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "S3Store",
     "Store",
     "VersionConflictError",
+    "check_key",
     "content_version",
     "open_store",
 ]
@@ -140,6 +142,18 @@ class Store(abc.ABC):
         """Remove ``key`` if present."""
 
 
+def check_key(key: str) -> str:
+    """Return ``key`` if it names something under the lake root; else raise :class:`InputError`.
+
+    Keys are relative, ``/``-separated; a ``.`` or ``..`` segment or a
+    leading ``/`` could reach outside the root (a local path, another S3
+    prefix), whatever name built the key.
+    """
+    if key.startswith("/") or any(part in (".", "..") for part in key.split("/")) or "\x00" in key:
+        raise InputError(f"storage key {key!r} would leave the lake root (a '.' or '..' part, or a leading '/')")
+    return key
+
+
 class LocalStore(Store):
     """A lake root on the local file system; ``root`` is its absolute path, ``base`` the same as a ``Path``."""
 
@@ -154,8 +168,8 @@ class LocalStore(Store):
             raise StorageError(f"cannot use {self.base} as the lake root: {exc.strerror or exc}") from None
 
     def path(self, key: str) -> Path:
-        """Absolute local path of ``key``."""
-        return self.base / key
+        """Absolute local path of ``key``; :class:`InputError` if the key would leave the root."""
+        return self.base / check_key(key)
 
     def uri(self, key: str) -> str:
         """URI of ``key`` for other engines (delta-rs, Spark): an absolute path."""
@@ -315,6 +329,7 @@ class S3Store(Store):
         )
 
     def _key(self, key: str) -> str:
+        check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def uri(self, key: str) -> str:

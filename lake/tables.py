@@ -44,6 +44,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
 from metrics_lake.core.log.lease import acquire_lease_at, release_lease, renew_lease
+from metrics_lake.core.names import check_name
 from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.schemas import TABLES, table_spec
@@ -119,8 +120,8 @@ def maintenance_lease(store: Store, name: str, *, wait_s: float = 900.0) -> Iter
 
 
 def table_uri(store: Store, name: str) -> str:
-    """URI of table ``name`` for delta-rs and Spark readers."""
-    return store.uri(f"tables/{name}")
+    """URI of table ``name`` for delta-rs and Spark readers; :class:`InputError` for a name that is not valid."""
+    return store.uri(f"tables/{check_name('table', name)}")
 
 
 def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:

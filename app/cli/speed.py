@@ -12,6 +12,7 @@ from metrics_lake.app.cli.options import partition_list, settings, stop_on_signa
 from metrics_lake.app.console import err, out, print_batch
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.names import check_name
 from metrics_lake.core.storage import open_store
 
 __all__ = ["consumers", "replay", "stream"]
@@ -57,7 +58,9 @@ def replay(
     from metrics_lake.spark.jobs.replay import replay_ranges
 
     config = settings()
-    topic = topic or config.topic
+    topic = check_name("--topic", topic) if topic is not None else config.topic
+    if into is not None:
+        check_name("--into", into)
     from_ms, to_ms = time_ms("--from-time", from_time), time_ms("--to-time", to_time)
     log = SegmentLog(open_store(config))
     try:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.names import check_name
 from metrics_lake.core.speed_layer import BRONZE, QUARANTINE, split_log_rows
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables import commit_files, ensure_table, open_table, write_data_files
@@ -137,6 +138,8 @@ def replay(
     declared table other than ``bronze_events`` (replay writes bronze rows).
     """
     store = log.store
+    if into is not None:
+        check_name("--into", into)
     if into is not None and into in (QUARANTINE, "metric_windows_1m"):
         raise InputError(f"--into {into}: replay writes bronze rows; name a new table or bronze_events")
     targets = {BRONZE: into or BRONZE}

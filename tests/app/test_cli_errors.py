@@ -150,3 +150,22 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_segment(full_disk, tmp_pa
     _assert_one_clear_line(result, "no space left on the device holding the lake root", "produce onto a full disk")
     leftovers = [path for path in root.rglob(".tmp-*")]
     assert leftovers == []  # failed writes clean up their temporary files
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["replay", "--into", "../../x"], {}, "--into '../../x' is not a valid name"),
+        (["replay", "--into", "a/x"], {}, "--into 'a/x' is not a valid name"),
+        (["replay", "--into", "/tmp/escaped"], {}, "is not a valid name"),
+        (["replay", "--topic", ".."], {}, "--topic '..' is not a valid name"),
+        (["produce", "--seconds", "1"], {"LAKE_TOPIC": ".."}, "LAKE_TOPIC"),
+        (["produce", "--seconds", "1"], {"LAKE_TOPIC": "a/x"}, "LAKE_TOPIC"),
+    ],
+)
+def test_names_that_would_leave_the_lake_root_are_refused(tmp_path, args, env, expected):
+    root = tmp_path / "deep" / "lake"
+    result = _run(args, {"LAKE_ROOT": str(root), **env}, tmp_path)
+    _assert_one_clear_line(result, expected, " ".join(args))
+    outside = [p for p in tmp_path.rglob("*") if root not in (p, *p.parents) and p not in (root.parent,)]
+    assert outside == [], f"written outside the lake root: {outside}"
