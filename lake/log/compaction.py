@@ -92,9 +92,10 @@ def _merge(log_: SegmentLog, prefix: str, run: list[SegmentInfo]) -> SegmentInfo
     if records.num_rows != end - base:
         raise RuntimeError(f"{prefix}: segments [{base}, {end}) hold {records.num_rows} records, not {end - base}")
     producers: dict[str, int] = {}
-    for info in run:
-        for producer_id, seq in info.producers.items():
-            producers[producer_id] = max(seq, producers.get(producer_id, seq))
+    digests: dict[str, str] = {}
+    for info in run:  # in offset order, so the last segment naming a producer has its highest sequence
+        producers.update(info.producers)
+        digests.update(info.digests)
     parts = [part for info in run for part in (info.parts or [[info.base_offset, info.appended_at]])]
     name = compacted_segment_name(base, end)
     data, merged = encode_segment(
@@ -103,6 +104,7 @@ def _merge(log_: SegmentLog, prefix: str, run: list[SegmentInfo]) -> SegmentInfo
         appended_at=max(info.appended_at for info in run),
         epoch=max(info.epoch for info in run),
         producers=producers,
+        digests=digests,
         object_name=name,
         parts=parts,
     )

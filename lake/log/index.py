@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass, field
 
 from metrics_lake.core.log.segment import SegmentInfo
+from metrics_lake.core.names import check_name
 from metrics_lake.core.storage import Store, VersionConflictError
 
 INDEX_NAME = "index.json"
@@ -34,8 +35,8 @@ PRODUCER_EXPIRY_MS = 7 * 24 * 3600 * 1000
 
 
 def partition_prefix(topic: str, partition: int) -> str:
-    """Key prefix of one partition's objects."""
-    return f"log/{topic}/{partition}"
+    """Key prefix of one partition's objects; :class:`InputError` for a topic name that is not valid."""
+    return f"log/{check_name('topic', topic)}/{partition}"
 
 
 @dataclass
@@ -101,31 +102,31 @@ class PartitionIndex:
             "epoch": self.epoch,
             "revision": self.revision,
             "next_offset": self.next_offset,
-            "segments": [info.to_json() for info in self.segments],
             "producers": self.producers,
             "retired": self.retired,
             "truncated_offset": self.truncated_offset,
         }
+        # The segment list is most of the index: splice in each segment's JSON made once (SegmentInfo.json_text).
+        segments = ", ".join(info.json_text for info in self.segments)
+        text = f'{json.dumps(doc)[:-1]}, "segments": [{segments}]}}'
         key = f"{partition_prefix(topic, partition)}/{INDEX_NAME}"
-        self.version = store.replace_if(key, json.dumps(doc).encode(), self.version)
+        self.version = store.replace_if(key, text.encode(), self.version)
 
     def add(self, info: SegmentInfo) -> None:
         """Record a newly appended segment; it must start at :attr:`next_offset`.
 
-        Every producer named in the segment gets its sequence and the
-        segment's offsets recorded; producers idle for longer than
+        Every producer named in the segment gets its sequence, the
+        segment's offsets and the digest of its batch (if any) recorded; producers idle for longer than
         :data:`PRODUCER_EXPIRY_MS` are dropped.
         """
         if info.base_offset != self.next_offset:
             raise ValueError(f"segment base {info.base_offset} != log end offset {self.next_offset}")
         self.segments.append(info)
         for producer_id, seq in info.producers.items():
-            self.producers[producer_id] = {
-                "seq": seq,
-                "base_offset": info.base_offset,
-                "end_offset": info.end_offset,
-                "at": info.appended_at,
-            }
+            entry = {"seq": seq, "base_offset": info.base_offset, "end_offset": info.end_offset}
+            if producer_id in info.digests:
+                entry["digest"] = info.digests[producer_id]
+            self.producers[producer_id] = entry | {"at": info.appended_at}
         horizon = info.appended_at - PRODUCER_EXPIRY_MS
         self.producers = {k: v for k, v in self.producers.items() if v.get("at", info.appended_at) >= horizon}
 
@@ -162,6 +163,11 @@ class PartitionIndex:
         """Highest sequence number appended by ``producer_id``, or ``None`` if unknown."""
         entry = self.producers.get(producer_id)
         return None if entry is None else int(entry["seq"])
+
+    def last_batch(self, producer_id: str) -> tuple[int, str | None] | None:
+        """(highest sequence, digest of that batch's body or ``None``) appended by ``producer_id``, if known."""
+        entry = self.producers.get(producer_id)
+        return None if entry is None else (int(entry["seq"]), entry.get("digest"))
 
     def segments_for(self, start: int, end: int) -> list[SegmentInfo]:
         """Segments overlapping offsets ``[start, end)``, in order."""

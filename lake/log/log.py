@@ -51,6 +51,7 @@ from metrics_lake.core.log.segment import (
     read_segment_info,
     segment_name,
 )
+from metrics_lake.core.names import check_name
 from metrics_lake.core.storage import ObjectExistsError, Store, VersionConflictError
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class SegmentLog:
         Returns the topic's actual partition count: an existing topic keeps
         its count (re-partitioning would break per-server ordering).
         """
-        key = f"log/{topic}/topic.json"
+        key = f"log/{check_name('topic', topic)}/topic.json"
         doc = {"topic": topic, "partitions": partitions, "created_at": int(time.time() * 1000)}
         try:
             self.store.create(key, json.dumps(doc).encode())
@@ -98,7 +99,7 @@ class SegmentLog:
     def partitions(self, topic: str) -> int:
         """Partition count of ``topic``; :class:`TopicNotFoundError` if it does not exist."""
         try:
-            return int(json.loads(self.store.read(f"log/{topic}/topic.json"))["partitions"])
+            return int(json.loads(self.store.read(f"log/{check_name('topic', topic)}/topic.json"))["partitions"])
         except FileNotFoundError:
             raise TopicNotFoundError(f"topic {topic!r} does not exist under {self.store.root}/log") from None
 
@@ -233,10 +234,6 @@ class PartitionWriter:
         """Give the lease up so the next writer need not wait for it to expire."""
         release_lease(self.store, self.lease)
 
-    def last_seq(self, producer_id: str) -> int | None:
-        """Highest sequence number committed for ``producer_id`` in this partition."""
-        return self.index.last_seq(producer_id)
-
     def append(
         self,
         records: pa.Table,
@@ -244,6 +241,7 @@ class PartitionWriter:
         producer_id: str | None = None,
         producer_seq: int | None = None,
         sources: dict[str, int] | None = None,
+        digests: dict[str, str] | None = None,
     ) -> AppendResult:
         """Append ``records`` (:data:`metrics_lake.schemas.LOG_RECORD`) as one new segment.
 
@@ -251,7 +249,8 @@ class PartitionWriter:
         above the last one committed for that producer is a retry: nothing
         is written and the original offsets are returned with
         ``duplicate=True``. ``sources`` (producer id -> sequence) records
-        the upstream producers (agents) whose batches are in ``records``.
+        the upstream producers (agents) whose batches are in ``records``,
+        ``digests`` (producer id -> digest) their bodies' digests.
 
         Raises :class:`~metrics_lake.core.log.lease.FencedError` if another writer took
         the lease, ``ValueError`` for empty or mis-shaped records, and the
@@ -273,7 +272,12 @@ class PartitionWriter:
             producers[producer_id] = producer_seq
         base = self.index.next_offset
         data, info = encode_segment(
-            records, base_offset=base, appended_at=int(time.time() * 1000), epoch=self.epoch, producers=producers
+            records,
+            base_offset=base,
+            appended_at=int(time.time() * 1000),
+            epoch=self.epoch,
+            producers=producers,
+            digests=digests,
         )
         key = f"{self.prefix}/{segment_name(base)}"
         try:

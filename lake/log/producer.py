@@ -28,6 +28,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.errors import StorageError
+from metrics_lake.core.errors import InputError, StorageError
+from metrics_lake.core.log.index import PartitionIndex
 from metrics_lake.core.log.lease import FencedError
 from metrics_lake.core.log.log import AppendResult, PartitionWriter, SegmentLog
 from metrics_lake.core.storage import Store, open_store
@@ -45,6 +47,49 @@ from metrics_lake.schemas import LOG_RECORD
 from metrics_lake.schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
+
+#: Recent (sequence -> digest) kept in memory per upstream producer, to check retries of older batches.
+SOURCE_HISTORY = 64
+#: Upstream producers remembered in memory (least recently sending forgotten first).
+MAX_SOURCES = 65_536
+
+
+class SequenceConflictError(InputError):
+    """An upstream producer reused a sequence number for another body (or one too old to check): nothing was sent."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """The upstream batch a :meth:`Producer.send` carries: who sent it, its sequence, its body's digest.
+
+    ``producer_id``: an agent's id, an import's id; ``seq``: increasing per
+    batch of that producer; ``digest``: a hash of the batch's body (hex
+    text), which tells a retry (same body) from a reused sequence (another
+    body). ``strict``: a sequence older than the last one recorded whose
+    digest is no longer known is a conflict (an agent never re-sends an
+    older batch after a newer one was acknowledged) rather than a duplicate
+    (an import re-sending its deterministic chunks after a crash).
+    """
+
+    producer_id: str
+    seq: int
+    digest: str | None = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What :meth:`Producer.send` did: one future per partition written, and the rows it buffered.
+
+    ``records``/``valid``: rows buffered for appending (valid ones among
+    them); ``duplicates``: rows not buffered because their upstream batch
+    is already in the log or on its way (a retry).
+    """
+
+    futures: list[Future]
+    records: int = 0
+    valid: int = 0
+    duplicates: int = 0
 
 
 def producer_for(settings: LakeSettings, store: Store | None = None, **options) -> Producer:
@@ -93,6 +138,7 @@ class _Batch:
     nbytes: int = 0
     first_at: float = 0.0
     sources: dict[str, int] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
     seq: int = 0
 
@@ -143,6 +189,7 @@ class Producer:
         self.producer_id = producer_id or uuid.uuid4().hex
         self.stats = ProducerStats()
         self._seq = [0] * self.partitions
+        self._history: OrderedDict[str, OrderedDict[int, str | None]] = OrderedDict()
         self._buffers = [_Batch() for _ in range(self.partitions)]
         # A flush that failed keeps its records *and* sequence number here and
         # is retried before anything newer, so a half-done append (segment
@@ -183,65 +230,134 @@ class Producer:
         slot = assign_partitions(records, len(self.owned))
         return np.asarray(self.owned, dtype=np.int32)[slot]
 
-    def send(self, records: pa.Table, *, source: tuple[str, int] | None = None) -> list[Future]:
+    def send(self, records: pa.Table, *, source: Source | None = None) -> Sent:
         """Buffer :data:`LOG_RECORD` rows; may flush full partitions before returning.
 
-        Returns one future per partition written, resolved with the
-        :class:`~metrics_lake.core.log.log.AppendResult` once the records are durable in
-        the log. A flush that keeps failing stays pending and is retried by
-        the background thread, so wait on the futures with a timeout.
-        ``source`` = (upstream producer id, sequence), e.g. an agent's
-        request: records of a source sequence already committed to a
-        partition, or already buffered, are not buffered again, which makes
-        an agent's retried request idempotent.
+        Returns :class:`Sent`, with one future per partition written,
+        resolved with the :class:`~metrics_lake.core.log.log.AppendResult`
+        once the records are durable in the log. A flush that keeps failing
+        stays pending and is retried by the background thread, so wait on
+        the futures with a timeout.
+
+        ``source`` names the upstream batch (an agent's request, an import's
+        chunk). Per partition, rows of a batch whose sequence is already in
+        the log or buffered, with the same digest, are not buffered again
+        (a retry; the future then resolves when that earlier copy is
+        durable). A sequence already recorded with another digest, or (with
+        ``source.strict``) older than the last recorded and no longer
+        checkable, raises :class:`SequenceConflictError` and nothing of
+        ``records`` is buffered.
         """
         if records.num_rows == 0:
-            return []
+            return Sent([])
         if self._closed.is_set():
             raise RuntimeError("producer is closed")
         records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
         assignment = self.route(records)
+        parts = {int(p): records.filter(pa.array(assignment == p)) for p in np.unique(assignment)}
+        # Committed state of partitions without a writer now (a lost lease), read before taking the lock.
+        indexes = {p: self.log.index(self.topic, p) for p in self.owned if source and self._writers[p] is None}
         futures, full = [], []
-        for p in (int(p) for p in np.unique(assignment)):
-            part = records.filter(pa.array(assignment == p))
-            committed = None
+        buffered = valid = duplicates = 0
+        with self._lock:
+            # Decide for the whole batch before buffering any of it, so a conflict stores nothing.
             if source:
-                with self._flush_locks[p]:
-                    committed = self.writer(p).last_seq(source[0])
-            with self._lock:
-                if source:
-                    known = self._known_batch(p, *source)
-                    if known is not None:
-                        futures.append(known)
-                        continue
-                    if committed is not None and committed >= source[1]:
-                        futures.append(_resolved(AppendResult(0, 0, duplicate=True)))
-                        continue
+                self._check_source(source, indexes)
+            waits = {p: self._earlier_copy(p, source, indexes.get(p)) for p in parts} if source else {}
+            for p, part in parts.items():
+                if waits.get(p) is not None:
+                    futures.append(waits[p])
+                    duplicates += part.num_rows
+                    continue
+                rejected = part.num_rows - part.column("reason").null_count
+                buffered += part.num_rows
+                valid += part.num_rows - rejected
                 self.stats.records += part.num_rows
-                self.stats.rejected += part.num_rows - part.column("reason").null_count
+                self.stats.rejected += rejected
                 buffer = self._buffers[p]
                 if not buffer.tables:
                     buffer.first_at = time.monotonic()
                 buffer.tables.append(part)
                 buffer.nbytes += part.nbytes
                 if source:
-                    buffer.sources[source[0]] = source[1]
+                    buffer.sources[source.producer_id] = source.seq
+                    if source.digest is not None:
+                        buffer.digests[source.producer_id] = source.digest
+                    else:
+                        buffer.digests.pop(source.producer_id, None)
                 futures.append(buffer.done)
                 if buffer.nbytes >= self.roll_bytes:
                     full.append(p)
+            if source:
+                self._remember(source)
         if len(full) > 1:  # encode and append the full partitions side by side (Arrow releases the GIL)
             list(self._full_pool.map(self._flush_partition, full))
         elif full:
             self._flush_partition(full[0])
-        return futures
+        return Sent(futures, buffered, valid, duplicates)
 
-    def _known_batch(self, partition: int, source_id: str, seq: int) -> Future | None:
-        for batch in (self._pending[partition], self._buffers[partition]):
-            if batch is not None and batch.sources.get(source_id, -1) >= seq:
+    def _last_batch(self, partition: int, producer_id: str, committed: PartitionIndex | None):
+        """(sequence, digest) of ``producer_id``'s newest batch in ``partition``, buffered or committed, or None."""
+        for batch in (self._buffers[partition], self._pending[partition]):  # the buffer is the newer
+            if batch is not None and producer_id in batch.sources:
+                return batch.sources[producer_id], batch.digests.get(producer_id)
+        writer = self._writers[partition]
+        index = writer.index if writer is not None else committed
+        return index.last_batch(producer_id) if index is not None else None
+
+    def _check_source(self, source: Source, indexes: dict[int, PartitionIndex]) -> None:
+        """Raise :class:`SequenceConflictError` unless ``source`` is a new batch or a retry of one with the same body.
+
+        Looks at every owned partition, not only those this batch routes to:
+        a reused sequence with another body may route elsewhere. The digest
+        of an older sequence comes from the partitions whose newest batch it
+        is, or from the in-memory history. Call under ``self._lock``.
+        """
+        lasts = [b for p in self.owned if (b := self._last_batch(p, source.producer_id, indexes.get(p)))]
+        if not lasts or source.seq > max(seq for seq, _ in lasts):
+            return
+        digests = {digest for seq, digest in lasts if seq == source.seq and digest is not None}
+        remembered = self._history.get(source.producer_id, {}).get(source.seq)
+        if remembered is not None:
+            digests.add(remembered)
+        if not digests and not any(seq == source.seq for seq, _ in lasts):
+            if source.strict:
+                newest = max(seq for seq, _ in lasts)
+                raise SequenceConflictError(
+                    f"producer {source.producer_id!r} sent sequence {source.seq}, older than its last "
+                    f"recorded sequence {newest}, with a body that cannot be checked; use a new sequence number"
+                )
+            return  # a re-run import: its chunks are the same by construction
+        if source.digest is not None and digests and digests != {source.digest}:
+            raise SequenceConflictError(
+                f"producer {source.producer_id!r} reused sequence {source.seq} with a different body; "
+                f"a new batch needs a new sequence number"
+            )
+
+    def _earlier_copy(self, partition: int, source: Source, committed: PartitionIndex | None) -> Future | None:
+        """``None`` if ``source``'s rows are new in ``partition``, else a future for the copy already there.
+
+        Only for a ``source`` that passed :meth:`_check_source`. Call under ``self._lock``.
+        """
+        last = self._last_batch(partition, source.producer_id, committed)
+        if last is None or source.seq > last[0]:
+            return None
+        for batch in (self._buffers[partition], self._pending[partition]):  # still on its way: ack when durable
+            if batch is not None and source.producer_id in batch.sources:
                 return batch.done
-        return None
+        return _resolved(AppendResult(0, 0, duplicate=True))
 
-    def send_payloads(self, payloads: list[str | bytes | dict]) -> list[Future]:
+    def _remember(self, source: Source) -> None:
+        """Record ``source``'s digest in the bounded in-memory history (call under ``self._lock``)."""
+        seqs = self._history.pop(source.producer_id, None) or OrderedDict()
+        seqs[source.seq] = source.digest
+        while len(seqs) > SOURCE_HISTORY:
+            seqs.popitem(last=False)
+        self._history[source.producer_id] = seqs
+        while len(self._history) > MAX_SOURCES:
+            self._history.popitem(last=False)
+
+    def send_payloads(self, payloads: list[str | bytes | dict]) -> Sent:
         """Validate raw events (JSON text or dicts) and send them; bad ones go as rejects."""
         return self.send(to_log_records(payloads))
 
@@ -303,7 +419,11 @@ class Producer:
             started = time.monotonic()
             try:
                 result = self.writer(partition).append(
-                    records, producer_id=self.producer_id, producer_seq=batch.seq, sources=batch.sources
+                    records,
+                    producer_id=self.producer_id,
+                    producer_seq=batch.seq,
+                    sources=batch.sources,
+                    digests=batch.digests,
                 )
                 break
             except (OSError, FencedError) as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -63,7 +64,9 @@ class SegmentInfo:
     ``epoch`` is the lease epoch of the writer; ``producers`` maps each
     producer id whose records are in the segment to its highest sequence
     number in it (the appending producer's, plus the agents a gateway
-    batched together).
+    batched together); ``digests`` maps an upstream producer (an agent, an
+    import) to the digest of the body it sent with that sequence, so a
+    reused sequence with another body can be told from a retry.
 
     A segment made by compaction (:mod:`metrics_lake.core.log.compaction`) has an
     ``object_name`` of its own (``<base>-<end>.parquet``, so it never collides
@@ -80,6 +83,7 @@ class SegmentInfo:
     size_bytes: int
     epoch: int = 0
     producers: dict[str, int] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
     object_name: str | None = None
     parts: list[list[int]] = field(default_factory=list)
 
@@ -114,6 +118,11 @@ class SegmentInfo:
         """JSON-ready dict."""
         return asdict(self)
 
+    @cached_property
+    def json_text(self) -> str:
+        """:meth:`to_json` as JSON text, made once: the index writes every segment's at every append."""
+        return json.dumps(self.to_json())
+
 
 def encode_segment(
     records: pa.Table,
@@ -122,6 +131,7 @@ def encode_segment(
     appended_at: int,
     epoch: int = 0,
     producers: dict[str, int] | None = None,
+    digests: dict[str, str] | None = None,
     object_name: str | None = None,
     parts: list[list[int]] | None = None,
 ) -> tuple[bytes, SegmentInfo]:
@@ -146,6 +156,7 @@ def encode_segment(
         size_bytes=0,
         epoch=epoch,
         producers=dict(producers or {}),
+        digests=dict(digests or {}),
         object_name=object_name,
         parts=[list(part) for part in parts or []],
     )
