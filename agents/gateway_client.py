@@ -5,10 +5,14 @@ Every batch an agent sends is first written to the spool directory as
 and renamed, so a crash never leaves half a batch), then a sender thread
 POSTs the spooled batches to the gateway strictly in sequence order, one at
 a time, with headers ``X-Producer-Id`` (the agent's id, kept in the spool as
-``agent.id``) and ``X-Producer-Seq``. A batch leaves the spool only when the
-gateway answered 200 (durable) or 400 (invalid events quarantined, the rest
-durable). On 429, 5xx or a connection error it is retried with exponential
-backoff and full jitter (``sleep = random(0, min(cap, base * 2**attempt))``,
+``agent.id``) and ``X-Producer-Seq``. A batch leaves the spool when the
+gateway answered 200 (durable) or 400 with per-event reasons (invalid events
+quarantined, the rest durable). Any other 4xx (the gateway will never take
+this batch as it is: 409 reused sequence, 413 too large, a 400 for an
+unreadable body...) moves it to ``dead-letter/`` in the spool, beside a
+``.answer.json`` holding the status and answer, so one bad batch never
+blocks the ones behind it and nothing is thrown away. On 408, 429, 5xx or a
+connection error it is retried with exponential backoff and full jitter (``sleep = random(0, min(cap, base * 2**attempt))``,
 from "Exponential Backoff And Jitter", AWS Architecture Blog, 2015), so
 agents that lost a gateway do not come back in lockstep.
 
@@ -16,6 +20,14 @@ Because a retry carries the same producer id and sequence, the gateway
 appends each batch once even if an earlier attempt became durable but its
 answer was lost. Batches left in the spool when an agent stops are sent by
 the next run with the same spool directory.
+
+An import (:func:`metrics_lake.agents.file_import.import_jsonl`) sends with
+a :class:`~metrics_lake.core.log.producer.Source` per chunk: its batches
+then get sequence numbers derived from the chunk's
+(``(chunk + 1) * SEQS_PER_CHUNK + i``), and batches up to the last one
+already spooled are skipped, so an import re-run with the same spool (the
+CLI gives each import its own, ``<spool>/imports/<import id>``, with the
+import id as producer id) sends nothing twice.
 """
 
 from __future__ import annotations
@@ -34,19 +46,28 @@ from pathlib import Path
 import pyarrow as pa
 import requests
 
+from metrics_lake.core.log.producer import Sent, Source
+
 log = logging.getLogger(__name__)
 
 SPOOL_SUFFIX = ".ndjson.gz"
 MAX_EVENTS_PER_REQUEST = 5_000
+#: Sequence numbers reserved per import chunk (a 32 MiB chunk holds far fewer batches of 5,000 lines).
+SEQS_PER_CHUNK = 100_000
+#: Sub-folder of the spool holding batches the gateway refused for good (with its answer).
+DEAD_LETTER_DIR = "dead-letter"
+#: Answers worth retrying: the request timed out, the gateway is busy or failing.
+RETRY_STATUSES = frozenset({408, 425, 429})
 
 
 @dataclass
 class SenderStats:
-    """Counters since the sender started: events spooled, events acknowledged, rejected by the gateway, retries."""
+    """Counters since the sender started: events spooled, acknowledged, rejected, dead-lettered; retries."""
 
     records: int = 0
     acked: int = 0
     rejected: int = 0
+    dead_lettered: int = 0  # batches moved to the dead-letter folder
     retries: int = 0
     segments: int = 0  # requests acknowledged (named like Producer's counter, for the CLI summary)
 
@@ -87,12 +108,13 @@ class GatewaySender:
         backoff_base: float = 0.2,
         backoff_cap: float = 10.0,
         timeout: float = 30.0,
+        agent_id: str | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/events"
         self.spool = Path(spool_dir)
         self.spool.mkdir(parents=True, exist_ok=True)
         self.backoff_base, self.backoff_cap, self.timeout = backoff_base, backoff_cap, timeout
-        self.agent_id = self._load_agent_id()
+        self.agent_id = self._load_agent_id(agent_id)
         self.stats = SenderStats()
         self._session = requests.Session()
         self._lock = threading.Lock()
@@ -103,13 +125,16 @@ class GatewaySender:
         self._thread = threading.Thread(target=self._send_loop, name="gateway-sender", daemon=True)
         self._thread.start()
 
-    def _load_agent_id(self) -> str:
+    def _load_agent_id(self, wanted: str | None) -> str:
         path = self.spool / "agent.id"
         if not path.exists():
             temp = path.with_suffix(".tmp")
-            temp.write_text(f"agent-{uuid.uuid4().hex}")
+            temp.write_text(wanted or f"agent-{uuid.uuid4().hex}")
             os.replace(temp, path)
-        return path.read_text().strip()
+        agent_id = path.read_text().strip()
+        if wanted is not None and agent_id != wanted:
+            raise ValueError(f"spool {self.spool} belongs to producer {agent_id!r}, not {wanted!r}")
+        return agent_id
 
     def _spooled(self) -> list[Path]:
         return sorted(self.spool.glob(f"*{SPOOL_SUFFIX}"))
@@ -124,9 +149,26 @@ class GatewaySender:
         """Batches in the spool not yet acknowledged."""
         return len(self._spooled())
 
-    def send(self, records: pa.Table) -> None:
-        """Spool :data:`metrics_lake.schemas.LOG_RECORD` rows for sending."""
-        self.send_payloads(table_to_payloads(records))
+    def send(self, records: pa.Table, *, source: Source | None = None) -> Sent:
+        """Spool :data:`metrics_lake.schemas.LOG_RECORD` rows for sending (see the module docstring for ``source``).
+
+        Returns a :class:`~metrics_lake.core.log.producer.Sent` without
+        futures (delivery is asynchronous; :meth:`flush` waits for it),
+        counting the rows skipped because an earlier run spooled them.
+        """
+        payloads = table_to_payloads(records)
+        if source is None:
+            self.send_payloads(payloads)
+            return Sent([], records=len(payloads))
+        skipped = 0
+        for i, start in enumerate(range(0, len(payloads), MAX_EVENTS_PER_REQUEST)):
+            batch = payloads[start : start + MAX_EVENTS_PER_REQUEST]
+            seq = (source.seq + 1) * SEQS_PER_CHUNK + i
+            if seq < self._next_seq:  # spooled (and maybe delivered) by an earlier run of this import
+                skipped += len(batch)
+                continue
+            self._spool_batch(batch, seq)
+        return Sent([], records=len(payloads) - skipped, duplicates=skipped)
 
     def send_payloads(self, payloads: list[str | dict]) -> None:
         """Spool raw events (JSON text or dicts), in requests of at most :data:`MAX_EVENTS_PER_REQUEST`."""
@@ -134,12 +176,13 @@ class GatewaySender:
         for start in range(0, len(lines), MAX_EVENTS_PER_REQUEST):
             self._spool_batch(lines[start : start + MAX_EVENTS_PER_REQUEST])
 
-    def _spool_batch(self, lines: list[str]) -> None:
+    def _spool_batch(self, lines: list[str], seq: int | None = None) -> None:
+        """Write one batch to the spool under ``seq`` (default: the next sequence number)."""
         if not lines:
             return
         with self._lock:
-            seq = self._next_seq
-            self._next_seq += 1
+            seq = self._next_seq if seq is None else seq
+            self._next_seq = seq + 1
             target = self.spool / f"{seq:020d}{SPOOL_SUFFIX}"
             temp = target.with_name(f".{target.name}.tmp")
             with open(temp, "wb") as handle:
@@ -185,7 +228,7 @@ class GatewaySender:
                 self._wake.clear()
                 continue
             if self._post(files[0]):
-                files[0].unlink()
+                files[0].unlink(missing_ok=True)  # a dead-lettered batch was moved already
                 attempt = 0
                 continue
             self.stats.retries += 1
@@ -194,7 +237,7 @@ class GatewaySender:
             self._stop.wait(delay)
 
     def _post(self, path: Path) -> bool:
-        """POST one spooled batch; True if the gateway took it (200 or 400)."""
+        """POST one spooled batch; True if it left the spool (acknowledged or dead-lettered)."""
         seq = int(path.name.removesuffix(SPOOL_SUFFIX))
         headers = {
             "Content-Type": "application/x-ndjson",
@@ -207,11 +250,33 @@ class GatewaySender:
         except requests.RequestException as exc:
             log.info("gateway unreachable (%s); batch %d stays spooled", exc.__class__.__name__, seq)
             return False
-        if answer.status_code in (200, 400):
-            body = answer.json()
+        body = _json_or_text(answer)
+        if answer.status_code == 200 or (answer.status_code == 400 and "errors" in body):
             self.stats.acked += body.get("accepted", 0)
             self.stats.rejected += body.get("rejected", 0)
             self.stats.segments += 1
             return True
+        if 400 <= answer.status_code < 500 and answer.status_code not in RETRY_STATUSES:
+            self._dead_letter(path, answer.status_code, body)
+            return True
         log.info("gateway answered %d for batch %d; retrying", answer.status_code, seq)
         return False
+
+    def _dead_letter(self, path: Path, status: int, body: dict) -> None:
+        """Move a refused batch to the dead-letter folder with the gateway's answer (answer first: no orphan batch)."""
+        folder = self.spool / DEAD_LETTER_DIR
+        folder.mkdir(exist_ok=True)
+        name = path.name.removesuffix(SPOOL_SUFFIX)
+        note = {"status": status, "answer": body, "producer_id": self.agent_id, "seq": int(name), "at": time.time()}
+        (folder / f"{name}.answer.json").write_text(json.dumps(note, indent=1))
+        os.replace(path, folder / path.name)
+        self.stats.dead_lettered += 1
+        log.warning("gateway refused batch %s for good (%d: %s); moved to %s", name, status, body.get("error"), folder)
+
+
+def _json_or_text(answer: requests.Response) -> dict:
+    try:
+        body = answer.json()
+    except ValueError:
+        return {"error": answer.text[:500]}
+    return body if isinstance(body, dict) else {"error": str(body)[:500]}

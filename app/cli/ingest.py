@@ -18,14 +18,24 @@ from metrics_lake.core.log.producer import producer_for
 __all__ = ["agent", "gateway", "produce"]
 
 
-def _sink(settings: LakeSettings, gateway: str | None):
-    """Where agents send: a gateway (through the disk spool) or the log directly."""
+def _sink(settings: LakeSettings, gateway: str | None, import_of: Path | None = None):
+    """Where agents send: a gateway (through the disk spool) or the log directly.
+
+    An import through a gateway gets a spool of its own, named by its import
+    id, so a re-run resumes it (see :mod:`metrics_lake.agents.file_import`).
+    """
     if gateway is None:
         return producer_for(settings)
     from metrics_lake.agents.gateway_client import GatewaySender
 
-    err.print(f"sending through {gateway} (spool {settings.spool_dir})")
-    return GatewaySender(gateway, settings.spool_dir)
+    spool, agent_id = Path(settings.spool_dir), None
+    if import_of is not None:
+        from metrics_lake.agents.file_import import import_id
+
+        agent_id = import_id(import_of)
+        spool = spool / "imports" / agent_id
+    err.print(f"sending through {gateway} (spool {spool})")
+    return GatewaySender(gateway, spool, agent_id=agent_id)
 
 
 def produce(
@@ -46,12 +56,13 @@ def produce(
     if from_file is not None:
         check_importable(from_file)
     started = time.monotonic()
-    with _sink(config, gateway) as producer:
+    with _sink(config, gateway, from_file) as producer:
         if from_file is not None:
             stats = import_jsonl(producer, from_file)
+            again = f"; {stats.duplicates:,} were already imported by an earlier run" if stats.duplicates else ""
             err.print(
                 f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "
-                f"(-> quarantine_events), {stats.blank:,} blank lines skipped"
+                f"(-> quarantine_events), {stats.blank:,} blank lines skipped{again}"
             )
             return
         simulator = FleetSimulator(
