@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from metrics_lake.core.errors import ConfigError
+from metrics_lake.core.names import NAME_PATTERN
 
 __all__ = ["ConfigError", "LakeSettings", "load_settings"]
 
@@ -44,7 +45,9 @@ class LakeSettings(BaseSettings):
         "never s3:// (Spark checkpoints go through Hadoop's FileSystem).",
     )
     spark_master: str = "local[*]"
-    topic: str = Field("metrics", pattern=r"^[a-z0-9_.-]{1,64}$")
+    topic: str = Field(
+        "metrics", pattern=NAME_PATTERN, description="Log topic: a lower-case letter, then [a-z0-9_], 64 at most."
+    )
     partitions: int = Field(4, ge=1, le=1024, description="Partitions of a newly created topic.")
     segment_roll_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Producer flushes a partition once its buffer holds this many bytes."
@@ -70,6 +73,20 @@ class LakeSettings(BaseSettings):
     )
     gateway_ack_timeout_seconds: float = Field(
         10.0, gt=0, description="Gateway answers 503 if a batch is not durable within this time."
+    )
+    gateway_max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Gateway answers 413 to a request body over this many bytes, as received or decompressed.",
+    )
+    gateway_request_timeout_seconds: float = Field(
+        30.0, gt=0, description="A request's headers, then its body, must arrive within this time (else 408/close)."
+    )
+    gateway_idle_timeout_seconds: float = Field(
+        15.0, ge=1, description="Gateway closes a keep-alive connection idle for this long."
+    )
+    gateway_max_connections: int = Field(
+        1000, ge=1, description="Open connections the gateway serves at once; above it new requests get 503."
     )
     retention_log_days: float = Field(7.0, gt=0, description="Log segments are deleted this many days after append.")
     retention_bronze_days: int = Field(

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 
-import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_lake.agents.gateway_client import GatewaySender, table_to_payloads
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.app.gateway import Gateway, serve
+from metrics_lake.app.gateway import Gateway
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
@@ -20,32 +18,6 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.schemas.contract import to_log_records
 
 EVENT = {"ts": 1_800_000_000_000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5}
-
-
-@pytest.fixture
-def start_gateway(tmp_path):
-    """Start gateways on free ports over one lake; yields a function returning (url, gateway)."""
-    stops = []
-
-    def start(linger_ms: int = 20, **overrides):
-        settings = load_settings(root=str(tmp_path / "lake"), lease_ttl_seconds=2, **overrides)
-        gateway = Gateway(settings, linger_ms=linger_ms)
-        stop, ready, address = threading.Event(), threading.Event(), []
-        thread = threading.Thread(
-            target=serve,
-            args=(gateway, "127.0.0.1", 0, stop),
-            kwargs={"ready": lambda a: (address.append(a), ready.set())},
-            daemon=True,
-        )
-        thread.start()
-        ready.wait(10)
-        stops.append((stop, thread))
-        return f"http://127.0.0.1:{address[0][1]}", gateway
-
-    yield start
-    for stop, thread in stops:
-        stop.set()
-        thread.join(30)
 
 
 def log_rows(tmp_path):

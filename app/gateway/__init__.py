@@ -1,0 +1,57 @@
+"""``lake gateway``: the ingest server between agents and the log.
+
+HTTP API (all answers are JSON, except ``/metrics``):
+
+``POST /v1/events``
+    Body: a JSON array of events, or NDJSON (one event per line, split on
+    ``\\n`` only; used when the body does not start with ``[`` or
+    ``Content-Type`` is ``application/x-ndjson``), optionally
+    ``Content-Encoding: gzip`` (or ``deflate``), with a ``Content-Length``
+    or chunked. Headers ``X-Producer-Id`` and ``X-Producer-Seq`` (an agent's
+    id and a per-agent sequence number, increasing by batch) make a retried
+    request idempotent: a batch already durable, or already buffered, is not
+    appended again (the answer then says ``"duplicate": true``).
+
+    - ``200 {"accepted": n}``: every event is durable in the log (the
+      segment holding it is committed), so it will not be lost.
+    - ``400 {"accepted": n, "rejected": m, "errors": [{"index": i,
+      "reason": "..."}]}``: the invalid events went to the log as rejects
+      (and so to ``quarantine_events``, raw payload kept up to
+      :data:`~metrics_lake.schemas.contract.MAX_RAW_BYTES`); the valid ones
+      are durable as for 200. Also ``400 {"error"}`` for a request that
+      cannot be read (malformed headers, a corrupt or truncated compressed
+      body): nothing of it was taken. Do not retry a 400.
+    - ``408``: the body did not arrive within the request timeout.
+    - ``409``: this producer id already sent this sequence with another
+      body (or one too old to check); nothing of it was stored. Send new
+      batches with new sequence numbers.
+    - ``413``: body over ``LAKE_GATEWAY_MAX_BODY_BYTES``, received or
+      decompressed. ``415``: an unsupported ``Content-Encoding``.
+    - ``429`` + ``Retry-After``: the gateway's buffer is full (backpressure).
+    - ``503`` + ``Retry-After``: the batch could not be made durable in
+      time (object store down, partition lease lost), or too many
+      connections; retry the same request (same producer id and sequence).
+
+``GET /healthz``: 200 with the partitions this gateway owns, 503 if none.
+``GET /metrics``: Prometheus text format (events accepted/rejected/duplicate,
+requests by status, body-received-to-durable-ack latency, flush latency,
+segment sizes, buffered bytes).
+
+A gateway owns a set of partitions through their leases
+(:mod:`metrics_lake.core.log.lease`) and routes every event to one of them
+(CRC-32 of the server over the owned partitions), so several gateways can
+run side by side on disjoint partitions; retries are recognised per
+gateway's partitions, so an agent should keep sending to the same gateway.
+Records are batched per partition and flushed every ``linger_ms`` or
+``roll_bytes`` (group commit): many requests share one segment, which keeps
+objects large and the PUT rate low.
+
+Modules: :mod:`~metrics_lake.app.gateway.body` (bounded decoding, events
+from a body), :mod:`~metrics_lake.app.gateway.service` (validation,
+idempotence, answers), :mod:`~metrics_lake.app.gateway.server` (HTTP).
+"""
+
+from metrics_lake.app.gateway.server import build_app, serve
+from metrics_lake.app.gateway.service import Gateway, GatewayMetrics
+
+__all__ = ["Gateway", "GatewayMetrics", "build_app", "serve"]

@@ -1,0 +1,316 @@
+"""The gateway's HTTP server: a Starlette app on uvicorn (httptools, uvloop when installed).
+
+uvicorn parses HTTP/1.1 (keep-alive, chunked bodies, malformed framing
+answered 400 and the connection closed) and bounds open connections
+(``LAKE_GATEWAY_MAX_CONNECTIONS``, 503 above it). This module adds what an
+ingest endpoint exposed to many agents needs on top:
+
+- the body is read as a stream into a :class:`~metrics_lake.app.gateway.body.BodyDecoder`,
+  refused with 413 once the received or the decompressed bytes pass
+  ``LAKE_GATEWAY_MAX_BODY_BYTES`` (a declared ``Content-Length`` over it is
+  refused before reading), and the connection is closed after it;
+- a request must arrive whole within ``LAKE_GATEWAY_REQUEST_TIMEOUT_SECONDS``:
+  headers (:class:`HeaderDeadlineProtocol`, which uvicorn lacks) and body
+  (408), so slow or abandoned clients do not hold connections forever; an
+  idle keep-alive connection is closed after ``LAKE_GATEWAY_IDLE_TIMEOUT_SECONDS``;
+- validation runs on a small thread pool (Arrow releases the GIL), and the
+  wait for the group commit is a callback, not a blocked thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from http import HTTPStatus
+
+import prometheus_client as prom
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from metrics_lake.app.gateway.body import BodyDecoder, BodyError
+from metrics_lake.app.gateway.service import Gateway
+from metrics_lake.core.log.producer import SequenceConflictError
+
+__all__ = ["HeaderDeadlineProtocol", "build_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 1
+#: Threads validating request bodies at once (each holds one decoded body).
+VALIDATION_THREADS = 4
+
+
+class HeaderDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing a connection whose request headers take longer than ``header_timeout`` s.
+
+    uvicorn times out idle keep-alive connections but not a client that
+    connects and sends nothing, or sends its headers a byte at a time
+    (slowloris). The deadline starts when the connection opens and when a
+    request's first byte arrives, and ends when its headers are complete.
+    """
+
+    header_timeout = 30.0
+
+    def connection_made(self, transport) -> None:  # noqa: D102 (asyncio.Protocol API)
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def on_message_begin(self) -> None:  # noqa: D102 (httptools callback)
+        super().on_message_begin()
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def on_headers_complete(self) -> None:  # noqa: D102 (httptools callback)
+        self._cancel_deadline()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc) -> None:  # noqa: D102 (asyncio.Protocol API)
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._deadline = None
+        log.info("closing a connection whose request headers took over %.0f s", self.header_timeout)
+        self.transport.close()
+
+
+def _producer_of(request: Request) -> tuple[str, int] | None:
+    """(producer id, sequence) from ``X-Producer-Id``/``X-Producer-Seq``; :class:`BodyError` (400) if malformed."""
+    producer_id, seq = request.headers.get("x-producer-id"), request.headers.get("x-producer-seq")
+    if producer_id is None and seq is None:
+        return None
+    if not producer_id or len(producer_id) > 256 or not producer_id.isprintable():
+        raise BodyError(400, "X-Producer-Id must be 1-256 printable characters")
+    if seq is None or not seq.isascii() or not seq.isdigit() or len(seq) > 19:
+        raise BodyError(400, "X-Producer-Seq must be a non-negative integer below 2**63 sent with X-Producer-Id")
+    return producer_id, int(seq)
+
+
+def _declared_length(request: Request) -> int | None:
+    """The ``Content-Length`` header as an int; :class:`BodyError` (400) unless it is a plain non-negative integer."""
+    value = request.headers.get("content-length")
+    if value is None:
+        return None
+    if not value.isascii() or not value.isdigit():
+        raise BodyError(400, f"Content-Length {value[:40]!r} is not a non-negative integer")
+    return int(value)
+
+
+class _Ingest:
+    """The ``POST /v1/events`` endpoint over one :class:`Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings
+        self.limit = gateway.settings.gateway_max_body_bytes
+        self.pool = ThreadPoolExecutor(max_workers=VALIDATION_THREADS, thread_name_prefix="validate")
+        self.receiving = 0  # decoded bytes of bodies being received, counted against the buffer limit
+
+    def answer(self, status: int, body: dict, *, close: bool = False) -> JSONResponse:
+        headers = {}
+        if status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE):
+            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        if close:  # the rest of the body was not read: the connection cannot carry another request
+            headers["Connection"] = "close"
+        self.gateway.metrics.requests.labels(code=str(int(status))).inc()
+        return JSONResponse(body, status_code=int(status), headers=headers)
+
+    async def post(self, request: Request) -> Response:
+        declared, received = None, _Received()
+        try:
+            declared = _declared_length(request)
+            if declared is not None and declared > self.limit:
+                raise BodyError(413, f"body over {self.limit:,} bytes; send smaller batches")
+            producer = _producer_of(request)
+            if self.gateway.buffer_full(self.receiving):
+                drained = await self._drain(request, received)
+                busy = {"error": "gateway buffer full, retry later"}
+                return self.answer(HTTPStatus.TOO_MANY_REQUESTS, busy, close=not drained)
+            decoder = BodyDecoder(request.headers.get("content-encoding", ""), self.limit)
+            body = await self._read(request, decoder, received)
+        except BodyError as exc:
+            drained = (declared is None or declared <= 2 * self.limit) and await self._drain(request, received)
+            return self.answer(exc.status, {"error": str(exc)}, close=not drained)
+        except TimeoutError:
+            timeout = self.settings.gateway_request_timeout_seconds
+            return self.answer(
+                HTTPStatus.REQUEST_TIMEOUT, {"error": f"body not received within {timeout:g} s"}, close=True
+            )
+        except ClientDisconnect:
+            return Response(status_code=400)  # nobody reads it; the events were not taken
+        loop = asyncio.get_running_loop()
+        content_type = request.headers.get("content-type", "")
+        try:
+            accepted = await loop.run_in_executor(self.pool, self.gateway.accept, body, content_type, producer)
+        except SequenceConflictError as exc:
+            return self.answer(HTTPStatus.CONFLICT, {"error": str(exc)})
+        except Exception as exc:  # an inline flush failed: the records stay pending, a retry finds them
+            log.warning("batch not made durable: %s", exc)
+            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"})
+        if not await _all_done(accepted.sent.futures, self.settings.gateway_ack_timeout_seconds):
+            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "batch not durable in time; retry it"})
+        try:
+            return self.answer(*self.gateway.answer(accepted))
+        except Exception as exc:  # storage down, lease lost: the agent retries with the same sequence
+            log.warning("batch not made durable: %s", exc)
+            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"})
+
+    async def _read(self, request: Request, decoder: BodyDecoder, received: _Received) -> bytes:
+        """The decoded body, within the request timeout; its bytes count against the buffer while read.
+
+        Reads the ASGI messages itself (not ``request.stream()``), so a body
+        refused half-way can still be drained by :meth:`_drain`.
+        """
+        counted = 0
+        try:
+            async with asyncio.timeout(self.settings.gateway_request_timeout_seconds):
+                while not received.ended:
+                    decoder.feed(await received.next(request))
+                    self.receiving += decoder.decoded_bytes - counted
+                    counted = decoder.decoded_bytes
+            return decoder.finish()
+        finally:
+            self.receiving -= counted
+
+    async def _drain(self, request: Request, received: _Received) -> bool:
+        """Read and discard the rest of a refused body, up to twice the limit; True if it ended.
+
+        A client still sending when the server closes gets a reset and may
+        never see the answer (what nginx's "lingering close" avoids); once
+        drained, the connection can even be kept.
+        """
+        discarded = 0
+        try:
+            async with asyncio.timeout(self.settings.gateway_request_timeout_seconds):
+                while not received.ended:
+                    discarded += len(await received.next(request))
+                    if discarded > 2 * self.limit:
+                        return False
+        except (TimeoutError, ClientDisconnect):
+            return False
+        return True
+
+
+class _Received:
+    """Where a request's body stands: ``ended`` once its last ASGI message arrived."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    async def next(self, request: Request) -> bytes:
+        """The next chunk of the body; :class:`ClientDisconnect` if the client went away."""
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        self.ended = not message.get("more_body", False)
+        return message.get("body", b"")
+
+
+async def _all_done(futures: list[Future], timeout: float) -> bool:
+    """Wait until every (thread) future is done, or ``timeout`` s; True if all are done.
+
+    The futures are shared by every request of a group commit, so they are
+    watched through callbacks and never cancelled here (``asyncio.wrap_future``
+    would cancel them when this wait is).
+    """
+    pending = [f for f in futures if not f.done()]
+    if not pending:
+        return True
+    loop = asyncio.get_running_loop()
+    watchers = []
+    for future in pending:
+        watcher = loop.create_future()
+        future.add_done_callback(lambda _, w=watcher: loop.call_soon_threadsafe(_settle, w))
+        watchers.append(watcher)
+    _, not_done = await asyncio.wait(watchers, timeout=timeout)
+    return not not_done
+
+
+def _settle(watcher: asyncio.Future) -> None:
+    if not watcher.done():
+        watcher.set_result(None)
+
+
+def build_app(gateway: Gateway) -> Starlette:
+    """The Starlette app: ``POST /v1/events``, ``GET /healthz``, ``GET /metrics``; other paths 404/405 in JSON."""
+    ingest = _Ingest(gateway)
+
+    async def health(request: Request) -> Response:
+        status, body = gateway.health()
+        return ingest.answer(status, body)
+
+    async def metrics(request: Request) -> Response:
+        gateway.metrics.buffered_bytes.set(gateway.producer.buffered_bytes())
+        return Response(prom.generate_latest(gateway.metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return ingest.answer(exc.status_code, {"error": f"{exc.detail}: {request.method} {request.url.path}"})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/events", ingest.post, methods=["POST"]),
+            Route("/healthz", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.pool = ingest.pool
+    return app
+
+
+def serve(gateway: Gateway, host: str, port: int, stop: threading.Event, *, ready=None) -> None:
+    """Serve ``gateway`` on ``host:port`` until ``stop`` is set; then flush and release the leases.
+
+    ``ready((host, port))`` is called once the socket listens (``port`` 0
+    picks a free port). uvicorn runs on its own thread and event loop, so
+    the caller keeps its signal handlers (``lake gateway`` sets ``stop`` on
+    SIGINT/SIGTERM); requests in flight are answered before it returns.
+    """
+    settings = gateway.settings
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    app = build_app(gateway)
+    protocol = type("Protocol", (HeaderDeadlineProtocol,), {"header_timeout": settings.gateway_request_timeout_seconds})
+    config = uvicorn.Config(
+        app,
+        http=protocol,
+        loop="auto",
+        lifespan="off",
+        access_log=False,
+        log_config=None,  # keep the lake's logging; uvicorn logs through "uvicorn.error"
+        timeout_keep_alive=int(settings.gateway_idle_timeout_seconds),
+        limit_concurrency=settings.gateway_max_connections,
+        timeout_graceful_shutdown=int(settings.gateway_ack_timeout_seconds) + 1,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway-http", daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive() and not stop.wait(0.01):
+            pass
+        if ready is not None and server.started:
+            ready(sock.getsockname()[:2])
+        while not stop.wait(0.5) and thread.is_alive():
+            pass
+        if not thread.is_alive() and not stop.is_set():
+            raise RuntimeError("the gateway's HTTP server stopped unexpectedly (see the log above)")
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()
+        app.state.pool.shutdown()
+        gateway.close()

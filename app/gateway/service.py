@@ -1,0 +1,208 @@
+"""The gateway's state and ingest logic, independent of HTTP: validate, route, append, answer.
+
+See :mod:`metrics_lake.app.gateway` for the HTTP API this serves. A request
+goes through two steps so the HTTP server never blocks a thread while a
+batch waits for its group commit: :meth:`Gateway.accept` validates and
+buffers the events (CPU work, run on a worker thread) and returns the
+futures of the partition flushes; :meth:`Gateway.answer` turns them, once
+resolved, into the HTTP answer. :meth:`Gateway.ingest` does both, blocking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from concurrent.futures import wait
+from dataclasses import dataclass
+from http import HTTPStatus
+
+import numpy as np
+import prometheus_client as prom
+import pyarrow as pa
+
+from metrics_lake.app.gateway.body import records_from_body
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.log.log import AppendResult
+from metrics_lake.core.log.producer import Producer, Sent, SequenceConflictError, Source, producer_for
+
+__all__ = ["Accepted", "Gateway", "GatewayMetrics", "body_digest"]
+
+log = logging.getLogger(__name__)
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, in their own registry."""
+
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.accepted = prom.Counter(
+            "lake_gateway_events_accepted",
+            "Valid events appended to the log (retried duplicates not counted).",
+            registry=self.registry,
+        )
+        self.rejected = prom.Counter(
+            "lake_gateway_events_rejected",
+            "Invalid events appended as rejects, for quarantine (retried duplicates not counted).",
+            registry=self.registry,
+        )
+        self.duplicates = prom.Counter(
+            "lake_gateway_events_duplicate",
+            "Events of retried requests already in the log or on their way, not appended again.",
+            registry=self.registry,
+        )
+        self.requests = prom.Counter(
+            "lake_gateway_requests", "HTTP requests by status code.", ["code"], registry=self.registry
+        )
+        self.ack_seconds = prom.Histogram(
+            "lake_gateway_ack_seconds",
+            "Time from a POST's body being received to its durable acknowledgement.",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10),
+            registry=self.registry,
+        )
+        self.flush_seconds = prom.Histogram(
+            "lake_gateway_flush_seconds",
+            "Time to append one segment (create + index commit).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
+        self.segment_bytes = prom.Histogram(
+            "lake_gateway_segment_bytes",
+            "Size of the segment objects written.",
+            buckets=(16e3, 64e3, 256e3, 1e6, 4e6, 16e6),
+            registry=self.registry,
+        )
+        self.buffered_bytes = prom.Gauge(
+            "lake_gateway_buffered_bytes", "Bytes waiting for a durable flush.", registry=self.registry
+        )
+        self.owned_partitions = prom.Gauge(
+            "lake_gateway_owned_partitions", "Partitions this gateway holds leases on.", registry=self.registry
+        )
+
+    def observe_append(self, partition: int, result: AppendResult, seconds: float) -> None:
+        """Producer hook: one segment appended in ``seconds``."""
+        if not result.duplicate:
+            self.flush_seconds.observe(seconds)
+            self.segment_bytes.observe(result.size_bytes)
+
+
+def body_digest(body: bytes) -> str:
+    """Digest of a decoded request body (BLAKE2b, 128 bits, hex): what tells a retry from a reused sequence."""
+    return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A request validated and buffered: its records (LOG_RECORD), what the producer did, and when it started."""
+
+    records: pa.Table
+    sent: Sent
+    started: float
+
+
+class Gateway:
+    """The gateway's state: a producer over its owned partitions, and its metrics.
+
+    ``owned``: partitions to lease (default all); ``linger_ms``/``roll_bytes``:
+    group-commit window and size (defaults from ``settings``). Thread-safe.
+    """
+
+    def __init__(
+        self,
+        settings: LakeSettings,
+        *,
+        owned: list[int] | None = None,
+        linger_ms: int | None = None,
+        roll_bytes: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.gateway_id = f"gateway-{uuid.uuid4().hex[:12]}"
+        self.producer: Producer = producer_for(
+            settings,
+            owned=owned,
+            producer_id=self.gateway_id,
+            lease_wait_s=2 * settings.lease_ttl_seconds + 5,
+            on_append=self.metrics.observe_append,
+            **({"linger_ms": linger_ms} if linger_ms else {}),
+            **({"roll_bytes": roll_bytes} if roll_bytes else {}),
+        )
+        # Take every lease before serving: a predecessor's lease expires within its TTL.
+        self.producer.acquire()
+        self.metrics.owned_partitions.set(len(self.producer.owned))
+
+    def buffer_full(self, incoming_bytes: int = 0) -> bool:
+        """Whether the producer's buffer, plus ``incoming_bytes`` being received, reached ``gateway_buffer_bytes``."""
+        return self.producer.buffered_bytes() + incoming_bytes >= self.settings.gateway_buffer_bytes
+
+    def accept(self, body: bytes, content_type: str, producer: tuple[str, int] | None) -> Accepted:
+        """Validate one decoded request body and buffer its events for appending.
+
+        ``producer``: the request's (producer id, sequence), which makes a
+        retry idempotent. Raises
+        :class:`~metrics_lake.core.log.producer.SequenceConflictError` if the
+        sequence was used for another body (nothing is buffered then).
+        """
+        started = time.monotonic()
+        records = records_from_body(body, content_type)
+        source = Source(producer[0], producer[1], body_digest(body)) if producer else None
+        sent = self.producer.send(records, source=source)
+        return Accepted(records, sent, started)
+
+    def answer(self, accepted: Accepted) -> tuple[int, dict]:
+        """The HTTP (status, JSON answer) of a request whose flush futures are all resolved.
+
+        Raises what a failed flush raised (storage down, lease lost): the
+        server answers 503 and the agent retries with the same sequence.
+        """
+        for future in accepted.sent.futures:
+            future.result()
+        self.metrics.ack_seconds.observe(time.monotonic() - accepted.started)
+        self.metrics.buffered_bytes.set(self.producer.buffered_bytes())
+        sent, records = accepted.sent, accepted.records
+        self.metrics.accepted.inc(sent.valid)
+        self.metrics.rejected.inc(sent.records - sent.valid)
+        self.metrics.duplicates.inc(sent.duplicates)
+        reasons = records.column("reason")
+        rejected = np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False))
+        answer: dict = {"accepted": records.num_rows - len(rejected)}
+        if sent.duplicates:
+            answer["duplicate"] = True  # a retry: what it holds was appended by an earlier attempt
+        if len(rejected):
+            texts = reasons.take(pa.array(rejected)).to_pylist()
+            errors = [{"index": int(i), "reason": reason} for i, reason in zip(rejected, texts, strict=True)]
+            return HTTPStatus.BAD_REQUEST, answer | {"rejected": len(rejected), "errors": errors}
+        return HTTPStatus.OK, answer
+
+    def ingest(self, body: bytes, content_type: str, producer: tuple[str, int] | None) -> tuple[int, dict]:
+        """:meth:`accept` then :meth:`answer`, waiting up to ``gateway_ack_timeout_seconds``.
+
+        Returns 409 for a reused sequence, 503 if the batch is not durable
+        in time (it stays buffered and is flushed later), 429 if the buffer
+        is full.
+        """
+        if self.buffer_full():
+            return HTTPStatus.TOO_MANY_REQUESTS, {"error": "gateway buffer full, retry later"}
+        try:
+            accepted = self.accept(body, content_type, producer)
+        except SequenceConflictError as exc:
+            return HTTPStatus.CONFLICT, {"error": str(exc)}
+        _, not_done = wait(accepted.sent.futures, timeout=self.settings.gateway_ack_timeout_seconds)
+        if not_done:
+            return HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"{len(not_done)} partition flushes not durable in time"}
+        try:
+            return self.answer(accepted)
+        except Exception as exc:  # storage down, lease lost: the agent retries
+            log.warning("batch not made durable: %s", exc)
+            return HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"}
+
+    def health(self) -> tuple[int, dict]:
+        """200 with the owned partitions while the producer holds writers for them, else 503."""
+        held = self.producer.held_partitions()
+        status = HTTPStatus.OK if held else HTTPStatus.SERVICE_UNAVAILABLE
+        return status, {"gateway": self.gateway_id, "topic": self.producer.topic, "partitions": held}
+
+    def close(self) -> None:
+        """Flush what is buffered and release the leases."""
+        self.producer.close()
