@@ -4,6 +4,9 @@
 ``data_dir``, writes the S3 identities (least privilege, below) with fresh
 random keys to ``data_dir/s3.json`` (mode 0600), waits until the S3 API
 answers, and creates the bucket. ``stop`` and ``status`` use the PID file.
+Only the signed S3 endpoint serves clients: the master's and filer's HTTP
+APIs are off, gRPC needs mutual TLS, volume writes need signed tokens
+(:mod:`metrics_lake.infra.seaweedfs_security`, which lists every port).
 
 Identities, each scoped to the bucket's prefixes (SeaweedFS ``Action:bucket/path``):
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import LakeError
+from metrics_lake.infra.seaweedfs_security import WEED_FLAGS, exposed_ports, write_security
 
 IDENTITIES = ("admin", "agent", "pipeline", "analyst")
 
@@ -82,6 +86,10 @@ class S3Server:
     def config_file(self) -> Path:
         """The S3 identities file (secret: mode 0600)."""
         return self.data_dir / "s3.json"
+
+    def ports(self) -> list[tuple[int, str, str]]:
+        """(port, what listens, who may use it) for every port the server opens."""
+        return exposed_ports(self.master_port, self.volume_port, self.filer_port, self.s3_port)
 
 
 def identity_actions(bucket: str) -> dict[str, list[str]]:
@@ -182,6 +190,7 @@ def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
     """
     server.data_dir.mkdir(parents=True, exist_ok=True)
     _write_identities(server)
+    write_security(server.data_dir)
     if running_pid(server) is None:
         (server.data_dir / "data").mkdir(exist_ok=True)
         command = [
@@ -201,9 +210,12 @@ def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
             # The lake needs plain S3 only; these extra listeners would take fixed ports.
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
+            *WEED_FLAGS,
         ]
         with open(server.log_file, "ab") as output:
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(  # cwd: weed reads ./security.toml
+                command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, cwd=server.data_dir
+            )
         server.pid_file.write_text(str(process.pid))
         log(f"started SeaweedFS (pid {process.pid}), S3 on {server.endpoint}, data in {server.data_dir}")
     deadline = time.monotonic() + timeout

@@ -71,7 +71,9 @@ def infra_down(
 def infra_status(
     data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
 ) -> None:
-    """Say whether the local S3 server runs and answers; exit code 1 if not."""
+    """Say whether the local S3 server runs and answers, and list its ports and who may use each; exit 1 if down."""
+    from rich.table import Table
+
     from metrics_lake.infra.seaweedfs import running_pid, s3_answers
 
     server = _s3_server(data_dir, s3_port, master_port)
@@ -81,6 +83,10 @@ def infra_status(
         f"SeaweedFS {f'running (pid {pid})' if pid else 'not running'}; "
         f"S3 at {server.endpoint} {'answers' if answers else 'does not answer'}; data in {server.data_dir}"
     )
+    table = Table("port (127.0.0.1)", "listener", "who may use it")
+    for port, listener, who in server.ports():
+        table.add_row(str(port), listener, who)
+    err.print(table)
     if not answers:
         raise typer.Exit(1)
 
