@@ -49,19 +49,52 @@ VALIDATION_THREADS = 4
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing a connection whose request headers take longer than ``header_timeout`` s.
+    """uvicorn's httptools protocol, closing a connection whose request headers take longer than ``header_timeout`` s,
+    and closing lingeringly after a malformed request.
 
     uvicorn times out idle keep-alive connections but not a client that
     connects and sends nothing, or sends its headers a byte at a time
     (slowloris). The deadline starts when the connection opens and when a
     request's first byte arrives, and ends when its headers are complete.
+
+    On malformed framing (say ``Content-Length: abc``) uvicorn answers 400
+    and closes at once; a client still sending its body then gets a TCP
+    reset that can destroy the unread answer. Like nginx's
+    ``lingering_close``, the 400 is sent, the write side shut, and what the
+    client still sends is read and dropped for up to ``linger_seconds`` or
+    ``linger_bytes`` before the connection closes.
     """
 
     header_timeout = 30.0
+    linger_seconds = 2.0
+    linger_bytes = 64 << 20
 
     def connection_made(self, transport) -> None:  # noqa: D102 (asyncio.Protocol API)
         super().connection_made(transport)
+        self._lingering: int | None = None  # bytes dropped since the 400, once lingering
         self._deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102 (asyncio.Protocol API)
+        if self._lingering is None:
+            super().data_received(data)
+            return
+        self._lingering += len(data)
+        if self._lingering > self.linger_bytes:
+            self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:  # noqa: D102 (uvicorn's answer to a parse error)
+        body = msg.encode("ascii", errors="replace")
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self._cancel_deadline()
+        if self._lingering is not None or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self._lingering = 0
+        self.transport.write_eof()
+        self.loop.call_later(self.linger_seconds, self.transport.close)
 
     def on_message_begin(self) -> None:  # noqa: D102 (httptools callback)
         super().on_message_begin()
