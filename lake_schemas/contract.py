@@ -43,6 +43,8 @@ MIN_TS_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
 MAX_TS_MS = 4_102_444_800_000  # 2100-01-01T00:00:00Z
 #: Raw payloads of rejected events are kept up to this many bytes of UTF-8, then cut with a marker.
 MAX_RAW_BYTES = 64 * 1024
+# The marker raw_text puts after a cut payload; a payload already cut (an import re-sent through a gateway) stays as is.
+_CUT_MARK = re.compile(rb"\xe2\x80\xa6\[\d{1,20} more bytes\]\Z")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
@@ -164,7 +166,11 @@ def parse_payload(payload: str | bytes | dict) -> dict:
 
 def raw_text(payload: str | bytes | dict) -> str:
     """A rejected payload as storable text: bytes that are not UTF-8 and lone surrogates backslash-escaped,
-    cut after :data:`MAX_RAW_BYTES` with a marker ``…[N more bytes]``."""
+    cut after :data:`MAX_RAW_BYTES` with a marker ``…[N more bytes]``.
+
+    Idempotent: text it returned, given again, comes back unchanged (so a
+    rejected row re-sent by an import through the gateway keeps its count).
+    """
     if isinstance(payload, bytes):
         data = payload
     else:
@@ -175,6 +181,9 @@ def raw_text(payload: str | bytes | dict) -> str:
                 payload = repr(payload)[: MAX_RAW_BYTES * 2]
         data = payload.encode("utf-8", errors="backslashreplace")
     if len(data) > MAX_RAW_BYTES:
+        mark = _CUT_MARK.search(data, len(data) - 40)
+        if mark and mark.start() <= MAX_RAW_BYTES:
+            return data.decode("utf-8", errors="backslashreplace")
         kept = data[:MAX_RAW_BYTES].decode("utf-8", errors="ignore")  # never end inside a character
         return f"{kept}…[{len(data) - len(kept.encode())} more bytes]"
     return data.decode("utf-8", errors="backslashreplace")

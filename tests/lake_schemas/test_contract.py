@@ -67,3 +67,15 @@ def test_non_utf8_bytes_are_quarantined_escaped():
     row = table.to_pylist()[0]
     assert row["reason"].startswith("invalid_json")
     assert row["raw"] == '{"ts": \\xff}'
+
+
+def test_raw_text_cuts_long_payloads_once():
+    from metrics_lake.schemas.contract import MAX_RAW_BYTES, raw_text
+
+    payload = b'{"server": "' + "é".encode() * MAX_RAW_BYTES + b'"}'
+    cut = raw_text(payload)
+    assert cut.endswith(f"…[{len(payload) - len(cut.split('…[')[0].encode())} more bytes]")
+    assert len(cut.split("…[")[0].encode()) <= MAX_RAW_BYTES
+    assert raw_text(cut) == cut and raw_text(cut.encode()) == cut  # re-sent through a gateway: unchanged
+    assert raw_text("x" * MAX_RAW_BYTES + "…[5 more bytes]") == "x" * MAX_RAW_BYTES + "…[5 more bytes]"
+    assert raw_text("x" * (MAX_RAW_BYTES + 1) + "…[5 more bytes]").endswith("…[18 more bytes]")  # 1 + the old marker
