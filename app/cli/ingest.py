@@ -124,7 +124,7 @@ def gateway(
         int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
     ] = None,
 ) -> None:
-    """Run the ingest gateway: agents POST events; 200 means durable in the log (see app/gateway.py)."""
+    """Run the ingest gateway: agents POST events; 200 means durable in the log (see app/gateway/)."""
     from metrics_lake.app.gateway import Gateway, serve
 
     config = settings()
