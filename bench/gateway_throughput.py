@@ -15,9 +15,9 @@ For each it prints events/s, p50/p99 of the time from POST to the 200
 (durable) answer as the client sees it, and the average segment object size
 from the gateway's own ``/metrics``. The **peer** is the same events appended
 by a library :class:`metrics_lake.core.log.producer.Producer` in this process (no HTTP,
-no JSON), on the same backend, and **peer+parse** the gateway's own NDJSON
-parsing and validation followed by that producer (everything but HTTP);
-the ratios gateway/peer are printed.
+no JSON), on the same backend, and **peer+parse** the gateway's own gunzip,
+NDJSON parsing and validation followed by that producer (everything but
+HTTP); the ratios gateway/peer are printed.
 
 Run: ``python bench/gateway_throughput.py [--backend s3]``.
 """
@@ -41,10 +41,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_lake.agents.gateway_client import table_to_payloads
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.app.gateway import parse_body
+from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.producer import producer_for
-from metrics_lake.schemas.contract import to_log_records
 
 LAKE = str(Path(sys.executable).with_name("lake"))
 
@@ -200,14 +199,15 @@ def run(args, work: Path, env: dict) -> None:
             producer.send(peer_events.slice(start, args.batch))
     peer_rate = peer_events.num_rows / (time.monotonic() - started)
     print(f"{'peer':<12} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, Arrow in)")
-    # Second peer: the gateway's own parsing and validation of the same NDJSON, then the producer; no HTTP.
-    ndjson = [gzip.decompress(body) for client in bodies for body, _ in client]
+    # Second peer: the gateway's own decompression, parsing and validation of the same bodies, then the
+    # producer; no HTTP.
+    compressed = [body for client in bodies for body, _ in client]
     started = time.monotonic()
     with producer_for(settings, linger_ms=args.linger_ms) as producer:
-        for body in ndjson:
-            producer.send(to_log_records(parse_body(body, "application/x-ndjson")))
+        for body in compressed:
+            producer.send(records_from_body(gzip.decompress(body), "application/x-ndjson"))
     parse_rate = events / (time.monotonic() - started)
-    print(f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (NDJSON parse + validate + Producer)")
+    print(f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (gunzip + NDJSON parse + validate + Producer)")
     print(f"\ngateway / peer: {events / wall / peer_rate:.2f};  gateway / peer+parse: {events / wall / parse_rate:.2f}")
 
 
