@@ -207,7 +207,9 @@ def run(args, work: Path, env: dict) -> None:
         for body in compressed:
             producer.send(records_from_body(gzip.decompress(body), "application/x-ndjson"))
     parse_rate = events / (time.monotonic() - started)
-    print(f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (gunzip + NDJSON parse + validate + Producer)")
+    print(
+        f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (gunzip + NDJSON parse + validate + Producer)"
+    )
     print(f"\ngateway / peer: {events / wall / peer_rate:.2f};  gateway / peer+parse: {events / wall / parse_rate:.2f}")
 
 
