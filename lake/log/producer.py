@@ -24,6 +24,7 @@ lease, with the same sequence number.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -48,6 +49,8 @@ from metrics_lake.schemas.contract import to_log_records
 
 log = logging.getLogger(__name__)
 
+#: Longest the background flusher sleeps: lease renewals and retries of failed flushes are checked this often.
+TICK_SECONDS = 0.05
 #: Recent (sequence -> digest) kept in memory per upstream producer, to check retries of older batches.
 SOURCE_HISTORY = 64
 #: Upstream producers remembered in memory (least recently sending forgotten first).
@@ -203,6 +206,7 @@ class Producer:
         self._failures = [0] * self.partitions
         self._retry_at = [0.0] * self.partitions
         self._closed = threading.Event()
+        self._wake = threading.Event()  # set when a partition's buffer starts a batch or a flush ends
         self._full_pool = ThreadPoolExecutor(max_workers=min(4, len(self.owned)), thread_name_prefix="producer-full")
         self._flusher = threading.Thread(target=self._flush_aged_loop, name="producer-linger", daemon=True)
         self._flusher.start()
@@ -277,6 +281,7 @@ class Producer:
                 buffer = self._buffers[p]
                 if not buffer.tables:
                     buffer.first_at = time.monotonic()
+                    self._wake.set()
                 buffer.tables.append(part)
                 buffer.nbytes += part.nbytes
                 if source:
@@ -375,6 +380,7 @@ class Producer:
     def close(self) -> None:
         """Flush, stop the background flusher and release the leases."""
         self._closed.set()
+        self._wake.set()
         self._flusher.join()
         try:
             self.flush()
@@ -408,9 +414,16 @@ class Producer:
             return buffer
 
     def _flush_partition(self, partition: int) -> None:
-        """Append the pending batch (if a flush failed before), then the buffer."""
+        """Append the pending batch (if a flush failed before), then the buffer as it is now.
+
+        Records that arrive during the append wait for their own linger (or
+        roll size): under load, flushing them at once would only make more,
+        smaller segments.
+        """
         with self._flush_locks[partition]:
-            while (batch := self._take(partition)) is not None:
+            if (pending := self._pending[partition]) is not None:
+                self._append(partition, pending)
+            if (batch := self._take(partition)) is not None:
                 self._append(partition, batch)
 
     def _append(self, partition: int, batch: _Batch) -> None:
@@ -445,12 +458,29 @@ class Producer:
         batch.done.set_result(result)
 
     def _flush_aged_loop(self) -> None:
-        # Check ten times per linger period (at most every 50 ms) so a batch waits little past its linger,
-        # and flush due partitions in parallel: on S3 each append is a few round trips.
-        interval = min(max(self.linger_ms / 10_000, 0.005), 0.05)
+        # Sleep until the next batch is exactly linger_ms old (send() wakes the loop when a batch starts), and
+        # flush each due partition on a pool thread without waiting for the others: on S3 an append is a few
+        # round trips, and one slow partition must not hold back the rest. Every partition is also ticked at
+        # least every TICK_SECONDS, for lease renewals and retries of failed flushes.
+        running: dict[int, Future] = {}
+        ticked = dict.fromkeys(self.owned, 0.0)
         with ThreadPoolExecutor(max_workers=min(8, len(self.owned)), thread_name_prefix="producer-flush") as pool:
-            while not self._closed.wait(interval):
-                list(pool.map(self._tick, self.owned))
+            while not self._closed.is_set():
+                self._wake.clear()
+                now = time.monotonic()
+                wake_at = now + TICK_SECONDS
+                for p in self.owned:
+                    if p in running and not running[p].done():
+                        continue
+                    buffer = self._buffers[p]
+                    due = max(buffer.first_at + self.linger_ms / 1000 if buffer.tables else math.inf, self._retry_at[p])
+                    if due <= now or now - ticked[p] >= TICK_SECONDS:
+                        ticked[p] = now
+                        running[p] = pool.submit(self._tick, p)
+                        running[p].add_done_callback(lambda _: self._wake.set())
+                    else:
+                        wake_at = min(wake_at, due)
+                self._wake.wait(max(wake_at - time.monotonic(), 0.0005))
 
     def _tick(self, partition: int) -> None:
         if time.monotonic() < self._retry_at[partition]:
