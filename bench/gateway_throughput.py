@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -67,18 +68,30 @@ def segment_stats(url: str) -> tuple[float, float]:
     return values["lake_gateway_segment_bytes_count"], values["lake_gateway_segment_bytes_sum"]
 
 
-def drive(url: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None) -> tuple[float, list[float], int]:
-    """One thread per client; returns (wall seconds, ack latencies in s, events acknowledged)."""
+def drive(
+    url: str, name: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None
+) -> tuple[float, list[float], int]:
+    """One thread per client (producer id ``<name>-<i>``); returns (wall seconds, ack latencies in s, events acked).
+
+    Raises ``SystemExit`` if any request is not answered 200.
+    """
     latencies: list[float] = []
     events = [0]
+    failures: list[str] = []
     lock = threading.Lock()
 
     def client(index: int, batches: list[tuple[bytes, int]]) -> None:
+        try:
+            send(index, batches)
+        except Exception as exc:  # noqa: BLE001 - reported after the threads end
+            failures.append(f"{name}-{index}: {exc}")
+
+    def send(index: int, batches: list[tuple[bytes, int]]) -> None:
         session = requests.Session()
         headers = {
             "Content-Type": "application/x-ndjson",
             "Content-Encoding": "gzip",
-            "X-Producer-Id": f"bench-{index}",
+            "X-Producer-Id": f"{name}-{index}",
         }
         start = time.monotonic()
         for seq, (body, count) in enumerate(batches, 1):
@@ -98,14 +111,17 @@ def drive(url: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None)
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:
+        raise SystemExit("benchmark failed: " + "; ".join(failures))
     return time.monotonic() - started, latencies, events[0]
 
 
 def report(name: str, url: str, before: tuple[float, float], wall: float, latencies: list[float], events: int) -> None:
     count, total = (a - b for a, b in zip(segment_stats(url), before, strict=True))
-    p50, p99 = np.percentile(np.array(latencies) * 1000, [50, 99])
+    p50, p99, top = np.percentile(np.array(latencies) * 1000, [50, 99, 100])
     print(
-        f"{name:<12} {events:>9,} events {events / wall:>10,.0f} ev/s   ack p50 {p50:6.1f} ms  p99 {p99:6.1f} ms   "
+        f"{name:<12} {events:>9,} events {events / wall:>10,.0f} ev/s   "
+        f"ack p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {top:6.1f} ms   "
         f"{count:>5.0f} segments, avg {total / max(count, 1) / 1024:8.1f} KiB"
     )
 
@@ -114,12 +130,15 @@ def main() -> None:
     """Parse the options, run the scenarios and the peers, print one line each."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=["local", "s3"], default="local")
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=32, help="agents sending back to back in the saturation run")
     parser.add_argument("--batch", type=int, default=2000, help="events per request in the saturation run")
     parser.add_argument("--requests", type=int, default=400, help="requests in the saturation run")
     parser.add_argument("--demo-seconds", type=int, default=20)
     parser.add_argument("--linger-ms", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--profile", type=Path, help="write py-spy's collapsed stacks of the gateway during saturation to this file"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -167,8 +186,11 @@ def run(args, work: Path, env: dict) -> None:
             half = batch.num_rows // 2
             for agent, part in enumerate((batch.slice(0, half), batch.slice(half))):
                 per_agent[agent].append((encode(table_to_payloads(part)), part.num_rows))
+        # Warm-up, not measured: the first requests pay for imports and Arrow kernels initialised on first use.
+        warm = FleetSimulator(servers=20, metrics=8, seconds=5, rate=1.1, seed=3).generate()
+        drive(url, "warm-up", [[(encode(table_to_payloads(warm)), warm.num_rows)] * 3], pace_s=None)
         before = segment_stats(url)
-        report("demo load", url, before, *drive(url, per_agent, pace_s=1.0))
+        report("demo load", url, before, *drive(url, "demo", per_agent, pace_s=1.0))
 
         # Saturation: pre-encoded bodies, clients back to back.
         sim = FleetSimulator(servers=200, metrics=10, seconds=max(1, args.requests * args.batch // 2000), seed=2)
@@ -182,7 +204,18 @@ def run(args, work: Path, env: dict) -> None:
             for c in range(args.clients)
         ]
         before = segment_stats(url)
-        wall, latencies, events = drive(url, bodies, pace_s=None)
+        spy = None
+        if args.profile:  # where the gateway's time goes (py-spy samples it from outside; needs ptrace rights)
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(gateway.pid), "--threads",
+                 "--format", "raw", "--rate", "200", "--output", str(args.profile)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            time.sleep(1)
+        wall, latencies, events = drive(url, "saturation", bodies, pace_s=None)
+        if spy:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         report("saturation", url, before, wall, latencies, events)
     finally:
         gateway.terminate()
