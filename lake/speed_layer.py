@@ -1,9 +1,11 @@
 """The speed layer's work on one micro-batch, whatever schedules it: plan, process chunks, commit.
 
 A micro-batch reads the log up to ``ends`` (per partition, the next offset)
-into three tables: ``bronze_events`` (valid events), ``quarantine_events``
-(rejects, with their reasons) and ``metric_windows_1m`` (1-minute window
-states). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
+into four tables: ``bronze_events`` (valid events), ``quarantine_events``
+(rejects, with their reasons), ``metric_windows_1m`` (1-minute window
+states) and ``query_results`` (the stored queries, live: every query window
+holding a minute the batch touched is evaluated again from the windows
+table and replaced, so late events within the watermark update it too). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
 :func:`plan_batch` and :func:`commit_batch` on the driver, :func:`process_chunk`
 in the tasks.
 
@@ -17,7 +19,11 @@ older, or from another lake — no record enters a table twice or is skipped:
 a batch replayed after a crash finds its positions committed and commits
 nothing, a batch after a lost checkpoint starts where the tables are. The
 three tables commit separately (Delta has no multi-table transactions); one
-that a crash left behind simply catches up in the next batch.
+that a crash left behind simply catches up in the next batch. A query window
+is evaluated from the windows table as committed, so evaluating it again
+(a replayed batch) gives the same rows: ``query_results`` is exact as long
+as it is evaluated after every batch of windows it depends on, which its own
+positions guarantee.
 
 **Watermark.** Windows leave out events older than the *watermark*: the
 newest event time the windows hold minus ``watermark_seconds`` (Spark's
@@ -56,6 +62,13 @@ from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.snapshots import read_data_files, snapshot_files
 from metrics_lake.core.storage import Store
+from metrics_lake.core.stored_queries import (
+    StoredQuery,
+    affected_windows,
+    load_stored_queries,
+    query_rows,
+    window_states,
+)
 from metrics_lake.core.tables import (
     COMMIT_ATTEMPTS,
     WrittenFile,
@@ -68,12 +81,13 @@ from metrics_lake.core.tables import (
     write_data_files,
 )
 from metrics_lake.core.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
-from metrics_lake.schemas import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, TABLES
+from metrics_lake.schemas import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, TABLES
 
 __all__ = [
     "BRONZE",
     "CONSUMER",
     "QUARANTINE",
+    "QUERIES",
     "WINDOWS",
     "BatchOutcome",
     "BatchPlan",
@@ -92,9 +106,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BRONZE, QUARANTINE, WINDOWS = "bronze_events", "quarantine_events", "metric_windows_1m"
-#: The tables a micro-batch writes, in commit order.
-SPEED_TABLES = (BRONZE, QUARANTINE, WINDOWS)
+BRONZE, QUARANTINE, WINDOWS, QUERIES = "bronze_events", "quarantine_events", "metric_windows_1m", "query_results"
+#: The tables a micro-batch writes, in commit order (query results are evaluated from the committed windows).
+SPEED_TABLES = (BRONZE, QUARANTINE, WINDOWS, QUERIES)
 #: The consumer the tables' positions belong to (``txn`` appId prefix), also the consumer group name.
 CONSUMER = "speed-layer"
 WINDOW_SECONDS = TABLES[WINDOWS].window_seconds
@@ -168,13 +182,16 @@ class ChunkResult:
 
     ``event_time_max_ms``: newest event time of the chunk's valid events for
     the windows (clamped to append time plus the clock skew); ``counts``:
-    rows per table, plus ``late`` (valid events older than the watermark).
+    rows per table, plus ``late`` (valid events older than the watermark);
+    ``touched``: per metric, the 1-minute windows (start, epoch µs) of the
+    events that ``query_results`` has not yet seen.
     """
 
     files: list[WrittenFile] = field(default_factory=list)
     states: pa.Table = field(default_factory=WINDOW_STATE.empty_table)
     event_time_max_ms: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    touched: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -264,7 +281,24 @@ def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_sec
             events = events.filter(pa.array(on_time))
         result.states = aggregate_events(events, WINDOW_SECONDS)
     result.counts = {BRONZE: bronze_new.num_rows, QUARANTINE: quarantine_new.num_rows, "late": late}
+    result.touched = _touched_minutes(new_for(QUERIES, bronze))
     return result
+
+
+def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
+    """Per metric, the distinct 1-minute window starts (epoch µs) of ``events``."""
+    if events.num_rows == 0:
+        return {}
+    minute_us = WINDOW_SECONDS * 1_000_000
+    ts = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    pairs = pa.table({"metric": events.column("metric"), "minute": pa.array(ts - np.mod(ts, minute_us))})
+    distinct = pairs.group_by(["metric", "minute"]).aggregate([])
+    touched: dict[str, list[int]] = {}
+    for metric, minute in zip(
+        distinct.column("metric").to_pylist(), distinct.column("minute").to_pylist(), strict=True
+    ):
+        touched.setdefault(metric, []).append(minute)
+    return touched
 
 
 def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> bool:
@@ -301,13 +335,16 @@ def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> 
     raise AssertionError("unreachable")
 
 
-def _write_window_files(store: Store, rows: pa.Table, sealed_before_us: int | None) -> list[WrittenFile]:
-    """Window rows as files: closed windows (end <= ``sealed_before_us``) one file per day, open ones one per window."""
+def _write_window_files(
+    store: Store, rows: pa.Table, sealed_before_us: int | None, name: str = WINDOWS
+) -> list[WrittenFile]:
+    """Window rows of table ``name`` as files: closed windows (end <= ``sealed_before_us``) one file per day, open
+    ones one per window start."""
     if rows.num_rows == 0:
         return []
     end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
     sealed = end_us <= sealed_before_us if sealed_before_us is not None else np.zeros(rows.num_rows, bool)
-    files = write_data_files(store, WINDOWS, rows.filter(pa.array(sealed)))
+    files = write_data_files(store, name, rows.filter(pa.array(sealed)))
     open_rows = rows.filter(pa.array(~sealed))
     if open_rows.num_rows:
         starts = open_rows.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
@@ -315,7 +352,7 @@ def _write_window_files(store: Store, rows: pa.Table, sealed_before_us: int | No
         open_rows, starts = open_rows.take(pa.array(order)), starts[order]
         bounds = np.flatnonzero(np.diff(starts)) + 1
         for lo, hi in zip([0, *bounds], [*bounds, len(starts)], strict=True):
-            files += write_data_files(store, WINDOWS, open_rows.slice(int(lo), int(hi - lo)))
+            files += write_data_files(store, name, open_rows.slice(int(lo), int(hi - lo)))
     return files
 
 
@@ -358,8 +395,8 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
     return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
 
 
-def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us: int):
-    """Active files of the windows table on ``days`` whose window_start statistics overlap ``[lo_us, hi_us]``."""
+def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us: int, name: str = WINDOWS):
+    """Active files of table ``name`` on ``days`` whose window_start statistics overlap ``[lo_us, hi_us]``."""
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return []
@@ -376,17 +413,26 @@ def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us:
             or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
         ):
             wanted.add(row["path"])
-    return [f for f in snapshot_files(store, WINDOWS, table) if f.relative in wanted]
+    return [f for f in snapshot_files(store, name, table) if f.relative in wanted]
 
 
 def commit_batch(
-    store: Store, plan: BatchPlan, results: list[ChunkResult], *, watermark_seconds: int, started: float | None = None
+    store: Store,
+    plan: BatchPlan,
+    results: list[ChunkResult],
+    *,
+    watermark_seconds: int,
+    started: float | None = None,
+    queries: list[StoredQuery] | None = None,
 ) -> BatchOutcome:
-    """Commit a processed batch: bronze, quarantine, then windows, each with its new positions (module docstring).
+    """Commit a processed batch: bronze, quarantine, windows, then query results, each with its new positions.
 
-    Also records the batch's end as consumer group ``speed-layer`` (what
-    ``lake consumers`` shows). Raises :class:`ConcurrentWriterError` if
-    another stream moved a table's positions meanwhile.
+    ``queries``: the stored queries to keep live (default: the shipped
+    declarations, read again for every batch, so a changed file takes
+    effect on the next one). Also records the batch's end as consumer group
+    ``speed-layer`` (what ``lake consumers`` shows). Raises
+    :class:`ConcurrentWriterError` if another stream moved a table's
+    positions meanwhile (see the module docstring).
     """
     started = started or time.monotonic()
     rows = {}
@@ -411,6 +457,13 @@ def commit_batch(
     watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
     states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
     written = _upsert_windows(store, plan, states, watermark)
+    touched: dict[str, set[int]] = {}
+    for result in results:
+        for metric, minutes in result.touched.items():
+            touched.setdefault(metric, set()).update(minutes)
+    rows[QUERIES] = _upsert_query_results(
+        store, plan, touched, load_stored_queries() if queries is None else queries, watermark
+    )
     if plan.ends:
         commit_offsets(store, CONSUMER, plan.topic, plan.ends)
     return BatchOutcome(
@@ -423,6 +476,82 @@ def commit_batch(
     )
 
 
+def _upsert_query_results(
+    store: Store, plan: BatchPlan, touched: dict[str, set[int]], queries: list[StoredQuery], watermark: int | None
+) -> int:
+    """Evaluate again every stored query window holding a ``touched`` minute and replace its rows; returns rows.
+
+    The windows are read from ``metric_windows_1m`` as committed (this
+    batch's states included), so the rows are those the nightly evaluation
+    would compute from the same windows.
+    """
+    written = 0
+    affected = {
+        q.name: affected_windows(q, np.array(sorted(touched[q.metric]), np.int64))
+        for q in queries
+        if q.metric in touched
+    }
+    affected = {name: starts for name, starts in affected.items() if len(starts)}
+    by_name = {q.name: q for q in queries}
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        files, removes = [], []
+        if affected:
+            lo = min(int(starts[0]) for starts in affected.values())
+            hi = max(int(starts[-1]) + by_name[name].duration_s * 1_000_000 for name, starts in affected.items())
+            windows = _windows_between(store, {by_name[name].metric for name in affected}, lo, hi)
+            chosen = [by_name[name] for name in affected]
+            states = pa.concat_tables([window_states(windows, q, affected[q.name]) for q in chosen])
+            results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
+            days = _days_between(lo, hi)
+            candidates = _files_with_windows(store, table, days, lo, hi, name=QUERIES)
+            existing = read_data_files(store, candidates, QUERY_RESULTS)
+            replaced = pa.table(
+                {
+                    "query": pa.array([n for n, starts in affected.items() for _ in starts], pa.string()),
+                    "window_start": pa.array(np.concatenate(list(affected.values()))).cast(
+                        QUERY_RESULTS.field("window_start").type
+                    ),
+                }
+            )
+            kept = existing.join(replaced, ["query", "window_start"], join_type="left anti")
+            rows = pa.concat_tables([kept.select(QUERY_RESULTS.names), results])
+            files = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
+            removes = [remove_action(f) for f in candidates]
+            written = results.num_rows
+        commit_changes(
+            table,
+            QUERIES,
+            files,
+            removes,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances),
+            operation="STREAMING QUERIES",
+        )
+
+    return written if _commit_with_positions(store, plan, QUERIES, commit) else 0
+
+
+def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) -> pa.Table:
+    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table."""
+    table = open_table(store, WINDOWS)
+    candidates = _files_with_windows(store, table, _days_between(lo_us, hi_us), lo_us, hi_us - 1)
+    rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, WINDOW_STATE.names)
+    start = pc.cast(rows.column("window_start"), pa.int64())
+    keep = pc.and_(
+        pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),
+        pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)),
+    )
+    return rows.filter(keep)
+
+
+def _days_between(lo_us: int, hi_us: int) -> list[str]:
+    """ISO dates of the UTC days that ``[lo_us, hi_us)`` (epoch µs) overlaps."""
+    first = dt.datetime.fromtimestamp(lo_us / 1e6, dt.UTC).date()
+    last = dt.datetime.fromtimestamp((hi_us - 1) / 1e6, dt.UTC).date()
+    return [(first + dt.timedelta(days=d)).isoformat() for d in range((last - first).days + 1)]
+
+
 def run_batch_in_process(
     store: Store,
     topic: str,
@@ -431,6 +560,7 @@ def run_batch_in_process(
     watermark_seconds: int,
     clock_skew_seconds: int,
     chunk_records: int = 500_000,
+    queries: list[StoredQuery] | None = None,
 ) -> BatchOutcome | None:
     """Plan, process (chunk after chunk, in this process) and commit one batch; ``None`` if nothing to do.
 
@@ -442,15 +572,15 @@ def run_batch_in_process(
     if not plan.chunks:
         return None
     results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds) for chunk in plan.chunks]
-    return commit_batch(store, plan, results, watermark_seconds=watermark_seconds, started=started)
+    return commit_batch(store, plan, results, watermark_seconds=watermark_seconds, started=started, queries=queries)
 
 
 def rewritable_from(store: Store, table: str) -> dt.date | None:
     """The first day of ``table`` the speed layer may still rewrite (compaction must leave it alone), or None.
 
-    Only ``metric_windows_1m`` is rewritten (bronze and quarantine are append-only).
+    Only ``metric_windows_1m`` and ``query_results`` are rewritten (bronze and quarantine are append-only).
     """
-    return first_open_day(store) if table == WINDOWS else None
+    return first_open_day(store) if table in (WINDOWS, QUERIES) else None
 
 
 def first_open_day(store: Store) -> dt.date | None:

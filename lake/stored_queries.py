@@ -205,13 +205,55 @@ def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Tabl
     :func:`~metrics_lake.core.windows.merge_states` and :func:`query_rows`.
     """
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
-    end_us = int((start + dt.timedelta(days=1)).timestamp() * 1_000_000)
     start_us = int(start.timestamp() * 1_000_000)
+    end_us = start_us + DAY_S * 1_000_000
+    return _states(
+        windows,
+        query,
+        start_us - query.duration_s * 1_000_000,
+        end_us,
+        lambda window_start, window_end: (window_end > start_us) & (window_end <= end_us),
+    )
+
+
+def affected_windows(query: StoredQuery, minutes_us: np.ndarray) -> np.ndarray:
+    """Starts (epoch µs, sorted, unique) of ``query``'s windows holding any of the 1-minute windows ``minutes_us``."""
+    if len(minutes_us) == 0:
+        return np.zeros(0, np.int64)
+    slide_us = query.slide_s * 1_000_000
+    first = minutes_us - np.mod(minutes_us, slide_us)
+    hops = -(-query.duration_s // query.slide_s)
+    starts = np.concatenate([first - k * slide_us for k in range(hops)])
+    inside = starts + query.duration_s * 1_000_000 > np.tile(minutes_us, hops)
+    return np.unique(starts[inside])
+
+
+def window_states(windows: pa.Table, query: StoredQuery, starts_us: np.ndarray) -> pa.Table:
+    """Window states of ``query``'s windows starting at ``starts_us`` (epoch µs), like :func:`query_states`.
+
+    ``windows`` must hold every 1-minute row of those windows (the range
+    ``[min(starts), max(starts) + WINDOW)`` of the query's metric).
+    """
+    if len(starts_us) == 0:
+        return WINDOW_STATE.empty_table()
+    wanted = np.asarray(starts_us, dtype=np.int64)
+    return _states(
+        windows,
+        query,
+        int(wanted.min()),
+        int(wanted.max()) + query.duration_s * 1_000_000,
+        lambda window_start, window_end: np.isin(window_start, wanted),
+    )
+
+
+def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen) -> pa.Table:
+    """States of the query windows that ``chosen(window_start, window_end)`` (µs arrays) keeps, from the minutes
+    of ``windows`` in ``[lo_us, hi_us)``."""
     duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
     minute = pc.cast(windows.column("window_start"), pa.int64())
     keep = pc.and_(
         pc.equal(windows.column("metric"), query.metric),
-        pc.and_(pc.greater_equal(minute, start_us - duration_us), pc.less(minute, end_us)),
+        pc.and_(pc.greater_equal(minute, lo_us), pc.less(minute, hi_us)),
     )
     pattern = server_pattern(query.servers)
     if pattern is not None:
@@ -224,17 +266,17 @@ def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Tabl
     for k in range(hops):
         window_start = first - k * slide_us
         window_end = window_start + duration_us
-        inside = (window_end > minutes) & (window_end > start_us) & (window_end <= end_us)
+        inside = (window_end > minutes) & chosen(window_start, window_end)
         if not inside.any():
             continue
-        chosen = rows.filter(pa.array(inside))
+        picked = rows.filter(pa.array(inside))
         pieces.append(
             pa.table(
                 {
-                    "metric": pa.array([query.name] * chosen.num_rows, pa.string()),
-                    "server": chosen.column("server") if query.per_server else pa.nulls(chosen.num_rows, pa.string()),
+                    "metric": pa.array([query.name] * picked.num_rows, pa.string()),
+                    "server": picked.column("server") if query.per_server else pa.nulls(picked.num_rows, pa.string()),
                     "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
-                    **{name: chosen.column(name) for name in ("count", "sum", "min", "max", "sketch")},
+                    **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
                 }
             )
         )
@@ -243,8 +285,14 @@ def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Tabl
     return pa.concat_tables(pieces).cast(WINDOW_STATE)
 
 
-def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date, computed_at: dt.datetime) -> pa.Table:
-    """``query_results`` rows (long format) from merged states of :func:`query_states` for ``day``."""
+def query_rows(
+    states: pa.Table, queries: list[StoredQuery], day: dt.date | None, computed_at: dt.datetime
+) -> pa.Table:
+    """``query_results`` rows (long format) from merged states of :func:`query_states` for ``day``.
+
+    With ``day`` None (live evaluation) each row's ``event_date`` is the day
+    its window's last minute falls in.
+    """
     by_name = {q.name: q for q in queries}
     row, keys, counts = sketch.explode(states.column("sketch"))
     row, keys, counts = sketch.merge_buckets(row, keys, counts)
@@ -291,10 +339,18 @@ def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date, compu
                         "aggregate": pa.array([aggregate.label] * n, pa.string()),
                         "value": pa.array(values, pa.float64()),
                         "computed_at": pa.array([computed_at] * n, UTC_US),
-                        "event_date": pa.array([day] * n, pa.date32()),
+                        "event_date": pa.array([day] * n, pa.date32())
+                        if day is not None
+                        else _last_minute_day(start, query.duration_s),
                     }
                 )
             )
     if not pieces:
         return QUERY_RESULTS.empty_table()
     return pa.concat_tables(pieces).select(QUERY_RESULTS.names).cast(QUERY_RESULTS)
+
+
+def _last_minute_day(window_start: pa.ChunkedArray | pa.Array, duration_s: int) -> pa.Array:
+    """The UTC day of each window's last minute (``event_date`` of ``query_results``)."""
+    last_us = pc.add(pc.cast(window_start, pa.int64()), (duration_s - MINUTE_S) * 1_000_000)
+    return pc.cast(pc.cast(last_us, UTC_US), pa.date32())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import socket
 import sys
 from collections import defaultdict
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +42,53 @@ def assert_quantile_within_bound(sorted_values: list[float], q: float, estimate:
     assert abs(estimate - exact) <= RELATIVE_ERROR * abs(exact) * (1 + 1e-12), (
         f"q={q}: estimate {estimate}, exact {exact} (n={len(sorted_values)}), bound ±{RELATIVE_ERROR:.4%}"
     )
+
+
+def expected_query_results(events: list[dict], queries) -> dict[tuple, float | list[float]]:
+    """Stored queries evaluated over ``events`` (dicts with ts in epoch ms, server, metric, value), in plain Python.
+
+    Returns (query, server or None, window start ms, aggregate label) ->
+    the exact value, or the sorted values of the window for a percentile.
+    """
+    values: dict[tuple, list[float]] = defaultdict(list)
+    for query in queries:
+        duration, slide = query.duration_s * 1000, query.slide_s * 1000
+        for e in events:
+            if e["metric"] != query.metric or not any(fnmatch(e["server"], s) for s in query.servers):
+                continue
+            first = e["ts"] - e["ts"] % slide
+            for start in range(first, first - duration, -slide):
+                if start + duration > e["ts"]:
+                    values[(query.name, e["server"] if query.per_server else None, start)].append(e["value"])
+    expected = {}
+    for (name, server, start), vals in values.items():
+        query = next(q for q in queries if q.name == name)
+        exact = {"count": len(vals), "sum": math.fsum(vals), "min": min(vals), "max": max(vals)}
+        exact["avg"] = exact["sum"] / exact["count"]
+        for aggregate in query.aggregates:
+            key = (name, server, start, aggregate.label)
+            expected[key] = sorted(vals) if aggregate.quantile is not None else exact[aggregate.kind]
+    return expected
+
+
+def assert_query_results(rows: list[dict], events: list[dict], queries) -> None:
+    """``query_results`` rows hold exactly the windows of :func:`expected_query_results`, once each, with its values
+    (count, sum, min, max, avg to 1e-12 relative; percentiles within the sketch's bound) and its window bounds."""
+    got = {(r["query"], r["server"], int(r["window_start"].timestamp() * 1000), r["aggregate"]): r for r in rows}
+    assert len(got) == len(rows), "a query window is stored twice"
+    expected = expected_query_results(events, queries)
+    assert set(got) == set(expected), (
+        f"missing {sorted(set(expected) - set(got))[:3]}, extra {sorted(set(got) - set(expected))[:3]}"
+    )
+    for key, want in expected.items():
+        row = got[key]
+        duration_s = next(q for q in queries if q.name == key[0]).duration_s
+        assert (row["window_end"] - row["window_start"]).total_seconds() == duration_s
+        assert row["event_date"] == (row["window_end"] - dt.timedelta(minutes=1)).date()  # its last minute's day
+        if isinstance(want, list):
+            assert_quantile_within_bound(want, float(key[3][1:]) / 100, row["value"])
+        else:
+            assert math.isclose(row["value"], want, rel_tol=1e-12), (key, row["value"], want)
 
 
 LAKE = str(Path(sys.executable).with_name("lake"))

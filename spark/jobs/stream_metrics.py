@@ -46,7 +46,8 @@ from metrics_lake.schemas import TABLES
 
 __all__ = ["prepare_lake", "run_batch", "run_stream", "start_stream"]
 
-#: What a task returns per chunk: the files it wrote (JSON), its window states (Arrow IPC), counts (JSON).
+#: What a task returns per chunk: the files it wrote (JSON), its window states (Arrow IPC), counts and touched
+#: minutes (JSON).
 _RESULT = "files string, states binary, meta string"
 #: Records one task reads at most (a log partition's range is cut into chunks of this size).
 CHUNK_RECORDS = 500_000
@@ -73,7 +74,7 @@ def _encode(result: ChunkResult) -> dict:
     sink = io.BytesIO()
     with pa.ipc.new_stream(sink, result.states.schema) as writer:
         writer.write_table(result.states)
-    meta = {"event_time_max_ms": result.event_time_max_ms, "counts": result.counts}
+    meta = {"event_time_max_ms": result.event_time_max_ms, "counts": result.counts, "touched": result.touched}
     return {"files": json.dumps([asdict(f) for f in result.files]), "states": sink.getvalue(), "meta": json.dumps(meta)}
 
 
@@ -84,6 +85,7 @@ def _decode(row: dict) -> ChunkResult:
         states=pa.ipc.open_stream(row["states"]).read_all(),
         event_time_max_ms=meta["event_time_max_ms"],
         counts=meta["counts"],
+        touched=meta["touched"],
     )
 
 

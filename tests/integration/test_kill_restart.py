@@ -12,13 +12,15 @@ from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.stored_queries import load_stored_queries
 from metrics_lake.core.tables import open_table
-from tests.helpers import expected_windows
+from tests.helpers import assert_query_results, expected_windows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 LAKE = str(Path(sys.executable).with_name("lake"))
@@ -93,6 +95,13 @@ def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     windows = open_table(store, "metric_windows_1m").to_pyarrow_table().to_pylist()
     got = {(w["metric"], w["server"], int(w["window_start"].timestamp() * 1000)): w["count"] for w in windows}
     assert got == {key: value["count"] for key, value in expected_windows(produced).items()}
+
+    events = [
+        {"ts": round(e["ts"].timestamp() * 1000), "server": e["server"], "metric": e["metric"], "value": e["value"]}
+        for e in produced.filter(pc.is_null(produced.column("reason"))).to_pylist()
+    ]
+    results = open_table(store, "query_results").to_pyarrow_table().to_pylist()
+    assert_query_results(results, events, load_stored_queries())  # the live stored queries, exact too
 
 
 def test_sigterm_stops_the_stream_cleanly_and_keeps_what_it_committed(settings, log, store, tmp_path):

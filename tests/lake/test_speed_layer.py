@@ -21,6 +21,7 @@ from metrics_lake.core.speed_layer import (
     BRONZE,
     CONSUMER,
     QUARANTINE,
+    QUERIES,
     WINDOWS,
     ConcurrentWriterError,
     commit_batch,
@@ -110,7 +111,7 @@ def test_a_crash_between_table_commits_is_caught_up_without_duplicates(store, lo
     assert {p: position or 0 for p, position in bronze.items()} == ends
     assert starting_offsets(store, TOPIC) == {p: 0 for p in ends}  # windows hold nothing yet
     outcome = batch(store)  # re-reads the log for the windows only
-    assert outcome.rows == {BRONZE: 0, QUARANTINE: 0} and outcome.windows_written == 3 * 2 * 2
+    assert outcome.rows[BRONZE] == outcome.rows[QUARANTINE] == 0 and outcome.windows_written == 3 * 2 * 2
     assert_exact(store, log)
 
 
@@ -128,7 +129,11 @@ def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(sto
     (plan, results), (again, again_results) = planned(first_ends), planned(first_ends)
     stale, stale_results = planned(all_ends)  # planned before either commit, reading further
     assert commit_batch(store, plan, results, watermark_seconds=120).rows[BRONZE] == sum(first_ends.values())
-    assert commit_batch(store, again, again_results, watermark_seconds=120).rows == {BRONZE: 0, QUARANTINE: 0}
+    assert commit_batch(store, again, again_results, watermark_seconds=120).rows == {
+        BRONZE: 0,
+        QUARANTINE: 0,
+        QUERIES: 0,
+    }
     # A plan whose starting positions another writer has since moved (two streams on one topic) is refused.
     with pytest.raises(ConcurrentWriterError, match="another speed layer committed positions"):
         commit_batch(store, stale, stale_results, watermark_seconds=120)
