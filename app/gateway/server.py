@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from http import HTTPStatus
 
 import prometheus_client as prom
-import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -37,6 +35,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from metrics_lake.app.gateway.body import BodyDecoder, BodyError
 from metrics_lake.app.gateway.service import Gateway
+from metrics_lake.app.http_server import serve_asgi
 from metrics_lake.core.log.producer import SequenceConflictError
 
 __all__ = ["HeaderDeadlineProtocol", "build_app", "serve"]
@@ -313,37 +312,22 @@ def serve(gateway: Gateway, host: str, port: int, stop: threading.Event, *, read
     SIGINT/SIGTERM); requests in flight are answered before it returns.
     """
     settings = gateway.settings
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
     app = build_app(gateway)
     protocol = type("Protocol", (HeaderDeadlineProtocol,), {"header_timeout": settings.gateway_request_timeout_seconds})
-    config = uvicorn.Config(
-        app,
-        http=protocol,
-        loop="auto",
-        lifespan="off",
-        access_log=False,
-        log_config=None,  # keep the lake's logging; uvicorn logs through "uvicorn.error"
-        timeout_keep_alive=int(settings.gateway_idle_timeout_seconds),
-        limit_concurrency=settings.gateway_max_connections,
-        timeout_graceful_shutdown=int(settings.gateway_ack_timeout_seconds) + 1,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway-http", daemon=True)
-    thread.start()
     try:
-        while not server.started and thread.is_alive() and not stop.wait(0.01):
-            pass
-        if ready is not None and server.started:
-            ready(sock.getsockname()[:2])
-        while not stop.wait(0.5) and thread.is_alive():
-            pass
-        if not thread.is_alive() and not stop.is_set():
-            raise RuntimeError("the gateway's HTTP server stopped unexpectedly (see the log above)")
+        serve_asgi(
+            app,
+            host,
+            port,
+            stop,
+            name="gateway-http",
+            ready=ready,
+            http=protocol,
+            loop="auto",
+            timeout_keep_alive=int(settings.gateway_idle_timeout_seconds),
+            limit_concurrency=settings.gateway_max_connections,
+            timeout_graceful_shutdown=int(settings.gateway_ack_timeout_seconds) + 1,
+        )
     finally:
-        server.should_exit = True
-        thread.join()
-        sock.close()
         app.state.pool.shutdown()
         gateway.close()

@@ -1,0 +1,42 @@
+"""Run an ASGI application on uvicorn in a thread of this process, until an event says stop (gateway, dashboard)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import uvicorn
+
+__all__ = ["serve_asgi"]
+
+
+def serve_asgi(app, host: str, port: int, stop: threading.Event, *, name: str, ready=None, **options) -> None:
+    """Serve ``app`` on ``host:port`` until ``stop`` is set; requests in flight are answered before it returns.
+
+    ``port`` 0 picks a free port; ``ready((host, port))`` is called once the
+    socket listens. uvicorn runs on its own thread (named ``name``) and event
+    loop, so the caller keeps its signal handlers. ``options`` go to
+    ``uvicorn.Config`` (access log off and the lake's logging kept unless
+    given). Raises ``OSError`` if the address is taken, ``RuntimeError`` if
+    the server stops by itself.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(app, **({"access_log": False, "log_config": None, "lifespan": "off"} | options))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=name, daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive() and not stop.wait(0.01):
+            pass
+        if ready is not None and server.started:
+            ready(sock.getsockname()[:2])
+        while not stop.wait(0.5) and thread.is_alive():
+            pass
+        if not thread.is_alive() and not stop.is_set():
+            raise RuntimeError(f"the {name} server stopped unexpectedly (see the log above)")
+    finally:
+        server.should_exit = True
+        thread.join()
+        sock.close()
