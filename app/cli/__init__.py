@@ -24,7 +24,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from metrics_lake.app.cli import analysis, batch, ingest, maintenance, speed
+from metrics_lake.app.cli import analysis, batch, dashboard, ingest, maintenance, speed
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
 from metrics_lake.app.console import configure_output, err
@@ -47,6 +47,7 @@ NEEDS: dict[str, tuple[str, str]] = {
     "quality": ("reads and writes tables/ and quality/", "pipeline"),
     "sql": ("reads tables/", "analyst"),
     "tables": ("reads tables/", "analyst"),
+    "dashboard": ("reads tables/", "analyst"),
     "compact": ("rewrites log/ and tables/", "admin"),
     "retain": ("deletes from log/ and tables/", "admin"),
     "demo": ("writes log/ and tables/", "admin"),
@@ -130,7 +131,7 @@ for command in (batch.recompute, batch.rollup, batch.queries):
     app.command()(command)
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
-for command in (analysis.sql, analysis.tables, analysis.quality):
+for command in (analysis.sql, analysis.tables, analysis.quality, dashboard.dashboard):
     app.command()(command)
 app.command("airflow")(airflow_standalone)
 app.add_typer(infra_app, name="infra")

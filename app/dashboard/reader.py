@@ -1,0 +1,418 @@
+"""What the dashboard and its JSON API read: stored query series, freshness, pipeline facts (delta-rs + Arrow).
+
+No Spark: every read is a delta-rs snapshot scanned with Arrow datasets,
+pruned by the ``event_date`` partition and the files' ``window_start``
+statistics.
+
+**Resolution.** A series has at most :data:`MAX_POINTS` points. At the
+query's own step (its ``EVERY``, or its window when tumbling) the values are
+the stored query's rows in ``query_results``, which the speed layer keeps
+live. A range too long for that step is shown at the smallest step of
+:data:`STEPS` that fits, with the query evaluated over *tumbling* windows of
+that step (the way Datadog rolls a series up at query time): from 1-minute
+windows for steps under an hour, else from ``metric_rollup_1h`` for the days
+it holds and 1-minute windows for the rest (today, before the nightly run).
+Percentiles always come from merged sketches, never from averaging values.
+
+**Cache.** Results are computed per block (an hour for steps under an hour,
+else a day). A block whose windows all ended more than
+:data:`CACHE_AFTER_SECONDS` ago is kept for ``cache_ttl_seconds`` (default
+300): a late event that changes such a window shows once the entry expires.
+Newer blocks are read on every request, like Mimir's results cache, which
+never caches the last 10 minutes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.errors import LakeError
+from metrics_lake.core.log.consumer_groups import lag_report
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed_layer import watermark_app_id
+from metrics_lake.core.storage import open_store
+from metrics_lake.core.stored_queries import StoredQuery, query_rows, window_states
+from metrics_lake.core.tables import open_table
+from metrics_lake.core.windows import WINDOW_STATE, merge_states
+
+__all__ = ["CACHE_AFTER_SECONDS", "MAX_POINTS", "RANGES", "STEPS", "DashboardReader", "RangeError", "choose_step"]
+
+#: The range picker's choices, in seconds.
+RANGES = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "7d": 604_800, "30d": 2_592_000}
+#: Most points per series.
+MAX_POINTS = 1500
+#: Steps (seconds) a range may be shown at when the query's own step gives too many points.
+STEPS = (60, 300, 900, 3600, 21_600, 86_400)
+#: Windows that ended longer ago than this are cached.
+CACHE_AFTER_SECONDS = 600
+HOUR, DAY = 3600, 86_400
+_US = 1_000_000
+
+
+class RangeError(LakeError):
+    """A requested range or step is malformed; ``parameter`` names the query parameter at fault."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def choose_step(query: StoredQuery, seconds: int, step: int | None = None) -> int:
+    """The step (seconds) for ``query`` over ``seconds``: ``step`` checked, or the finest with <= MAX_POINTS points.
+
+    Raises :class:`RangeError` (parameter ``step``) if ``step`` is not a
+    whole number of minutes at least the query's step, or gives more than
+    ten times :data:`MAX_POINTS` points.
+    """
+    native = query.slide_s
+    if step is not None:
+        if step % 60 or step < native:
+            raise RangeError("step", f"step must be a whole number of minutes, at least the query's {native} s")
+        if seconds / step > 10 * MAX_POINTS:
+            raise RangeError("step", f"step {step} s gives over {10 * MAX_POINTS} points for this range")
+        return step
+    for candidate in (native, *(s for s in STEPS if s > native)):
+        if seconds / candidate <= MAX_POINTS:
+            return candidate
+    return STEPS[-1]
+
+
+@dataclass
+class _Entry:
+    rows: pa.Table
+    expires: float
+
+
+class DashboardReader:
+    """Reads one lake for the dashboard; thread-safe; tables are refreshed at most once a second.
+
+    ``queries``: the stored queries shown; ``clock``: seconds since the
+    epoch (tests move it); ``cache_ttl_seconds``: how long a closed block
+    stays cached (module docstring).
+    """
+
+    def __init__(
+        self,
+        settings: LakeSettings,
+        queries: list[StoredQuery],
+        *,
+        clock=time.time,
+        cache_ttl_seconds: float = 300.0,
+        cache_blocks: int = 4096,
+    ) -> None:
+        self.settings = settings
+        self.store = open_store(settings)
+        self.queries = {q.name: q for q in queries}
+        self.clock = clock
+        self.cache_ttl_seconds = cache_ttl_seconds
+        self.cache_blocks = cache_blocks
+        self._tables: dict[str, tuple[DeltaTable, float]] = {}
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._lock = threading.Lock()
+        self.cache_hits = self.cache_misses = 0
+
+    # -- tables -------------------------------------------------------------------------------------------------
+
+    def table(self, name: str) -> DeltaTable | None:
+        """Table ``name`` at its latest version (checked at most once a second), or None if it does not exist."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._tables.get(name)
+        if cached is not None and now - cached[1] < 1.0:
+            return cached[0]
+        try:
+            if cached is None:
+                table = open_table(self.store, name)
+            else:
+                table = cached[0]
+                table.update_incremental()
+        except TableNotFoundError:
+            return None
+        with self._lock:
+            self._tables[name] = (table, now)
+        return table
+
+    def _scan(self, name: str, days: list[dt.date], columns: list[str], condition=None) -> pa.Table | None:
+        table = self.table(name)
+        if table is None:
+            return None
+        where = ds.field("event_date").isin(pa.array(days, pa.date32()))
+        if condition is not None:
+            where = where & condition
+        return table.to_pyarrow_dataset().to_table(columns=columns, filter=where)
+
+    # -- stored query series ------------------------------------------------------------------------------------
+
+    def series(self, name: str, lo_s: int, hi_s: int, step_s: int | None = None, top: int = 5) -> dict:
+        """Series of stored query ``name`` for windows starting in ``[lo_s, hi_s)`` (epoch s, aligned to the step).
+
+        Returns ``{"query", "text", "step", "from", "to", "series": [{"server",
+        "aggregate", "points": [[epoch ms, value], ...]}]}``; ``server`` is
+        null for the fleet. A per-server query gives its ``top`` servers
+        (highest mean of the first aggregate) and the fleet. Raises
+        ``KeyError`` for an unknown query and :class:`RangeError` for a bad
+        range or step.
+        """
+        query = self.queries[name]
+        if hi_s <= lo_s:
+            raise RangeError("to", "to must be after from")
+        step = choose_step(query, hi_s - lo_s, step_s)
+        lo, hi = lo_s - lo_s % step, hi_s + (-hi_s) % step
+        block = HOUR if step < HOUR else DAY
+        parts, missing = [], []
+        now = self.clock()
+        for start in range(lo - lo % block, hi, block):
+            key = (name, step, start)
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is not None and entry.expires > now:
+                    self._cache.move_to_end(key)
+                    self.cache_hits += 1
+                    parts.append(entry.rows)
+                    continue
+            missing.append(start)
+        for run_lo, run_hi in _runs(missing, block):
+            rows = self._evaluate(query, step, run_lo, run_hi)
+            parts.append(rows)
+            self._keep(query, step, block, run_lo, run_hi, rows, now)
+        rows = pa.concat_tables(parts) if parts else _EMPTY
+        start = pc.cast(rows.column("window_start"), pa.int64())
+        rows = rows.filter(pc.and_(pc.greater_equal(start, lo * _US), pc.less(start, hi * _US)))
+        return {
+            "query": name,
+            "text": query.text,
+            "step": step,
+            "from": lo * 1000,
+            "to": hi * 1000,
+            "series": _series(rows, query, top),
+        }
+
+    def _keep(self, query, step, block, run_lo, run_hi, rows, now) -> None:
+        start = pc.cast(rows.column("window_start"), pa.int64())
+        window = query.duration_s if step == query.slide_s else step
+        with self._lock:
+            self.cache_misses += (run_hi - run_lo) // block
+            for block_lo in range(run_lo, run_hi, block):
+                if block_lo + block + window > now - CACHE_AFTER_SECONDS:
+                    break  # this block's windows are recent: read again next time
+                inside = pc.and_(pc.greater_equal(start, block_lo * _US), pc.less(start, (block_lo + block) * _US))
+                self._cache[(query.name, step, block_lo)] = _Entry(rows.filter(inside), now + self.cache_ttl_seconds)
+            while len(self._cache) > self.cache_blocks:
+                self._cache.popitem(last=False)
+
+    def _evaluate(self, query: StoredQuery, step: int, lo: int, hi: int) -> pa.Table:
+        """Rows (server, window_start, aggregate, value) of ``query`` at ``step`` for windows starting in [lo, hi)."""
+        if step == query.slide_s:
+            stored = self._stored_rows(query, lo, hi)
+            fleet = self._computed(dataclasses.replace(query, per_server=False), lo, hi) if query.per_server else None
+            return pa.concat_tables([stored, fleet]) if fleet is not None else stored
+        tumbling = dataclasses.replace(query, duration_s=step, slide_s=step)
+        pieces = [self._computed(tumbling, lo, hi)]
+        if query.per_server:
+            pieces.append(self._computed(dataclasses.replace(tumbling, per_server=False), lo, hi))
+        return pa.concat_tables(pieces)
+
+    def _stored_rows(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
+        last = hi + query.duration_s
+        condition = (
+            (ds.field("query") == query.name)
+            & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
+            & (ds.field("window_start") < pa.scalar(hi * _US, pa.timestamp("us", "UTC")))
+        )
+        rows = self._scan("query_results", _days(lo, last), _EMPTY.column_names, condition)
+        return _EMPTY if rows is None else rows.cast(_EMPTY.schema)
+
+    def _computed(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
+        """``query`` evaluated from the windows (module docstring) for windows starting in ``[lo, hi)``."""
+        minutes = self._states(query.metric, lo, hi + query.duration_s, hourly=query.slide_s >= HOUR)
+        starts = np.arange(lo, hi, query.slide_s, dtype=np.int64) * _US
+        states = window_states(minutes, query, starts)
+        if states.num_rows == 0:
+            return _EMPTY
+        rows = query_rows(merge_states(states), [query], None, dt.datetime.now(dt.UTC))
+        return rows.select(_EMPTY.column_names).cast(_EMPTY.schema)
+
+    def _states(self, metric: str, lo: int, hi: int, *, hourly: bool) -> pa.Table:
+        """Window states of ``metric`` starting in ``[lo, hi)``: hourly rollups where they exist if ``hourly``."""
+        days = _days(lo, hi)
+        condition = (
+            (ds.field("metric") == metric)
+            & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
+            & (ds.field("window_start") < pa.scalar(hi * _US, pa.timestamp("us", "UTC")))
+        )
+        pieces, minute_days = [], days
+        if hourly:
+            rolled = self._scan("metric_rollup_1h", days, WINDOW_STATE.names + ["event_date"], condition)
+            if rolled is not None and rolled.num_rows:
+                have = set(pc.unique(rolled.column("event_date")).to_pylist())
+                pieces.append(rolled.drop_columns(["event_date"]))
+                minute_days = [d for d in days if d not in have]
+        if minute_days:
+            minutes = self._scan("metric_windows_1m", minute_days, WINDOW_STATE.names, condition)
+            if minutes is not None:
+                pieces.append(minutes)
+        return pa.concat_tables(pieces).cast(WINDOW_STATE) if pieces else WINDOW_STATE.empty_table()
+
+    # -- freshness and pipeline ---------------------------------------------------------------------------------
+
+    def freshness(self) -> dict:
+        """How current the speed layer is: ``watermark`` (windows complete up to, epoch ms), ``newest_window_end``
+        (epoch ms), ``lag_seconds`` (now minus the newest window's end), ``limit_seconds`` and ``stale``."""
+        now = self.clock()
+        table = self.table("metric_windows_1m")
+        watermark = newest = None
+        if table is not None:
+            watermark = table.transaction_version(watermark_app_id(self.settings.topic))
+            actions = pa.table(table.get_add_actions(flatten=True))
+            if actions.num_rows and "max.window_start" in actions.column_names:
+                top = pc.max(actions.column("max.window_start")).as_py()
+                if top is not None:
+                    newest = int(top.timestamp() * 1000) + 60_000
+        limit = self.settings.quality_freshness_lag_seconds
+        lag = None if newest is None else max(now - newest / 1000, 0.0)
+        return {
+            "watermark": watermark,
+            "newest_window_end": newest,
+            "lag_seconds": None if lag is None else round(lag, 1),
+            "limit_seconds": limit,
+            "stale": lag is None or lag > limit,
+        }
+
+    def pipeline(self, lo_s: int, hi_s: int) -> dict:
+        """Consumer lag per group, quarantined events by reason per step, and the latest data-quality run."""
+        return {
+            "consumers": self._consumer_lag(),
+            "quarantine": self._quarantine(lo_s, hi_s),
+            "quality": self._latest_quality_run(),
+        }
+
+    def _consumer_lag(self) -> dict:
+        try:
+            report = lag_report(SegmentLog(self.store))
+        except (LakeError, OSError) as exc:  # e.g. the analyst identity may not read log/
+            return {"error": str(exc).splitlines()[0][:200], "groups": []}
+        groups: dict[str, int] = {}
+        for row in report:
+            groups[f"{row.group} ({row.topic})"] = groups.get(f"{row.group} ({row.topic})", 0) + row.lag
+        return {"groups": [{"group": g, "lag": lag} for g, lag in sorted(groups.items())]}
+
+    def _quarantine(self, lo_s: int, hi_s: int) -> dict:
+        step = next((s for s in STEPS if (hi_s - lo_s) / s <= 200), STEPS[-1])
+        since = pa.scalar(lo_s * _US, pa.timestamp("us", "UTC"))
+        condition = ds.field("ingested_at") >= since
+        table = self.table("quarantine_events")
+        if table is None:
+            return {"step": step, "series": []}
+        days = pa.array(_days(lo_s, hi_s + 1), pa.date32())
+        rows = table.to_pyarrow_dataset().to_table(
+            columns=["reason", "ingested_at"], filter=ds.field("ingest_date").isin(days) & condition
+        )
+        if rows.num_rows == 0:
+            return {"step": step, "series": []}
+        code = pc.utf8_slice_codeunits(rows.column("reason"), 0, 40)
+        code = pc.replace_substring_regex(code, ":.*$", "")
+        seconds = pc.cast(rows.column("ingested_at"), pa.int64()).to_numpy(zero_copy_only=False) // _US
+        bucket = pa.array((seconds - seconds % step) * 1000)
+        counts = (
+            pa.table({"reason": code, "bucket": bucket}).group_by(["reason", "bucket"]).aggregate([([], "count_all")])
+        )
+        series: dict[str, list] = {}
+        for r in counts.sort_by([("reason", "ascending"), ("bucket", "ascending")]).to_pylist():
+            series.setdefault(r["reason"], []).append([r["bucket"], r["count_all"]])
+        return {"step": step, "series": [{"reason": k, "points": v} for k, v in series.items()]}
+
+    def _latest_quality_run(self) -> dict | None:
+        table = self.table("dq_results")
+        if table is None:
+            return None
+        today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
+        days = [today - dt.timedelta(days=d) for d in range(-1, 31)]
+        rows = self._scan("dq_results", days, ["run_id", "run_at", "table", "success", "critical"])
+        if rows is None or rows.num_rows == 0:
+            return None
+        latest = pc.max(rows.column("run_at")).as_py()
+        run = rows.filter(pc.equal(rows.column("run_at"), pa.scalar(latest, rows.schema.field("run_at").type)))
+        run_ids = set(run.column("run_id").to_pylist())
+        run = rows.filter(pc.is_in(rows.column("run_id"), pa.array(sorted(run_ids))))
+        success = run.column("success").to_numpy(zero_copy_only=False).astype(bool)
+        critical = run.column("critical").to_numpy(zero_copy_only=False).astype(bool)
+        return {
+            "run_at": int(latest.timestamp() * 1000),
+            "expectations": int(len(success)),
+            "pass_rate": float(success.mean()),
+            "critical_failed": int((critical & ~success).sum()),
+            "tables": sorted(set(run.column("table").to_pylist())),
+        }
+
+
+_EMPTY = pa.schema(
+    [
+        pa.field("server", pa.string()),
+        pa.field("window_start", pa.timestamp("us", "UTC")),
+        pa.field("aggregate", pa.string()),
+        pa.field("value", pa.float64()),
+    ]
+).empty_table()
+
+
+def _days(lo_s: int, hi_s: int) -> list[dt.date]:
+    """UTC days overlapping ``[lo_s, hi_s)``."""
+    first = dt.datetime.fromtimestamp(lo_s, dt.UTC).date()
+    last = dt.datetime.fromtimestamp(max(hi_s - 1, lo_s), dt.UTC).date()
+    return [first + dt.timedelta(days=d) for d in range((last - first).days + 1)]
+
+
+def _runs(starts: list[int], block: int) -> list[tuple[int, int]]:
+    """Contiguous runs ``[lo, hi)`` of the block starts."""
+    runs: list[list[int]] = []
+    for start in starts:
+        if runs and runs[-1][1] == start:
+            runs[-1][1] = start + block
+        else:
+            runs.append([start, start + block])
+    return [(lo, hi) for lo, hi in runs]
+
+
+def _series(rows: pa.Table, query: StoredQuery, top: int) -> list[dict]:
+    """JSON series from result rows: the fleet (server null) and, for per-server queries, the ``top`` servers."""
+    if rows.num_rows == 0:
+        return []
+    rows = rows.sort_by([("window_start", "ascending")])
+    servers = rows.column("server")
+    chosen: list[str | None] = [None]
+    if query.per_server:
+        first = query.aggregates[0].label
+        own = rows.filter(pc.and_(pc.is_valid(servers), pc.equal(rows.column("aggregate"), first)))
+        if own.num_rows:
+            means = own.group_by("server").aggregate([("value", "mean")]).sort_by([("value_mean", "descending")])
+            chosen += means.column("server").to_pylist()[:top]
+    out = []
+    for server in chosen:
+        mine = rows.filter(pc.is_null(servers) if server is None else pc.equal(servers, server))
+        for aggregate in query.aggregates:
+            picked = mine.filter(pc.equal(mine.column("aggregate"), aggregate.label))
+            if picked.num_rows == 0:
+                continue
+            ms = (pc.cast(picked.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
+            values = [None if v is None or v != v else v for v in picked.column("value").to_pylist()]
+            out.append(
+                {
+                    "server": server,
+                    "aggregate": aggregate.label,
+                    "points": [list(p) for p in zip(ms, values, strict=True)],
+                }
+            )
+    return out

@@ -1,0 +1,168 @@
+"""The dashboard's HTTP server: the page, Plotly's bundle (from the ``plotly`` package: works offline), the JSON API.
+
+Routes (JSON errors are ``{"error": message, "parameter": name}``):
+
+- ``GET /`` the dashboard page; ``GET /static/plotly.min.js``;
+- ``GET /api/queries``: the stored queries (name, text, description, window,
+  step, aggregates, per_server);
+- ``GET /api/queries/{name}?from=&to=&step=&top=``: one query's series
+  (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.series`);
+  ``from``/``to`` are ISO-8601 times with a zone or epoch milliseconds
+  (default: the last hour), ``step`` seconds (default: the finest that
+  keeps a series under 1,500 points). Unknown query: 404; a malformed or
+  inverted range or a bad step: 400 naming the parameter;
+- ``GET /api/pipeline?from=&to=``: consumer lag, quarantine by reason, the
+  latest data-quality run;
+- ``GET /api/health``: freshness (``stale`` when the newest window is older
+  than ``LAKE_QUALITY_FRESHNESS_LAG_SECONDS``), 200 either way;
+- ``/quality/...``: the data-quality docs, when the quality project is local.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from importlib import resources
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from metrics_lake.app.dashboard.reader import RANGES, DashboardReader, RangeError
+from metrics_lake.app.http_server import serve_asgi
+
+__all__ = ["build_app", "parse_time", "serve"]
+
+PLOTLY_JS = Path(str(resources.files("plotly").joinpath("package_data", "plotly.min.js")))
+PAGE = Path(__file__).with_name("page.html")
+
+
+def parse_time(parameter: str, text: str | None, default: float) -> int:
+    """``text`` (ISO-8601 with a zone, or epoch milliseconds) as epoch seconds; ``default`` when absent.
+
+    Raises :class:`RangeError` naming ``parameter`` otherwise.
+    """
+    if text is None or text == "":
+        return int(default)
+    if text.lstrip("-").isdigit():
+        return int(text) // 1000
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise RangeError(parameter, f"{parameter}={text[:40]!r} is neither epoch milliseconds nor ISO-8601") from None
+    if moment.tzinfo is None:
+        raise RangeError(parameter, f"{parameter}={text[:40]!r} needs a time zone (e.g. Z)")
+    return int(moment.timestamp())
+
+
+def _error(status: int, message: str, parameter: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "parameter": parameter}, status_code=status)
+
+
+def _range(request: Request, reader: DashboardReader) -> tuple[int, int]:
+    now = reader.clock()
+    hi = parse_time("to", request.query_params.get("to"), now)
+    lo = parse_time("from", request.query_params.get("from"), hi - 3600)
+    if hi <= lo:
+        raise RangeError("from", "from must be before to")
+    if hi - lo > 400 * 86_400:
+        raise RangeError("from", "a range may span 400 days at most")
+    return lo, hi
+
+
+def _int_param(request: Request, name: str, default: int | None) -> int | None:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or int(text) <= 0:
+        raise RangeError(name, f"{name} must be a positive whole number")
+    return int(text)
+
+
+def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlette:
+    """The dashboard application over ``reader``; ``refresh_seconds`` is the page's default auto-refresh."""
+    page = PAGE.read_text().replace("__REFRESH_SECONDS__", str(refresh_seconds))
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def plotly_js(request: Request) -> Response:
+        return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+    async def list_queries(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "queries": [
+                    {
+                        "name": q.name,
+                        "text": q.text,
+                        "description": q.description,
+                        "metric": q.metric,
+                        "window_seconds": q.duration_s,
+                        "step_seconds": q.slide_s,
+                        "aggregates": [a.label for a in q.aggregates],
+                        "per_server": q.per_server,
+                    }
+                    for q in reader.queries.values()
+                ],
+                "ranges": RANGES,
+            }
+        )
+
+    async def query_series(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in reader.queries:
+            return _error(404, f"no stored query named {name!r}; GET /api/queries lists them", "name")
+        try:
+            lo, hi = _range(request, reader)
+            step = _int_param(request, "step", None)
+            top = _int_param(request, "top", 5)
+            return JSONResponse(await run_in_threadpool(reader.series, name, lo, hi, step, top))
+        except RangeError as exc:
+            return _error(400, str(exc), exc.parameter)
+
+    async def pipeline(request: Request) -> Response:
+        try:
+            lo, hi = _range(request, reader)
+        except RangeError as exc:
+            return _error(400, str(exc), exc.parameter)
+        return JSONResponse(await run_in_threadpool(reader.pipeline, lo, hi))
+
+    async def health(request: Request) -> Response:
+        facts = await run_in_threadpool(reader.freshness)
+        docs = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
+        return JSONResponse({"status": "stale" if facts["stale"] else "ok", **facts, "quality_docs": docs.exists()})
+
+    routes = [
+        Route("/", index),
+        Route("/static/plotly.min.js", plotly_js),
+        Route("/api/queries", list_queries),
+        Route("/api/queries/{name}", query_series),
+        Route("/api/pipeline", pipeline),
+        Route("/api/health", health),
+    ]
+    site = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
+    routes.append(Mount("/quality", StaticFiles(directory=site, html=True, check_dir=False)))
+    return Starlette(routes=routes)
+
+
+def serve(
+    reader: DashboardReader,
+    host: str,
+    port: int,
+    stop: threading.Event,
+    *,
+    refresh_seconds: int = 10,
+    ready=None,
+) -> None:
+    """Serve the dashboard on ``host:port`` (0: any free port) until ``stop`` is set.
+
+    ``ready((host, port))`` is called once the socket listens (see
+    :func:`~metrics_lake.app.http_server.serve_asgi`).
+    """
+    app = build_app(reader, refresh_seconds=refresh_seconds)
+    serve_asgi(app, host, port, stop, name="dashboard-http", ready=ready, timeout_graceful_shutdown=5)

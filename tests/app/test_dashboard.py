@@ -1,0 +1,194 @@
+"""The dashboard's JSON API over a lake with known events: exact values, errors, resolution and the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from starlette.testclient import TestClient
+
+from metrics_lake.app.dashboard import DashboardReader, build_app
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.speed_layer import run_batch_in_process
+from metrics_lake.core.stored_queries import parse_query
+from tests.helpers import expected_query_results
+
+HOUR_MS = 3_600_000
+START_MS = 1_750_000_000_000 - 1_750_000_000_000 % HOUR_MS  # 2025-06-15 15:00 UTC
+QUERIES = [
+    parse_query("hopping", "FROM * SELECT m.lat WINDOW 5m EVERY 1m COMPUTE count, max, percentile(99)"),
+    parse_query("per_server", "FROM web-* SELECT m.lat WINDOW 15m COMPUTE count, sum PER SERVER"),
+]
+
+
+class Clock:
+    """A settable clock (epoch seconds)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_events(seed: int, lo_ms: int, hi_ms: int, n: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [
+        {
+            "ts": rng.randrange(lo_ms, hi_ms),
+            "server": rng.choice(["web-1", "web-2", "web-3", "db-1"]),
+            "metric": "m.lat",
+            "value": round(rng.uniform(1, 500), 2),
+        }
+        for _ in range(n)
+    ]
+
+
+def ingest(store, log, events: list[dict]) -> None:
+    with Producer(log, "metrics", partitions=2) as producer:
+        producer.send_payloads(events)
+    # Every event counts (a huge watermark), so late ones change old windows: what the cache test needs.
+    run_batch_in_process(
+        store,
+        "metrics",
+        end_offsets(log, "metrics"),
+        watermark_seconds=10**9,
+        clock_skew_seconds=10**9,
+        queries=QUERIES,
+    )
+
+
+@pytest.fixture
+def lake(settings, store, log):
+    events = make_events(1, START_MS, START_MS + 2 * HOUR_MS, 3000)
+    ingest(store, log, events)
+    clock = Clock(START_MS / 1000 + 3 * 3600)
+    reader = DashboardReader(settings, QUERIES, clock=clock, cache_ttl_seconds=300)
+    return TestClient(build_app(reader)), reader, clock, events
+
+
+def points(answer: dict, server, aggregate) -> dict[int, float]:
+    [series] = [s for s in answer["series"] if s["server"] == server and s["aggregate"] == aggregate]
+    return dict(map(tuple, series["points"]))
+
+
+def test_series_at_the_query_step_are_the_stored_query_values(lake):
+    client, _, _, events = lake
+    expected = expected_query_results(events, QUERIES)
+    answer = client.get("/api/queries/hopping", params={"from": START_MS, "to": START_MS + HOUR_MS}).json()
+    assert answer["step"] == 60 and (answer["from"], answer["to"]) == (START_MS, START_MS + HOUR_MS)
+    counts = points(answer, None, "count")
+    assert len(counts) == 60
+    assert counts == {
+        k[2]: v
+        for k, v in expected.items()
+        if k[0] == "hopping" and k[3] == "count" and k[2] < START_MS + HOUR_MS and k[2] >= START_MS
+    }
+    maxima = points(answer, None, "max")
+    assert maxima == {
+        k[2]: v
+        for k, v in expected.items()
+        if k[0] == "hopping" and k[3] == "max" and START_MS <= k[2] < START_MS + HOUR_MS
+    }
+
+
+def test_a_per_server_query_shows_its_top_servers_and_the_fleet(lake):
+    client, _, _, events = lake
+    answer = client.get(
+        "/api/queries/per_server", params={"from": "2025-06-15T15:00:00Z", "to": "2025-06-15T17:00:00Z", "top": 2}
+    ).json()
+    assert answer["step"] == 900
+    servers = {s["server"] for s in answer["series"]}
+    assert None in servers and len(servers - {None}) == 2 and servers <= {None, "web-1", "web-2", "web-3"}
+    own = expected_query_results(events, QUERIES)
+    fleet = expected_query_results(events, [dataclasses.replace(QUERIES[1], per_server=False)])
+    for server in servers - {None}:
+        assert points(answer, server, "sum") == pytest.approx(
+            {k[2]: v for k, v in own.items() if k[1] == server and k[3] == "sum"}, rel=1e-12
+        )
+    assert points(answer, None, "count") == {k[2]: v for k, v in fleet.items() if k[3] == "count"}
+    assert len(points(answer, None, "count")) == 8
+
+
+def test_a_long_range_is_rolled_up_to_tumbling_windows_of_a_coarser_step(lake):
+    client, _, _, events = lake
+    day = {"from": START_MS - 22 * HOUR_MS, "to": START_MS + 2 * HOUR_MS}
+    assert client.get("/api/queries/hopping", params=day).json()["step"] == 60  # 1,440 points: still fine
+    week = client.get("/api/queries/hopping", params={"from": START_MS - 166 * HOUR_MS, "to": START_MS + 2 * HOUR_MS})
+    answer = week.json()
+    assert answer["step"] == 900
+    tumbling = dataclasses.replace(QUERIES[0], duration_s=900, slide_s=900)
+    expected = expected_query_results(events, [tumbling])
+    assert points(answer, None, "count") == {k[2]: v for k, v in expected.items() if k[3] == "count"}
+    assert points(answer, None, "max") == {k[2]: v for k, v in expected.items() if k[3] == "max"}
+    assert all(len(s["points"]) <= 1500 for s in answer["series"])
+    explicit = client.get("/api/queries/hopping", params={**day, "step": 3600}).json()
+    assert explicit["step"] == 3600 and len(points(explicit, None, "count")) == 2
+
+
+@pytest.mark.parametrize(
+    ("params", "parameter"),
+    [
+        ({"from": "yesterday"}, "from"),
+        ({"to": "2025-06-15T10:00:00"}, "to"),  # no time zone
+        ({"from": START_MS + HOUR_MS, "to": START_MS}, "from"),  # inverted
+        ({"from": START_MS, "to": START_MS + HOUR_MS, "step": 30}, "step"),  # finer than the query
+        ({"from": START_MS, "to": START_MS + HOUR_MS, "step": 90}, "step"),  # not whole minutes
+        ({"top": "many"}, "top"),
+    ],
+)
+def test_a_malformed_request_is_a_400_naming_the_parameter(lake, params, parameter):
+    client = lake[0]
+    answer = client.get("/api/queries/hopping", params=params)
+    assert answer.status_code == 400 and answer.json()["parameter"] == parameter
+
+
+def test_an_unknown_query_is_a_404_and_the_listing_names_every_query(lake):
+    client = lake[0]
+    missing = client.get("/api/queries/nope")
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]
+    listing = client.get("/api/queries").json()
+    assert [q["name"] for q in listing["queries"]] == ["hopping", "per_server"]
+    assert listing["queries"][0]["step_seconds"] == 60 and listing["queries"][1]["per_server"]
+
+
+def test_closed_windows_are_cached_until_the_entry_expires_recent_ones_never(lake, store, log):
+    client, reader, clock, events = lake
+    window = {"from": START_MS, "to": START_MS + HOUR_MS}
+    before = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    late = [{"ts": START_MS + 30_000, "server": "web-1", "metric": "m.lat", "value": 1.0}]
+    ingest(store, log, late)  # changes windows that ended hours before the (test) clock
+    cached = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    assert cached == before and reader.cache_hits > 0
+    clock.now += 301  # the entries expire
+    fresh = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    assert fresh[START_MS] == before[START_MS] + 1
+    assert fresh == {
+        k[2]: v
+        for k, v in expected_query_results(events + late, QUERIES).items()
+        if k[0] == "hopping" and k[3] == "count" and START_MS <= k[2] < START_MS + HOUR_MS
+    }
+
+    clock.now = START_MS / 1000 + 2 * 3600 + 300  # the last hour of data is now recent: never cached
+    recent = {"from": START_MS + HOUR_MS, "to": START_MS + 2 * HOUR_MS}
+    first = points(client.get("/api/queries/hopping", params=recent).json(), None, "count")
+    newest = START_MS + 2 * HOUR_MS - 60_000
+    ingest(store, log, [{"ts": newest + 1000, "server": "db-1", "metric": "m.lat", "value": 2.0}])
+    again = points(client.get("/api/queries/hopping", params=recent).json(), None, "count")
+    assert again[newest] == first[newest] + 1
+
+
+def test_health_reports_freshness_and_the_pipeline_its_consumers_and_quarantine(lake, store, log):
+    client, _, clock, _ = lake
+    health = client.get("/api/health").json()
+    assert health["newest_window_end"] == START_MS + 2 * HOUR_MS
+    assert health["lag_seconds"] == pytest.approx(3600, abs=1) and health["stale"] and health["status"] == "stale"
+    clock.now = START_MS / 1000 + 2 * 3600 + 60
+    assert client.get("/api/health").json()["status"] == "ok"
+    with Producer(log, "metrics", partitions=2) as producer:
+        producer.send_payloads(['{"ts": 1, "server": "a", "metric": "m", "value": 1}', "{oops"])
+    pipeline = client.get("/api/pipeline", params={"from": START_MS}).json()
+    assert pipeline["consumers"]["groups"] == [{"group": "speed-layer (metrics)", "lag": 2}]
+    assert pipeline["quality"] is None
