@@ -285,9 +285,7 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
     return pa.concat_tables(pieces).cast(WINDOW_STATE)
 
 
-def query_rows(
-    states: pa.Table, queries: list[StoredQuery], day: dt.date | None, computed_at: dt.datetime
-) -> pa.Table:
+def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date | None, computed_at: dt.datetime) -> pa.Table:
     """``query_results`` rows (long format) from merged states of :func:`query_states` for ``day``.
 
     With ``day`` None (live evaluation) each row's ``event_date`` is the day
