@@ -7,6 +7,8 @@ input is kept, not dropped. Meanwhile the speed layer runs micro-batches
 every ``trigger_seconds``; when the agents stop it drains the log, then the
 demo prints row counts, this host's CPU windows and commands to try next.
 Running it again appends to the same lake (offsets and checkpoints carry on).
+The stored queries are kept live by the speed layer, so the last lines name
+the dashboard command (``lake demo --dashboard`` serves it right away).
 """
 
 from __future__ import annotations
@@ -43,8 +45,20 @@ def _sql_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int, console: Console) -> None:
-    """Run the demo; see the module docstring. Prints progress to ``console``."""
+def run_demo(
+    settings: LakeSettings,
+    *,
+    seconds: int,
+    servers: int,
+    metrics: int,
+    console: Console,
+    dashboard_port: int | None = None,
+) -> None:
+    """Run the demo; see the module docstring. Prints progress to ``console``.
+
+    With ``dashboard_port`` it then serves the dashboard on that port until
+    Ctrl-C or SIGTERM.
+    """
     from metrics_lake.app.console import print_batch
     from metrics_lake.spark.jobs.sql_query import run_sql
     from metrics_lake.spark.jobs.stream_metrics import start_stream
@@ -134,6 +148,7 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
 
     console.rule("[bold]try next")
     console.print(
+        "lake dashboard        # then open http://127.0.0.1:8050/ (stored queries, freshness, pipeline)\n"
         "lake tables\n"
         'lake sql "SELECT metric, count(*) AS windows, round(avg(p99), 2) AS avg_p99 '
         'FROM metric_windows_1m GROUP BY metric ORDER BY metric"\n'
@@ -146,3 +161,22 @@ def run_demo(settings: LakeSettings, *, seconds: int, servers: int, metrics: int
         markup=False,
     )
     console.print(f"demo finished in {time.monotonic() - wall_start:.0f} s")
+    if dashboard_port is not None:
+        _serve_dashboard(settings, dashboard_port, console)
+
+
+def _serve_dashboard(settings: LakeSettings, port: int, console: Console) -> None:
+    """Serve the dashboard over the demo's lake until Ctrl-C or SIGTERM."""
+    import signal
+
+    from metrics_lake.app.dashboard import DashboardReader, serve
+    from metrics_lake.core.stored_queries import load_stored_queries
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    def ready(address) -> None:
+        console.print(f"dashboard on http://{address[0]}:{address[1]}/ ; Ctrl-C stops it")
+
+    serve(DashboardReader(settings, load_stored_queries()), "127.0.0.1", port, stop, ready=ready)

@@ -142,11 +142,22 @@ def demo(
     seconds: Annotated[int, typer.Option(min=5, help="How long the agents produce, in seconds.")] = 60,
     servers: Annotated[int, typer.Option(min=1, help="Simulated servers beside this host.")] = 20,
     metrics: Annotated[int, typer.Option(min=1, help="Metrics per simulated server.")] = 8,
+    dashboard: Annotated[
+        bool, typer.Option("--dashboard", help="Then serve the dashboard on --port until Ctrl-C.")
+    ] = False,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="The dashboard's port with --dashboard.")] = 8050,
 ) -> None:
-    """The main job, end to end: host agent + fleet simulator -> log -> speed layer -> Spark SQL."""
+    """The main job, end to end: host agent + fleet simulator -> log -> speed layer -> Spark SQL (-> dashboard)."""
     from metrics_lake.app.demo import run_demo
 
-    run_demo(settings(), seconds=seconds, servers=servers, metrics=metrics, console=err)
+    run_demo(
+        settings(),
+        seconds=seconds,
+        servers=servers,
+        metrics=metrics,
+        console=err,
+        dashboard_port=port if dashboard else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
