@@ -19,7 +19,7 @@ The query language is the APM one::
 - by default one fleet-wide row per window and aggregate (the servers'
   sketches merged, so a fleet p99 is the p99 of every matching event within
   the sketch's relative error, as with Datadog's distributions);
-  ``PER SERVER`` gives a row per server.
+  ``PER SERVER`` gives a row per server, and the fleet-wide row too.
 
 Keywords are case-insensitive. :func:`load_stored_queries` raises
 :class:`StoredQueryError` naming the query and what is wrong with it.
@@ -200,8 +200,8 @@ def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Tabl
     columns of ``metric_windows_1m`` rows covering days ``day - 1`` and
     ``day``. Each minute goes to every query window that contains it (one
     for tumbling, ``WINDOW / EVERY`` for hopping); the result is keyed by
-    ``metric`` = the query's *name*, ``server`` (null for a fleet-wide
-    query) and the query window's start, ready for
+    ``metric`` = the query's *name*, ``server`` (null for the fleet-wide
+    row, the only one unless ``PER SERVER``) and the query window's start, ready for
     :func:`~metrics_lake.core.windows.merge_states` and :func:`query_rows`.
     """
     start = dt.datetime.combine(day, dt.time(), dt.UTC)
@@ -270,16 +270,18 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
         if not inside.any():
             continue
         picked = rows.filter(pa.array(inside))
-        pieces.append(
-            pa.table(
-                {
-                    "metric": pa.array([query.name] * picked.num_rows, pa.string()),
-                    "server": picked.column("server") if query.per_server else pa.nulls(picked.num_rows, pa.string()),
-                    "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
-                    **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
-                }
+        # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
+        for server in [picked.column("server"), None] if query.per_server else [None]:
+            pieces.append(
+                pa.table(
+                    {
+                        "metric": pa.array([query.name] * picked.num_rows, pa.string()),
+                        "server": server if server is not None else pa.nulls(picked.num_rows, pa.string()),
+                        "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
+                        **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
+                    }
+                )
             )
-        )
     if not pieces:
         return WINDOW_STATE.empty_table()
     return pa.concat_tables(pieces).cast(WINDOW_STATE)

@@ -103,7 +103,7 @@ METRIC_ROLLUP_1D = METRIC_WINDOWS_1M
 #: ``tables/query_results``: the stored queries of
 #: ``lake_schemas/stored_queries.toml`` evaluated per UTC day, long format:
 #: one row per (query, window, server, aggregate). ``server`` is null for a
-#: fleet-wide row (the query's servers merged). ``event_date`` is the day
+#: fleet-wide row (the query's servers merged; PER SERVER queries have both). ``event_date`` is the day
 #: the window's last minute falls in, so a window is computed once both days
 #: it may span are complete.
 QUERY_RESULTS = pa.schema(

@@ -59,7 +59,9 @@ def expected_query_results(events: list[dict], queries) -> dict[tuple, float | l
             first = e["ts"] - e["ts"] % slide
             for start in range(first, first - duration, -slide):
                 if start + duration > e["ts"]:
-                    values[(query.name, e["server"] if query.per_server else None, start)].append(e["value"])
+                    values[(query.name, None, start)].append(e["value"])  # the fleet (every query has it)
+                    if query.per_server:
+                        values[(query.name, e["server"], start)].append(e["value"])
     expected = {}
     for (name, server, start), vals in values.items():
         query = next(q for q in queries if q.name == name)

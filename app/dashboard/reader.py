@@ -97,11 +97,12 @@ class _Entry:
 
 
 class DashboardReader:
-    """Reads one lake for the dashboard; thread-safe; tables are refreshed at most once a second.
+    """Reads one lake for the dashboard; thread-safe.
 
     ``queries``: the stored queries shown; ``clock``: seconds since the
     epoch (tests move it); ``cache_ttl_seconds``: how long a closed block
-    stays cached (module docstring).
+    stays cached (module docstring); ``refresh_seconds``: a table's newest
+    version is looked up at most this often (a Delta log listing each time).
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class DashboardReader:
         clock=time.time,
         cache_ttl_seconds: float = 300.0,
         cache_blocks: int = 4096,
+        refresh_seconds: float = 1.0,
     ) -> None:
         self.settings = settings
         self.store = open_store(settings)
@@ -119,6 +121,7 @@ class DashboardReader:
         self.clock = clock
         self.cache_ttl_seconds = cache_ttl_seconds
         self.cache_blocks = cache_blocks
+        self.refresh_seconds = refresh_seconds
         self._tables: dict[str, tuple[DeltaTable, float]] = {}
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()
@@ -127,11 +130,11 @@ class DashboardReader:
     # -- tables -------------------------------------------------------------------------------------------------
 
     def table(self, name: str) -> DeltaTable | None:
-        """Table ``name`` at its latest version (checked at most once a second), or None if it does not exist."""
+        """Table ``name`` at its latest version (checked every ``refresh_seconds``), or None if it does not exist."""
         now = time.monotonic()
         with self._lock:
             cached = self._tables.get(name)
-        if cached is not None and now - cached[1] < 1.0:
+        if cached is not None and now - cached[1] < self.refresh_seconds:
             return cached[0]
         try:
             if cached is None:
@@ -216,14 +219,8 @@ class DashboardReader:
     def _evaluate(self, query: StoredQuery, step: int, lo: int, hi: int) -> pa.Table:
         """Rows (server, window_start, aggregate, value) of ``query`` at ``step`` for windows starting in [lo, hi)."""
         if step == query.slide_s:
-            stored = self._stored_rows(query, lo, hi)
-            fleet = self._computed(dataclasses.replace(query, per_server=False), lo, hi) if query.per_server else None
-            return pa.concat_tables([stored, fleet]) if fleet is not None else stored
-        tumbling = dataclasses.replace(query, duration_s=step, slide_s=step)
-        pieces = [self._computed(tumbling, lo, hi)]
-        if query.per_server:
-            pieces.append(self._computed(dataclasses.replace(tumbling, per_server=False), lo, hi))
-        return pa.concat_tables(pieces)
+            return self._stored_rows(query, lo, hi)  # a PER SERVER query's rows include its fleet rows
+        return self._computed(dataclasses.replace(query, duration_s=step, slide_s=step), lo, hi)
 
     def _stored_rows(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
         last = hi + query.duration_s

@@ -65,7 +65,7 @@ def lake(settings, store, log):
     events = make_events(1, START_MS, START_MS + 2 * HOUR_MS, 3000)
     ingest(store, log, events)
     clock = Clock(START_MS / 1000 + 3 * 3600)
-    reader = DashboardReader(settings, QUERIES, clock=clock, cache_ttl_seconds=300)
+    reader = DashboardReader(settings, QUERIES, clock=clock, cache_ttl_seconds=300, refresh_seconds=0)
     return TestClient(build_app(reader)), reader, clock, events
 
 

@@ -143,7 +143,11 @@ def test_stored_queries_hopping_and_fleet_wide(spark, settings, store, fleet_day
     cpu = fleet_day.filter(pc.equal(fleet_day.column("metric"), "host.cpu.utilization"))
     expected = {k: v for k, v in raw_values(cpu, 3_600_000).items() if k[2] + 3_600_000 > midnight}
     got = by_query["cpu_some"]
-    assert {(s, start) for s, start, _ in got} == {(k[1], k[2]) for k in expected}
+    assert {(s, start) for s, start, _ in got if s is not None} == {(k[1], k[2]) for k in expected}
+    for start in {k[2] for k in expected}:  # and its fleet row: every matching server's values together
+        fleet = sorted(v for k, window in expected.items() if k[2] == start for v in window)
+        assert (got[(None, start, "min")], got[(None, start, "max")]) == (fleet[0], fleet[-1])
+        assert got[(None, start, "sum")] == pytest.approx(math.fsum(fleet), rel=1e-12)
     for (_, server, start), window in expected.items():
         assert got[(server, start, "min")] == window[0]
         assert got[(server, start, "max")] == window[-1]
