@@ -247,7 +247,10 @@ def run_quality(
     """Validate ``day`` of ``tables`` (default: every table with a suite that exists); see the module docstring.
 
     Raises ``KeyError`` for a table without a suite. Tables with no rows on
-    the day are skipped (and absent from the report's ``rows``).
+    the day are skipped (and absent from the report's ``rows``); a run for
+    today (``now``'s date) also checks freshness
+    (:mod:`metrics_lake.quality.freshness`), critically, so a lake whose
+    newest data is too old fails even when today has no rows.
     """
     from metrics_lake.quality.trend import write_trend
     from metrics_lake.spark.jobs.day_partitions import read_days
@@ -275,6 +278,11 @@ def run_quality(
             report.outcomes += [outcome(table, r) for r in validate(context, table, frame, suite)]
         finally:
             frame.unpersist()
+    if day == now.date() and (tables is None or "metric_windows_1m" in tables):
+        from metrics_lake.core.stored_queries import load_stored_queries
+        from metrics_lake.quality.freshness import freshness_outcomes
+
+        report.outcomes += freshness_outcomes(settings, load_stored_queries(), now)
     write_results(settings, report, now)
     prune_validations(settings, context)
     write_trend(settings)
