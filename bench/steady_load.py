@@ -10,11 +10,13 @@ layer runs:
 - **peer**: the same speed layer (:func:`metrics_lake.core.speed_layer.run_batch_in_process`)
   in this process on a 1-second trigger, without Spark.
 
-Every 0.5 s it reads how many records ``metric_windows_1m`` holds (the sum of
-its committed log positions) and turns that into *lag*: the seconds since
-the moment that many records had been produced. Reported: lag p50/p99/max
-after a warm-up of a quarter of the run, the rate actually produced, and the
-peak RSS of the stream's process tree. Run:
+Every 0.5 s it reads how many records ``metric_windows_1m`` and
+``query_results`` hold (the sum of each table's committed log positions) and
+turns that into *lag*: the seconds since the moment that many records had
+been produced. For ``query_results`` that is the stored queries' evaluation
+lag: how long after its events are produced a query window shows them.
+Reported: lag p50/p99/max after a warm-up of a quarter of the run, the rate
+actually produced, and the peak RSS of the stream's process tree. Run:
 ``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60]``.
 """
 
@@ -45,9 +47,12 @@ from metrics_lake.core.tables import committed_offsets
 METRICS_PER_SERVER = 100
 
 
-def windows_records(root: Path, partitions: int) -> int:
-    """Records the windows table holds: the sum of its committed positions (0 before it exists)."""
-    path = root / "tables" / "metric_windows_1m"
+TABLES = ("metric_windows_1m", "query_results")
+
+
+def table_records(root: Path, partitions: int, table: str) -> int:
+    """Records ``table`` holds: the sum of its committed positions (0 before it exists)."""
+    path = root / "tables" / table
     if not (path / "_delta_log").exists():
         return 0
     marks = committed_offsets(DeltaTable(str(path)), CONSUMER, "metrics", range(partitions))
@@ -81,29 +86,35 @@ def measure(root: Path, settings, rate: int, seconds: int, start_consumer, stop_
     producer.start()
     start_consumer()
     ready.set()
-    samples = []
-    while producer.is_alive() or (timeline and windows_records(root, settings.partitions) < timeline[-1][1]):
+    samples: dict[str, list] = {table: [] for table in TABLES}
+
+    def behind() -> bool:
+        return bool(timeline) and min(table_records(root, settings.partitions, t) for t in TABLES) < timeline[-1][1]
+
+    while producer.is_alive() or behind():
         time.sleep(0.5)
-        now, counted = time.monotonic(), windows_records(root, settings.partitions)
+        now = time.monotonic()
         if timeline:
             times = [t for t, _ in timeline]
             counts = [c for _, c in timeline]
-            reached = bisect.bisect_right(counts, counted)  # first second whose cumulative count exceeds `counted`
-            lag = 0.0 if reached >= len(times) else now - times[reached]
-            samples.append((now, lag))
+            for table in TABLES:
+                counted = table_records(root, settings.partitions, table)
+                reached = bisect.bisect_right(counts, counted)  # first second whose cumulative count exceeds it
+                samples[table].append((now, 0.0 if reached >= len(times) else now - times[reached]))
         if timeline and now > timeline[-1][0] + 120:
             break  # far behind: stop waiting
     stop_consumer()
     producer.join()
     begin = timeline[0][0]
-    steady = [lag for at, lag in samples if at > begin + seconds / 4]
-    lags = np.array(steady or [np.nan])
-    return {
-        "produced": timeline[-1][1] / max(timeline[-1][0] - begin, 1e-9),
-        "p50": float(np.percentile(lags, 50)),
-        "p99": float(np.percentile(lags, 99)),
-        "max": float(lags.max()),
-    }
+    result = {"produced": timeline[-1][1] / max(timeline[-1][0] - begin, 1e-9)}
+    for table in TABLES:
+        lags = np.array([lag for at, lag in samples[table] if at > begin + seconds / 4] or [np.nan])
+        result[table] = {
+            "p50": float(np.percentile(lags, 50)),
+            "p99": float(np.percentile(lags, 99)),
+            "max": float(lags.max()),
+        }
+    return result
 
 
 def run_lake(rate: int, seconds: int) -> dict:
@@ -182,16 +193,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=60)
     args = parser.parse_args()
     print(
-        f"{'target ev/s':>12} {'runner':<28} {'produced ev/s':>14} {'lag p50 s':>10} {'p99 s':>7} {'max s':>7} {'peak RSS MiB':>13}"
+        f"{'target ev/s':>12} {'runner':<28} {'produced ev/s':>14} {'table':<18} {'lag p50 s':>10} {'p99 s':>7} "
+        f"{'max s':>7} {'peak RSS MiB':>13}"
     )
     for rate in args.rates:
         for name, run in (("lake stream --trigger 1", run_lake), ("peer: same code, no Spark", run_peer)):
             r = run(rate, args.seconds)
-            print(
-                f"{rate:>12,} {name:<28} {r['produced']:>14,.0f} {r['p50']:>10.1f} {r['p99']:>7.1f} {r['max']:>7.1f} "
-                f"{mib(r['rss']):>13}",
-                flush=True,
-            )
+            for table in TABLES:
+                lag = r[table]
+                print(
+                    f"{rate:>12,} {name:<28} {r['produced']:>14,.0f} {table:<18} {lag['p50']:>10.1f} "
+                    f"{lag['p99']:>7.1f} {lag['max']:>7.1f} {mib(r['rss']):>13}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
