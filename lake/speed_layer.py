@@ -504,9 +504,6 @@ def _upsert_query_results(
             chosen = [by_name[name] for name in affected]
             states = pa.concat_tables([window_states(windows, q, affected[q.name]) for q in chosen])
             results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
-            days = _days_between(lo, hi)
-            candidates = _files_with_windows(store, table, days, lo, hi, name=QUERIES)
-            existing = read_data_files(store, candidates, QUERY_RESULTS)
             replaced = pa.table(
                 {
                     "query": pa.array([n for n, starts in affected.items() for _ in starts], pa.string()),
@@ -515,10 +512,19 @@ def _upsert_query_results(
                     ),
                 }
             )
-            kept = existing.join(replaced, ["query", "window_start"], join_type="left anti")
-            rows = pa.concat_tables([kept.select(QUERY_RESULTS.names), results])
+            # Only files holding a replaced window are rewritten: files of closed windows (and of other queries)
+            # often overlap the range by their statistics but stay as they are.
+            rewritten, kept = [], []
+            for candidate in _files_with_windows(store, table, _days_between(lo, hi), lo, hi, name=QUERIES):
+                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start"])
+                if keys.join(replaced, ["query", "window_start"], join_type="left semi").num_rows == 0:
+                    continue
+                existing = read_data_files(store, [candidate], QUERY_RESULTS)
+                rewritten.append(candidate)
+                kept.append(existing.join(replaced, ["query", "window_start"], join_type="left anti"))
+            rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
             files = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
-            removes = [remove_action(f) for f in candidates]
+            removes = [remove_action(f) for f in rewritten]
             written = results.num_rows
         commit_changes(
             table,

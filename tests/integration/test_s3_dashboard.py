@@ -6,13 +6,10 @@ import pytest
 
 from metrics_lake.app.dashboard import DashboardReader
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed_layer import run_batch_in_process
 from metrics_lake.core.storage import open_store
 from metrics_lake.infra.seaweedfs import settings_env
-from tests.app.test_dashboard import HOUR_MS, QUERIES, START_MS, make_events, points
+from tests.app.test_dashboard import HOUR_MS, QUERIES, START_MS, ingest, make_events, points
 from tests.helpers import expected_query_results
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
@@ -24,16 +21,7 @@ def test_the_analyst_identity_reads_the_dashboard_of_an_s3_lake(own_s3_server):
     store = open_store(load_settings(**{k.removeprefix("LAKE_").lower(): v for k, v in env.items()}))
     log = SegmentLog(store)
     events = make_events(3, START_MS, START_MS + HOUR_MS, 600)
-    with Producer(log, "metrics", partitions=2) as producer:
-        producer.send_payloads(events)
-    run_batch_in_process(
-        store,
-        "metrics",
-        end_offsets(log, "metrics"),
-        watermark_seconds=10**9,
-        clock_skew_seconds=10**9,
-        queries=QUERIES,
-    )
+    ingest(store, log, events)
     analyst = settings_env(s3_server, "analyst")
     reader = DashboardReader(
         load_settings(**{k.removeprefix("LAKE_").lower(): v for k, v in analyst.items()}),
