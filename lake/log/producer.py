@@ -202,6 +202,7 @@ class Producer:
         self._lock = threading.Lock()
         # One flush at a time per partition keeps sequence numbers in order.
         self._flush_locks = [threading.Lock() for _ in range(self.partitions)]
+        self._lease_lock = threading.Lock()  # leases are taken one producer thread at a time, in partition order
         # Background flush failures per partition and when to try again (backoff, so a dead store is not hammered).
         self._failures = [0] * self.partitions
         self._retry_at = [0.0] * self.partitions
@@ -212,11 +213,20 @@ class Producer:
         self._flusher.start()
 
     def writer(self, partition: int) -> PartitionWriter:
-        """This producer's writer of ``partition``, taking the lease if not held (call under the flush lock)."""
+        """This producer's writer of ``partition``, taking the lease if not held (call under the flush lock).
+
+        Leases are taken in partition order: the lease of ``partition`` only
+        with those of the owned partitions below it. Two producers of one
+        topic then never each hold a lease the other waits for (a cycle that
+        lasts until the wait times out, since holders keep renewing).
+        """
         if self._writers[partition] is None:
-            self._writers[partition] = self.log.writer(
-                self.topic, partition, self.producer_id, ttl_ms=self.lease_ttl_ms, wait_s=self.lease_wait_s
-            )
+            with self._lease_lock:
+                for p in self.owned:
+                    if p <= partition and self._writers[p] is None:
+                        self._writers[p] = self.log.writer(
+                            self.topic, p, self.producer_id, ttl_ms=self.lease_ttl_ms, wait_s=self.lease_wait_s
+                        )
         return self._writers[partition]
 
     def held_partitions(self) -> list[int]:

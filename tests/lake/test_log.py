@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 
 import pyarrow as pa
@@ -232,3 +233,30 @@ def test_a_failed_flush_is_retried_with_its_sequence_and_nothing_newer_is_left_b
     producer.close()  # retries batch 1 (a duplicate, skipped), then appends batch 2
     assert log.index("m", 0).next_offset == 7
     assert read_range(log, "m", 0, 0, 7).column("value").to_pylist() == [0.0, 1.0, 2.0, 0.0, 1.0, 2.0, 3.0]
+
+
+def test_two_producers_needing_each_others_partitions_take_leases_in_order_and_both_finish(log):
+    server = {partition_for(f"web-{i}", 2): f"web-{i}" for i in range(20)}  # a server routed to each partition
+    first = Producer(log, "m", partitions=2, linger_ms=60_000, lease_wait_s=5)
+    second = Producer(log, "m", partitions=2, linger_ms=60_000, lease_wait_s=30)
+    first.send(records(3, server=server[1]))
+    first.flush()  # needs partition 1: takes the leases of 0 and 1, in order
+    failures: list[Exception] = []
+
+    def other() -> None:
+        try:
+            second.send(records(3, server=server[0]))
+            second.flush()  # waits for partition 0 until the first producer is done
+            second.send(records(3, server=server[1]))
+            second.close()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    time.sleep(0.5)
+    first.send(records(3, server=server[0]))  # lazily leased partitions would deadlock here until lease_wait_s
+    first.close()
+    thread.join(60)
+    assert not failures and not thread.is_alive()
+    assert end_offsets(log, "m") == {0: 6, 1: 6}
