@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.errors import LakeError
 from metrics_lake.core.log.consumer import read_range, start_offsets
@@ -70,7 +70,6 @@ from metrics_lake.core.stored_queries import (
     window_states,
 )
 from metrics_lake.core.tables import (
-    COMMIT_ATTEMPTS,
     WrittenFile,
     commit_changes,
     committed_offsets,
@@ -78,6 +77,7 @@ from metrics_lake.core.tables import (
     offset_transactions,
     open_table,
     remove_action,
+    retry_on_conflict,
     write_data_files,
 )
 from metrics_lake.core.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
@@ -312,7 +312,8 @@ def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> 
     advances = plan.advances(name)
     if not advances:
         return False
-    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+
+    def attempt() -> bool:
         table = ensure_table(store, name)
         current = committed_offsets(table, CONSUMER, plan.topic, advances)
         if all((current[p] or 0) >= end for p, end in advances.items()):
@@ -324,15 +325,10 @@ def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> 
                 f"{name}: another speed layer committed positions {moved} of topic {plan.topic!r} while this one "
                 f"planned from {expected}; run one `lake stream` per topic"
             )
-        try:
-            commit(table, advances)
-            return True
-        except CommitFailedError as exc:
-            if attempt == COMMIT_ATTEMPTS:
-                raise
-            log.info("%s: concurrent commit won (%s); re-planning (%d/%d)", name, exc, attempt, COMMIT_ATTEMPTS - 1)
-            time.sleep(min(0.1 * attempt, 2.0))
-    raise AssertionError("unreachable")
+        commit(table, advances)
+        return True
+
+    return retry_on_conflict(attempt, name)
 
 
 def _write_window_files(
