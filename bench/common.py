@@ -89,6 +89,17 @@ BROKEN = (
 )
 
 
+def duckdb_windows_sql(source: str) -> str:
+    """DuckDB's peer of ``metric_windows_1m``: 1-minute windows per (metric, server) of ``source`` (a table or
+    ``read_parquet(...)``), with count/sum/min/max/avg and approximate p50/p95/p99."""
+    return f"""
+        SELECT metric, server, time_bucket(INTERVAL 1 minute, ts) AS window_start,
+               count(*) AS count, sum(value) AS sum, min(value) AS min, max(value) AS max, avg(value) AS avg,
+               approx_quantile(value, 0.5) AS p50, approx_quantile(value, 0.95) AS p95,
+               approx_quantile(value, 0.99) AS p99
+        FROM {source} GROUP BY ALL"""
+
+
 def write_jsonl(events, path: Path, invalid_every: int = 0) -> int:
     """Write simulator events (a LOG_RECORD table) as contract JSON Lines; every ``invalid_every``-th line broken.
 

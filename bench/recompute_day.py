@@ -31,6 +31,7 @@ import duckdb
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
+from common import duckdb_windows_sql
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import load_settings
@@ -91,13 +92,7 @@ def duckdb_peer(settings, out: Path) -> float:
     con.execute("SET threads = 2")
     listing = ", ".join(f"'{p}'" for p in paths)
     con.execute(
-        f"""COPY (
-              SELECT metric, server, time_bucket(INTERVAL 1 minute, ts) AS window_start,
-                     count(*) AS count, sum(value) AS sum, min(value) AS min, max(value) AS max, avg(value) AS avg,
-                     approx_quantile(value, 0.5) AS p50, approx_quantile(value, 0.95) AS p95,
-                     approx_quantile(value, 0.99) AS p99
-              FROM read_parquet([{listing}]) GROUP BY ALL)
-            TO '{out}' (FORMAT parquet, COMPRESSION zstd)"""
+        f"COPY ({duckdb_windows_sql(f'read_parquet([{listing}])')}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)"
     )
     return time.monotonic() - started
 

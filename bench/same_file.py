@@ -29,7 +29,7 @@ from pathlib import Path
 
 import duckdb
 import pyarrow.json as pj
-from common import BROKEN, LAKE, lake_env, mib, run_measured, write_jsonl
+from common import BROKEN, LAKE, duckdb_windows_sql, lake_env, mib, run_measured, write_jsonl
 from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
@@ -60,15 +60,8 @@ def duckdb_peer(source: Path, out: Path) -> tuple[float, int, int]:
         f"""COPY (SELECT *, CAST(ts AS DATE) AS event_date FROM events)
             TO '{out / "bronze"}' (FORMAT parquet, PARTITION_BY (event_date), COMPRESSION zstd)"""
     )
-    con.execute(
-        f"""COPY (
-              SELECT metric, server, time_bucket(INTERVAL 1 minute, ts) AS window_start,
-                     count(*) AS count, sum(value) AS sum, min(value) AS min, max(value) AS max, avg(value) AS avg,
-                     approx_quantile(value, 0.5) AS p50, approx_quantile(value, 0.95) AS p95,
-                     approx_quantile(value, 0.99) AS p99
-              FROM events GROUP BY ALL)
-            TO '{out / "windows.parquet"}' (FORMAT parquet, COMPRESSION zstd)"""
-    )
+    windows = out / "windows.parquet"
+    con.execute(f"COPY ({duckdb_windows_sql('events')}) TO '{windows}' (FORMAT parquet, COMPRESSION zstd)")
     seconds = time.perf_counter() - started
     events = con.execute(f"SELECT count(*) FROM read_parquet('{out / 'bronze'}/*/*.parquet')").fetchone()[0]
     windows = con.execute(f"SELECT count(*) FROM read_parquet('{out / 'windows.parquet'}')").fetchone()[0]
