@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import Transaction
+from deltalake import DeltaTable, Transaction
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.errors import LakeError
@@ -96,6 +96,7 @@ __all__ = [
     "ConcurrentWriterError",
     "commit_batch",
     "first_open_day",
+    "newest_window_end",
     "plan_batch",
     "process_chunk",
     "rewritable_from",
@@ -121,6 +122,15 @@ class ConcurrentWriterError(LakeError):
 def watermark_app_id(topic: str) -> str:
     """The ``txn`` appId under which the windows table records the speed layer's watermark (epoch ms)."""
     return f"{CONSUMER}/{topic}/watermark"
+
+
+def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
+    """End of the newest 1-minute window of ``metric_windows_1m`` (its files' statistics, no data read), or None."""
+    actions = pa.table(windows.get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
+        return None
+    newest = pc.max(actions.column("max.window_start")).as_py()
+    return None if newest is None else newest + dt.timedelta(seconds=WINDOW_SECONDS)
 
 
 def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -17,11 +17,11 @@ import datetime as dt
 import json
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.speed_layer import newest_window_end
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.stored_queries import StoredQuery
 from metrics_lake.core.tables import open_table
@@ -72,13 +72,9 @@ def _outcome(table: str, column: str, newest: dt.datetime | None, now: dt.dateti
 
 def _newest_window_end(store) -> dt.datetime | None:
     try:
-        actions = pa.table(open_table(store, "metric_windows_1m").get_add_actions(flatten=True))
+        return newest_window_end(open_table(store, "metric_windows_1m"))
     except TableNotFoundError:
         return None
-    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
-        return None
-    newest = pc.max(actions.column("max.window_start")).as_py()
-    return None if newest is None else newest + dt.timedelta(minutes=1)
 
 
 def _newest_query_windows(store, now: dt.datetime) -> dict[str, dt.datetime]:

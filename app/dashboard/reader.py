@@ -42,7 +42,7 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.errors import LakeError
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed_layer import watermark_app_id
+from metrics_lake.core.speed_layer import newest_window_end, watermark_app_id
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.stored_queries import StoredQuery, query_rows, window_states
 from metrics_lake.core.tables import open_table
@@ -273,11 +273,8 @@ class DashboardReader:
         watermark = newest = None
         if table is not None:
             watermark = table.transaction_version(watermark_app_id(self.settings.topic))
-            actions = pa.table(table.get_add_actions(flatten=True))
-            if actions.num_rows and "max.window_start" in actions.column_names:
-                top = pc.max(actions.column("max.window_start")).as_py()
-                if top is not None:
-                    newest = int(top.timestamp() * 1000) + 60_000
+            end = newest_window_end(table)
+            newest = None if end is None else int(end.timestamp() * 1000)
         limit = self.settings.quality_freshness_lag_seconds
         lag = None if newest is None else max(now - newest / 1000, 0.0)
         return {
