@@ -48,7 +48,8 @@ _CUT_MARK = re.compile(rb"\xe2\x80\xa6\[\d{1,20} more bytes\]\Z")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
 
-REASON_CODES = (
+#: Reasons of the JSON event contract (the importer and ``POST /v1/events``).
+EVENT_REASON_CODES = (
     "invalid_json",
     "not_an_object",
     "missing_field",
@@ -59,6 +60,12 @@ REASON_CODES = (
     "bad_timestamp",
     "bad_tags",
 )
+#: Reasons only the gateway's other protocols (OTLP, remote-write, line protocol) give, besides the above.
+PROTOCOL_REASON_CODES = (
+    "invalid_payload",  # a body or line the protocol's decoder cannot read (raw kept, base64 if binary)
+    "unsupported",  # a well-formed point of a kind the lake does not store (e.g. a native histogram)
+)
+REASON_CODES = EVENT_REASON_CODES + PROTOCOL_REASON_CODES
 
 
 class ContractViolation(ValueError):

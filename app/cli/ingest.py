@@ -123,8 +123,13 @@ def gateway(
     roll_bytes: Annotated[
         int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
     ] = None,
+    otlp_port: Annotated[
+        int | None,
+        typer.Option(min=1, max=65535, help="Also listen on this port (OTLP/HTTP's conventional 4318)."),
+    ] = None,
 ) -> None:
-    """Run the ingest gateway: agents POST events; 200 means durable in the log (see app/gateway/)."""
+    """Run the ingest gateway: agents POST events (JSON, OTLP/HTTP, Prometheus remote-write, InfluxDB line
+    protocol); a success means durable in the log (see app/gateway/)."""
     from metrics_lake.app.gateway import Gateway, serve
 
     config = settings()
@@ -139,8 +144,11 @@ def gateway(
     def ready(address) -> None:
         err.print(
             f"gateway {ingest.gateway_id} listening on http://{address[0]}:{address[1]} "
-            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms); Ctrl-C stops"
+            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms)"
+            + (f", OTLP also on port {otlp_port}" if otlp_port else "")
+            + "; Ctrl-C stops"
         )
 
-    serve(ingest, host or config.gateway_host, config.gateway_port if port is None else port, stop, ready=ready)
+    listen = host or config.gateway_host
+    serve(ingest, listen, config.gateway_port if port is None else port, stop, ready=ready, otlp_port=otlp_port)
     err.print(f"stopped; {ingest.producer.stats.records:,} events received")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from http import HTTPStatus
 
@@ -34,7 +35,9 @@ from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from metrics_lake.app.gateway.body import BodyDecoder, BodyError
-from metrics_lake.app.gateway.service import Gateway
+from metrics_lake.app.gateway.endpoints import Endpoint, endpoints
+from metrics_lake.app.gateway.protocols import Decoded
+from metrics_lake.app.gateway.service import Accepted, Gateway
 from metrics_lake.app.http_server import serve_asgi
 from metrics_lake.core.log.producer import SequenceConflictError
 
@@ -142,7 +145,7 @@ def _declared_length(request: Request) -> int | None:
 
 
 class _Ingest:
-    """The ``POST /v1/events`` endpoint over one :class:`Gateway`."""
+    """The ingest endpoints (:mod:`~metrics_lake.app.gateway.endpoints`) over one :class:`Gateway`."""
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
@@ -151,54 +154,79 @@ class _Ingest:
         self.pool = ThreadPoolExecutor(max_workers=VALIDATION_THREADS, thread_name_prefix="validate")
         self.receiving = 0  # decoded bytes of bodies being received, counted against the buffer limit
 
-    def answer(self, status: int, body: dict, *, close: bool = False) -> JSONResponse:
-        headers = {}
+    def answer(self, response: Response, *, close: bool = False) -> Response:
+        """``response`` with ``Retry-After`` on 429/503 and ``Connection: close`` if ``close``; counted by status."""
+        status = response.status_code
         if status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE):
-            headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
         if close:  # the rest of the body was not read: the connection cannot carry another request
-            headers["Connection"] = "close"
-        self.gateway.metrics.requests.labels(code=str(int(status))).inc()
-        return JSONResponse(body, status_code=int(status), headers=headers)
+            response.headers["Connection"] = "close"
+        self.gateway.metrics.requests.labels(code=str(status)).inc()
+        return response
 
-    async def post(self, request: Request) -> Response:
+    def route(self, endpoint: Endpoint) -> Route:
+        """The Starlette route of ``endpoint``."""
+
+        async def post(request: Request) -> Response:
+            return await self.post(request, endpoint)
+
+        return Route(endpoint.path, post, methods=["POST"])
+
+    async def post(self, request: Request, endpoint: Endpoint) -> Response:
+        """Read, decode, buffer and answer one request to ``endpoint``."""
+
+        def fail(status: int, message: str, *, close: bool = False) -> Response:
+            return self.answer(endpoint.error(status, message, request), close=close)
+
         declared, received = None, _Received()
         try:
             declared = _declared_length(request)
             if declared is not None and declared > self.limit:
                 raise BodyError(413, f"body over {self.limit:,} bytes; send smaller batches")
             producer = _producer_of(request)
+            options = endpoint.options(request)
             if self.gateway.buffer_full(self.receiving):
                 drained = await self._drain(request, received)
-                busy = {"error": "gateway buffer full, retry later"}
-                return self.answer(HTTPStatus.TOO_MANY_REQUESTS, busy, close=not drained)
-            decoder = BodyDecoder(request.headers.get("content-encoding", ""), self.limit)
+                return fail(HTTPStatus.TOO_MANY_REQUESTS, "gateway buffer full, retry later", close=not drained)
+            encoding = request.headers.get("content-encoding", "")
+            if encoding.strip().lower() in endpoint.passthrough:
+                encoding = ""
+            decoder = BodyDecoder(encoding, self.limit)
             body = await self._read(request, decoder, received)
         except BodyError as exc:
             drained = (declared is None or declared <= 2 * self.limit) and await self._drain(request, received)
-            return self.answer(exc.status, {"error": str(exc)}, close=not drained)
+            return fail(exc.status, str(exc), close=not drained)
         except TimeoutError:
             timeout = self.settings.gateway_request_timeout_seconds
-            return self.answer(
-                HTTPStatus.REQUEST_TIMEOUT, {"error": f"body not received within {timeout:g} s"}, close=True
-            )
+            return fail(HTTPStatus.REQUEST_TIMEOUT, f"body not received within {timeout:g} s", close=True)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it; the events were not taken
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "")
+        started = time.monotonic()
+
+        def accept() -> tuple[Decoded, Accepted]:
+            decoded = endpoint.decode(body, content_type, options, self.limit)
+            self.gateway.metrics.skipped.labels(protocol=endpoint.protocol).inc(decoded.skipped)
+            return decoded, self.gateway.accept_records(decoded.records, body, producer, started=started)
+
         try:
-            accepted = await loop.run_in_executor(self.pool, self.gateway.accept, body, content_type, producer)
+            decoded, accepted = await loop.run_in_executor(self.pool, accept)
+        except BodyError as exc:  # found while decoding (a snappy body declaring too many bytes)
+            return fail(exc.status, str(exc))
         except SequenceConflictError as exc:
-            return self.answer(HTTPStatus.CONFLICT, {"error": str(exc)})
+            return fail(HTTPStatus.CONFLICT, str(exc))
         except Exception as exc:  # an inline flush failed: the records stay pending, a retry finds them
             log.warning("batch not made durable: %s", exc)
-            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"})
+            return fail(HTTPStatus.SERVICE_UNAVAILABLE, f"not durable: {exc}")
         if not await _all_done(accepted.sent.futures, self.settings.gateway_ack_timeout_seconds):
-            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "batch not durable in time; retry it"})
+            return fail(HTTPStatus.SERVICE_UNAVAILABLE, "batch not durable in time; retry it")
         try:
-            return self.answer(*self.gateway.answer(accepted))
-        except Exception as exc:  # storage down, lease lost: the agent retries with the same sequence
+            outcome = self.gateway.settle(accepted)
+        except Exception as exc:  # storage down, lease lost: the client retries (with the same sequence)
             log.warning("batch not made durable: %s", exc)
-            return self.answer(HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"})
+            return fail(HTTPStatus.SERVICE_UNAVAILABLE, f"not durable: {exc}")
+        return self.answer(endpoint.success(outcome, decoded, request))
 
     async def _read(self, request: Request, decoder: BodyDecoder, received: _Received) -> bytes:
         """The decoded body, within the request timeout; its bytes count against the buffer while read.
@@ -277,23 +305,26 @@ def _settle(watcher: asyncio.Future) -> None:
 
 
 def build_app(gateway: Gateway) -> Starlette:
-    """The Starlette app: ``POST /v1/events``, ``GET /healthz``, ``GET /metrics``; other paths 404/405 in JSON."""
+    """The Starlette app: the ingest endpoints (:func:`~metrics_lake.app.gateway.endpoints.endpoints`),
+    ``GET /healthz``, ``GET /metrics``; other paths 404/405 in JSON."""
     ingest = _Ingest(gateway)
 
     async def health(request: Request) -> Response:
         status, body = gateway.health()
-        return ingest.answer(status, body)
+        return ingest.answer(JSONResponse(body, status_code=int(status)))
 
     async def metrics(request: Request) -> Response:
         gateway.metrics.buffered_bytes.set(gateway.producer.buffered_bytes())
         return Response(prom.generate_latest(gateway.metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return ingest.answer(exc.status_code, {"error": f"{exc.detail}: {request.method} {request.url.path}"})
+        return ingest.answer(
+            JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
+        )
 
     app = Starlette(
         routes=[
-            Route("/v1/events", ingest.post, methods=["POST"]),
+            *(ingest.route(endpoint) for endpoint in endpoints()),
             Route("/healthz", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
@@ -303,8 +334,13 @@ def build_app(gateway: Gateway) -> Starlette:
     return app
 
 
-def serve(gateway: Gateway, host: str, port: int, stop: threading.Event, *, ready=None) -> None:
+def serve(
+    gateway: Gateway, host: str, port: int, stop: threading.Event, *, ready=None, otlp_port: int | None = None
+) -> None:
     """Serve ``gateway`` on ``host:port`` until ``stop`` is set; then flush and release the leases.
+
+    ``otlp_port``: also listen there (OTLP/HTTP's conventional port is 4318;
+    every route is served on both ports).
 
     ``ready((host, port))`` is called once the socket listens (``port`` 0
     picks a free port). uvicorn runs on its own thread and event loop, so
@@ -322,6 +358,7 @@ def serve(gateway: Gateway, host: str, port: int, stop: threading.Event, *, read
             stop,
             name="gateway-http",
             ready=ready,
+            extra_ports=() if otlp_port is None else (otlp_port,),
             http=protocol,
             loop="auto",
             timeout_keep_alive=int(settings.gateway_idle_timeout_seconds),

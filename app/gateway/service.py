@@ -27,7 +27,7 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.log.log import AppendResult
 from metrics_lake.core.log.producer import Producer, Sent, SequenceConflictError, Source, producer_for
 
-__all__ = ["Accepted", "Gateway", "GatewayMetrics", "body_digest"]
+__all__ = ["Accepted", "Gateway", "GatewayMetrics", "Outcome", "body_digest", "events_answer"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,12 @@ class GatewayMetrics:
             buckets=(16e3, 64e3, 256e3, 1e6, 4e6, 16e6),
             registry=self.registry,
         )
+        self.skipped = prom.Counter(
+            "lake_gateway_points_skipped",
+            "Points not stored on purpose (stale markers, no recorded value, a cumulative histogram's baseline).",
+            ["protocol"],
+            registry=self.registry,
+        )
         self.buffered_bytes = prom.Gauge(
             "lake_gateway_buffered_bytes", "Bytes waiting for a durable flush.", registry=self.registry
         )
@@ -99,6 +105,27 @@ class Accepted:
     records: pa.Table
     sent: Sent
     started: float
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A request made durable: valid events ``accepted``, ``errors`` as (record index, reason) of the rejected
+    ones (appended for quarantine), and whether it was a ``duplicate`` retry."""
+
+    accepted: int
+    errors: list[tuple[int, str]]
+    duplicate: bool
+
+
+def events_answer(outcome: Outcome) -> tuple[int, dict]:
+    """``POST /v1/events``'s (status, JSON answer): 200 ``{"accepted"}``, or 400 with each rejected event's reason."""
+    answer: dict = {"accepted": outcome.accepted}
+    if outcome.duplicate:
+        answer["duplicate"] = True  # a retry: what it holds was appended by an earlier attempt
+    if outcome.errors:
+        errors = [{"index": i, "reason": reason} for i, reason in outcome.errors]
+        return HTTPStatus.BAD_REQUEST, answer | {"rejected": len(errors), "errors": errors}
+    return HTTPStatus.OK, answer
 
 
 class Gateway:
@@ -137,7 +164,7 @@ class Gateway:
         return self.producer.buffered_bytes() + incoming_bytes >= self.settings.gateway_buffer_bytes
 
     def accept(self, body: bytes, content_type: str, producer: tuple[str, int] | None) -> Accepted:
-        """Validate one decoded request body and buffer its events for appending.
+        """Validate one decoded JSON request body and buffer its events for appending.
 
         ``producer``: the request's (producer id, sequence), which makes a
         retry idempotent. Raises
@@ -145,16 +172,26 @@ class Gateway:
         sequence was used for another body (nothing is buffered then).
         """
         started = time.monotonic()
-        records = records_from_body(body, content_type)
+        return self.accept_records(records_from_body(body, content_type), body, producer, started=started)
+
+    def accept_records(
+        self, records: pa.Table, body: bytes, producer: tuple[str, int] | None, *, started: float | None = None
+    ) -> Accepted:
+        """Buffer LOG_RECORD rows decoded from ``body`` (any protocol) for appending; see :meth:`accept`.
+
+        ``body`` is only digested, to tell a retry from a reused sequence.
+        ``started``: when the work on the request began (``time.monotonic()``), default now.
+        """
+        started = time.monotonic() if started is None else started
         source = Source(producer[0], producer[1], body_digest(body)) if producer else None
         sent = self.producer.send(records, source=source)
         return Accepted(records, sent, started)
 
-    def answer(self, accepted: Accepted) -> tuple[int, dict]:
-        """The HTTP (status, JSON answer) of a request whose flush futures are all resolved.
+    def settle(self, accepted: Accepted) -> Outcome:
+        """The :class:`Outcome` of a request whose flush futures are all resolved; counts it in the metrics.
 
         Raises what a failed flush raised (storage down, lease lost): the
-        server answers 503 and the agent retries with the same sequence.
+        server answers 503 and the client retries.
         """
         for future in accepted.sent.futures:
             future.result()
@@ -166,14 +203,13 @@ class Gateway:
         self.metrics.duplicates.inc(sent.duplicates)
         reasons = records.column("reason")
         rejected = np.flatnonzero(reasons.is_valid().to_numpy(zero_copy_only=False))
-        answer: dict = {"accepted": records.num_rows - len(rejected)}
-        if sent.duplicates:
-            answer["duplicate"] = True  # a retry: what it holds was appended by an earlier attempt
-        if len(rejected):
-            texts = reasons.take(pa.array(rejected)).to_pylist()
-            errors = [{"index": int(i), "reason": reason} for i, reason in zip(rejected, texts, strict=True)]
-            return HTTPStatus.BAD_REQUEST, answer | {"rejected": len(rejected), "errors": errors}
-        return HTTPStatus.OK, answer
+        texts = reasons.take(pa.array(rejected)).to_pylist() if len(rejected) else []
+        errors = [(int(i), reason) for i, reason in zip(rejected, texts, strict=True)]
+        return Outcome(records.num_rows - len(rejected), errors, sent.duplicates > 0)
+
+    def answer(self, accepted: Accepted) -> tuple[int, dict]:
+        """The HTTP (status, JSON answer) of ``POST /v1/events`` once its flushes are resolved; see :meth:`settle`."""
+        return events_answer(self.settle(accepted))
 
     def ingest(self, body: bytes, content_type: str, producer: tuple[str, int] | None) -> tuple[int, dict]:
         """:meth:`accept` then :meth:`answer`, waiting up to ``gateway_ack_timeout_seconds``.

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from metrics_lake.schemas.contract import REASON_CODES, parse_payload, to_log_records
+from metrics_lake.schemas.contract import EVENT_REASON_CODES, parse_payload, to_log_records
 
 GOOD = {"ts": "2026-11-21T10:00:00.250Z", "server": "web-01", "metric": "app.rpc.latency_ms", "value": 12}
 
-#: (payload, expected reason code): one per code in REASON_CODES.
+#: (payload, expected reason code): one per code in EVENT_REASON_CODES (tests/app/test_protocols.py: the others).
 INVALID = [
     ('{"ts": 1800000000000, "server": "a", "metric": "x", "value": 1', "invalid_json"),
     ("42", "not_an_object"),
@@ -24,8 +24,8 @@ INVALID = [
 ]
 
 
-def test_every_reason_code_is_covered():
-    assert sorted(code for _, code in INVALID) == sorted(REASON_CODES)
+def test_every_event_reason_code_is_covered():
+    assert sorted(code for _, code in INVALID) == sorted(EVENT_REASON_CODES)
 
 
 @pytest.mark.parametrize(("payload", "code"), INVALID, ids=[code for _, code in INVALID])

@@ -1,0 +1,298 @@
+"""OTLP/HTTP metrics: an ``ExportMetricsServiceRequest`` (protobuf or proto3 JSON) into log records.
+
+Decoded with the ``opentelemetry-proto`` package's messages
+(https://opentelemetry.io/docs/specs/otlp/#otlphttp). Per metric:
+
+- **server**: the resource attribute ``host.name``, else
+  ``service.instance.id``, else ``service.name`` (none: the points are
+  quarantined as ``missing_field: server``);
+- **metric**: the metric's name through :mod:`metrics_lake.schemas.metric_names`;
+- **tags**: the resource's attributes, then the point's (a point attribute
+  wins over a resource one of the same key); values that are not strings
+  are written as text (``true``, ``42``, ``0.5``, JSON for arrays and maps,
+  base64 for bytes);
+- **time**: the point's ``time_unix_nano``, floored to milliseconds.
+
+Points by kind:
+
+- *Gauge*: one event per point.
+- *Sum*: cumulative sums as they are; delta sums as a running total per
+  series (:mod:`~.temporality`), so a counter is cumulative as from the
+  lake's agents.
+- *Histogram* and *ExponentialHistogram*: the new observations as samples
+  of ``<name>`` at bucket representatives (:mod:`~.histograms`, which states
+  the error bound), plus ``<name>.count`` and ``<name>.sum`` as cumulative
+  counters.
+- *Summary*: one event of ``<name>`` per quantile, tagged ``quantile``,
+  plus ``<name>.count`` and ``<name>.sum``.
+
+Points flagged ``FLAG_NO_RECORDED_VALUE`` are skipped (counted, not stored);
+exemplars are not stored. A body that does not decode is one
+``invalid_payload`` reject; a point that contradicts itself (bucket counts
+that do not add up to its count) is an ``invalid_payload`` reject holding the
+point as JSON; an aggregation temporality of ``UNSPECIFIED`` is
+``unsupported``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, DataPointFlags
+
+from metrics_lake.app.gateway.protocols import Decoded
+from metrics_lake.app.gateway.protocols.histograms import (
+    HistogramError,
+    downsample,
+    explicit_representatives,
+    exponential_value,
+)
+from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
+from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
+from metrics_lake.schemas.points import PointsBuilder, Tags
+
+__all__ = ["JSON_TYPE", "PROTOBUF_TYPE", "decode", "response_body"]
+
+PROTOBUF_TYPE = "application/x-protobuf"
+JSON_TYPE = "application/json"
+#: Resource attributes that name the server, in order of preference.
+SERVER_ATTRIBUTES = ("host.name", "service.instance.id", "service.name")
+_NO_VALUE = DataPointFlags.DATA_POINT_FLAGS_NO_RECORDED_VALUE_MASK
+_DELTA = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+_CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+
+
+def is_json(content_type: str) -> bool:
+    """Whether ``content_type`` asks for OTLP's JSON encoding (else protobuf)."""
+    return content_type.split(";", 1)[0].strip().lower() == JSON_TYPE
+
+
+def decode(body: bytes, content_type: str, memory: SeriesMemory) -> Decoded:
+    """Log records of one OTLP export request (module docstring); never raises for bad input.
+
+    ``content_type``: ``application/json`` for OTLP's JSON encoding, else
+    protobuf. ``memory``: the gateway's per-series state (temporality).
+    """
+    builder = PointsBuilder()
+    request = ExportMetricsServiceRequest()
+    try:
+        if is_json(content_type):
+            document = json.loads(body)
+            _drop_exemplars(document)  # OTLP JSON writes their ids in hex, which proto3 JSON reads as base64
+            json_format.ParseDict(document, request, ignore_unknown_fields=True)
+        else:
+            request.ParseFromString(body)
+    except (DecodeError, json_format.ParseError, ValueError, RecursionError, TypeError, AttributeError) as exc:
+        raw = body if is_json(content_type) else base64.b64encode(body)
+        detail = f"not an OTLP ExportMetricsServiceRequest: {str(exc)[:200]}"
+        builder.reject(raw, "invalid_payload", detail)
+        return Decoded(builder.records(), unreadable=detail)
+    skipped = 0
+    for resource_metrics in request.resource_metrics:
+        resource = _attributes(resource_metrics.resource.attributes)
+        named = dict(resource)
+        server = next((named[a] for a in SERVER_ATTRIBUTES if named.get(a)), None)
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                skipped += _metric(builder, memory, server, resource, metric)
+    return Decoded(builder.records(), skipped)
+
+
+def response_body(rejected: int, error: str, content_type: str) -> tuple[bytes, str]:
+    """(body, content type) of an ``ExportMetricsServiceResponse``, partial success when ``rejected`` > 0."""
+    response = ExportMetricsServiceResponse()
+    if rejected:
+        response.partial_success.rejected_data_points = rejected
+        response.partial_success.error_message = error
+    if is_json(content_type):
+        return json_format.MessageToJson(response, indent=None).encode(), JSON_TYPE
+    return response.SerializeToString(), PROTOBUF_TYPE
+
+
+def _drop_exemplars(document: object) -> None:
+    if isinstance(document, dict):
+        document.pop("exemplars", None)
+        for value in document.values():
+            _drop_exemplars(value)
+    elif isinstance(document, list):
+        for value in document:
+            _drop_exemplars(value)
+
+
+def _text(value: AnyValue) -> str:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return "true" if value.bool_value else "false"
+    if kind == "int_value":
+        return str(value.int_value)
+    if kind == "double_value":
+        return repr(value.double_value)
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode()
+    if kind is None:
+        return ""
+    return json.dumps(json_format.MessageToDict(value), separators=(",", ":"))
+
+
+def _attributes(attributes) -> Tags:
+    return tuple((kv.key, _text(kv.value)) for kv in attributes)
+
+
+def _tags(resource: Tags, point_attributes, original: str | None) -> Tags:
+    if not point_attributes and original is None:
+        return resource
+    merged = dict(resource)
+    merged.update(_attributes(point_attributes))
+    if original is not None:
+        merged[ORIGINAL_NAME_TAG] = original
+    return tuple(merged.items())
+
+
+def _metric(builder: PointsBuilder, memory: SeriesMemory, server: str | None, resource: Tags, metric) -> int:
+    """Add one OTLP ``Metric``'s points to ``builder``; return the points skipped."""
+    name, original = metric_name(metric.name)
+    kind = metric.WhichOneof("data")
+    if name is None:
+        builder.reject(_point_json(metric), "bad_metric_name", "a metric with an empty name")
+        return 0
+    if kind == "gauge":
+        return _numbers(builder, memory, server, resource, name, original, metric.gauge.data_points, None)
+    if kind == "sum":
+        temporality = metric.sum.aggregation_temporality
+        if temporality not in (_DELTA, _CUMULATIVE):
+            builder.reject(_point_json(metric), "unsupported", "a Sum with aggregation temporality UNSPECIFIED")
+            return 0
+        return _numbers(builder, memory, server, resource, name, original, metric.sum.data_points, temporality)
+    if kind in ("histogram", "exponential_histogram"):
+        data = getattr(metric, kind)
+        if data.aggregation_temporality not in (_DELTA, _CUMULATIVE):
+            builder.reject(_point_json(metric), "unsupported", f"a {kind} with aggregation temporality UNSPECIFIED")
+            return 0
+        return sum(
+            _histogram(builder, memory, server, resource, (name, original, metric.name), point, data, kind)
+            for point in data.data_points
+        )
+    if kind == "summary":
+        return sum(
+            _summary(builder, server, resource, name, original, metric.name, p) for p in metric.summary.data_points
+        )
+    builder.reject(_point_json(metric), "unsupported", f"metric {metric.name[:64]!r} has no data")
+    return 0
+
+
+def _numbers(builder, memory, server, resource, name, original, points, temporality) -> int:
+    skipped = 0
+    for point in points:
+        if point.flags & _NO_VALUE:
+            skipped += 1
+            continue
+        tags = _tags(resource, point.attributes, original)
+        kind = point.WhichOneof("value")
+        if kind is None:
+            builder.reject(
+                _point_json(point), "missing_field", "value (a NumberDataPoint with neither as_double nor as_int)"
+            )
+            continue
+        value = float(point.as_double if kind == "as_double" else point.as_int)
+        if temporality == _DELTA:
+            value = memory.running_total((server, name, tags), value)
+        builder.add(builder.series(server, name, tags), point.time_unix_nano // 1_000_000, value)
+    return skipped
+
+
+def _histogram(builder, memory, server, resource, names, point, data, kind) -> int:
+    """Samples and companions of one (exponential) histogram point; returns 1 if skipped, else 0."""
+    name, original, source = names
+    if point.flags & _NO_VALUE:
+        return 1
+    tags = _tags(resource, point.attributes, original)
+    try:
+        counts, scale, value_of = _buckets(point, kind)
+    except HistogramError as exc:
+        builder.reject(_point_json(point), "invalid_payload", f"histogram {source[:64]!r}: {exc}")
+        return 0
+    delta = data.aggregation_temporality == _DELTA
+    if delta:
+        new = counts
+    else:
+        new, scale = memory.new_observations((server, name, tags, kind), point.start_time_unix_nano, counts, scale)
+    ts = point.time_unix_nano // 1_000_000
+    try:
+        keys = sorted(new, key=lambda k: value_of(k, scale))
+        samples = [(value_of(k, scale), n) for k, n in zip(keys, downsample([new[k] for k in keys]), strict=True)]
+    except HistogramError as exc:
+        builder.reject(_point_json(point), "invalid_payload", f"histogram {source[:64]!r}: {exc}")
+        return 0
+    series = builder.series(server, name, tags)
+    for value, n in samples:
+        for _ in range(n):
+            builder.add(series, ts, value)
+    count, total = float(point.count), point.sum if point.HasField("sum") else None
+    if delta:
+        count = memory.running_total((server, name, tags, "count"), count)
+        total = None if total is None else memory.running_total((server, name, tags, "sum"), total)
+    builder.add(builder.series(server, _companion(source, ".count"), tags), ts, count)
+    if total is not None:
+        builder.add(builder.series(server, _companion(source, ".sum"), tags), ts, total)
+    return 0
+
+
+def _buckets(point, kind: str):
+    """(counts by bucket key, scale, representative(key, scale)) of a histogram point; :class:`HistogramError`."""
+    if kind == "histogram":
+        bounds, counts = list(point.explicit_bounds), list(point.bucket_counts)
+        if counts and len(counts) != len(bounds) + 1:
+            raise HistogramError(f"{len(counts)} bucket counts for {len(bounds)} bounds (expected bounds + 1)")
+        if sum(counts) != point.count and counts:
+            raise HistogramError(f"bucket counts add up to {sum(counts)}, not to count {point.count}")
+        low = point.min if point.HasField("min") else None
+        high = point.max if point.HasField("max") else None
+        if not counts:  # only count (and sum) were recorded: one bucket holding everything
+            counts, bounds = [point.count], []
+            if point.HasField("sum") and point.count and low is None and high is None:
+                low = high = point.sum / point.count
+        representatives = explicit_representatives(bounds, low, high)
+        return dict(enumerate(counts)), None, lambda key, _scale: representatives[key]
+    counts: dict = {}
+    for sign, buckets in ((1, point.positive), (-1, point.negative)):
+        for i, n in enumerate(buckets.bucket_counts):
+            if n:
+                counts[(sign, buckets.offset + i)] = n
+    if point.zero_count:
+        counts[(0, 0)] = point.zero_count
+    if sum(counts.values()) != point.count:
+        raise HistogramError(f"bucket and zero counts add up to {sum(counts.values())}, not to count {point.count}")
+    exponential_value(point.scale, 0)  # checks the scale
+    return counts, point.scale, lambda key, scale: key[0] * exponential_value(scale, key[1]) if key[0] else 0.0
+
+
+def _summary(builder, server, resource, name, original, source, point) -> int:
+    if point.flags & _NO_VALUE:
+        return 1
+    ts = point.time_unix_nano // 1_000_000
+    tags = _tags(resource, point.attributes, original)
+    for quantile in point.quantile_values:
+        quantile_tags = (*tags, ("quantile", repr(quantile.quantile)))
+        builder.add(builder.series(server, name, quantile_tags), ts, quantile.value)
+    builder.add(builder.series(server, _companion(source, ".count"), tags), ts, float(point.count))
+    builder.add(builder.series(server, _companion(source, ".sum"), tags), ts, point.sum)
+    return 0
+
+
+def _companion(source: str, suffix: str) -> str:
+    """The contract name of ``<source><suffix>`` (``.count``, ``.sum``) for a metric named ``source`` (not empty)."""
+    return metric_name(source + suffix)[0]
+
+
+def _point_json(message: Message) -> str:
+    return json_format.MessageToJson(message, indent=None)

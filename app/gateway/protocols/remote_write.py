@@ -1,0 +1,128 @@
+"""Prometheus remote-write 1.0: a snappy-compressed ``WriteRequest`` into log records.
+
+Per the specification (https://prometheus.io/docs/specs/prw/remote_write_spec/):
+the body is a protobuf ``prometheus.WriteRequest`` (messages in
+``prompb/remote.proto``, generated code beside it) compressed with snappy's
+*block* format (not framed), decompressed with ``cramjam``. Per time series:
+
+- **metric**: the ``__name__`` label through
+  :mod:`metrics_lake.schemas.metric_names` (``job:rate5m:sum`` becomes
+  ``job_rate5m_sum`` with the original in the tag ``original_name``);
+- **server**: the ``instance`` label (none: quarantined as
+  ``missing_field: server``);
+- **tags**: every other label, ``instance`` and ``job`` included (lossless);
+- each sample: one event at its timestamp (epoch ms) with its value.
+
+Stale markers (the NaN with bits ``0x7ff0000000000002`` Prometheus writes
+when a series disappears) are counted and skipped; any other NaN or
+infinity is quarantined as ``non_finite_value``, as in the JSON path.
+Native histograms are quarantined as ``unsupported`` (their message kept,
+base64); exemplars and metadata are not stored. A body that is not snappy
+or not a ``WriteRequest`` is one ``invalid_payload`` reject holding it
+(base64). Classic histograms and summaries arrive as ordinary series
+(``_bucket`` with an ``le`` tag, ``_count``, ``_sum``, ``quantile``).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import threading
+from collections import OrderedDict
+
+import cramjam
+from google.protobuf.message import DecodeError
+
+from metrics_lake.app.gateway.protocols import Decoded
+from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import WriteRequest
+from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
+from metrics_lake.schemas.points import PointsBuilder, Tags
+
+__all__ = ["SnappyTooLarge", "decode", "snappy_length"]
+
+#: The bits of Prometheus's stale marker (``value.StaleNaN`` in prometheus/model).
+STALE_NAN_BITS = 0x7FF0000000000002
+_STALE = struct.pack("<Q", STALE_NAN_BITS)
+#: Label sets whose (server, metric, tags) are remembered across requests (Prometheus resends the same series).
+SERIES_CACHE = 100_000
+
+
+class SnappyTooLarge(ValueError):
+    """The body's declared uncompressed length is over the limit (answered 413 before decompressing)."""
+
+
+def snappy_length(body: bytes) -> int:
+    """The uncompressed length a snappy block declares (its leading varint); ``ValueError`` if there is none."""
+    length, shift = 0, 0
+    for i, byte in enumerate(body[:10]):
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return length
+        shift += 7
+        if i == 4:  # snappy's preamble is at most 5 bytes (lengths below 2**32)
+            break
+    raise ValueError("no snappy length preamble")
+
+
+class Decoder:
+    """Decodes remote-write bodies, remembering the mapping of recently seen label sets; thread-safe."""
+
+    def __init__(self) -> None:
+        self._series: OrderedDict[tuple, tuple[str | None, str | None, Tags]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def decode(self, body: bytes, limit: int) -> Decoded:
+        """Log records of one remote-write body (module docstring); never raises for bad input except
+        :class:`SnappyTooLarge` when it would inflate past ``limit`` bytes."""
+        builder = PointsBuilder()
+        try:
+            if snappy_length(body) > limit:
+                raise SnappyTooLarge(f"body declares {snappy_length(body):,} bytes uncompressed, over {limit:,}")
+            request = WriteRequest.FromString(bytes(cramjam.snappy.decompress_raw(body)))
+        except SnappyTooLarge:
+            raise
+        except (ValueError, DecodeError, cramjam.DecompressionError) as exc:
+            detail = f"not a snappy-compressed remote-write WriteRequest: {str(exc)[:200]}"
+            builder.reject(base64.b64encode(body), "invalid_payload", detail)
+            return Decoded(builder.records(), unreadable=detail)
+        skipped = 0
+        for series in request.timeseries:
+            labels = tuple((label.name, label.value) for label in series.labels)
+            server, metric, tags = self._mapped(labels)
+            sid = builder.series(server, metric, tags)
+            for sample in series.samples:
+                value = sample.value
+                if value != value and struct.pack("<d", value) == _STALE:
+                    skipped += 1
+                    continue
+                builder.add(sid, sample.timestamp, value)
+            for histogram in series.histograms:
+                builder.reject(
+                    base64.b64encode(histogram), "unsupported", f"a native histogram of {metric or labels[:3]!r}"
+                )
+        return Decoded(builder.records(), skipped)
+
+    def _mapped(self, labels: tuple) -> tuple[str | None, str | None, Tags]:
+        found = self._series.get(labels)
+        if found is None:
+            found = _series_of(labels)
+            with self._lock:
+                self._series[labels] = found
+                if len(self._series) > SERIES_CACHE:
+                    self._series.popitem(last=False)
+        return found
+
+
+def _series_of(labels: tuple) -> tuple[str | None, str | None, Tags]:
+    """(server, metric, tags) of a label set."""
+    named = dict(labels)
+    metric, original = metric_name(named.get("__name__", ""))
+    tags = [(k, v) for k, v in labels if k != "__name__"]
+    if original is not None:
+        tags.append((ORIGINAL_NAME_TAG, original))
+    return named.get("instance") or None, metric, tuple(tags)
+
+
+def decode(body: bytes, limit: int) -> Decoded:
+    """:meth:`Decoder.decode` without a shared series cache (tests, benchmarks)."""
+    return Decoder().decode(body, limit)
