@@ -21,6 +21,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metrics_lake.schemas.contract import (
     MAX_SERVER_LEN,
@@ -43,7 +44,9 @@ Tags = tuple[tuple[str, str], ...]
 class PointsBuilder:
     """The points and rejects of one request, in arrival order, turned into LOG_RECORD rows by :meth:`records`.
 
-    Not thread-safe: one builder per request.
+    Strings (servers, metrics, tags) must be valid Unicode, as protobuf's
+    decoding and a strict UTF-8 decode guarantee. Not thread-safe: one
+    builder per request.
     """
 
     def __init__(self) -> None:
@@ -95,20 +98,20 @@ class PointsBuilder:
         index = np.asarray(self._index, dtype=np.int64)
         ts = np.asarray(self._ts, dtype=np.int64) if n else np.zeros(0, np.int64)
         value = np.asarray(self._value, dtype=np.float64)
-        series_ok = np.array([_series_ok(server, metric) for server, metric, _ in self._series_list], dtype=bool)
-        ok = (ts >= MIN_TS_MS) & (ts < MAX_TS_MS) & np.isfinite(value)
-        if len(series_ok):
-            ok &= series_ok[index]
-        kept = np.flatnonzero(ok)
         servers, metrics, tags = zip(*self._series_list, strict=True) if self._series_list else ((), (), ())
+        servers, metrics = pa.array(servers, pa.string()), pa.array(metrics, pa.string())
+        ok = (ts >= MIN_TS_MS) & (ts < MAX_TS_MS) & np.isfinite(value)
+        if len(servers):
+            ok &= _series_ok(servers, metrics)[index]
+        kept = np.flatnonzero(ok)
         take = pa.array(index[kept])
         accepted = pa.table(
             {
                 "ts": pa.array(ts[kept], pa.int64()).cast(LOG_RECORD.field("ts").type),
-                "server": pa.array(servers, pa.string()).take(take),
-                "metric": pa.array(metrics, pa.string()).take(take),
+                "server": servers.take(take),
+                "metric": metrics.take(take),
                 "value": pa.array(value[kept], pa.float64()),
-                "tags": pa.array([list(t) or None for t in tags], TAGS).take(take),
+                "tags": _tags_array(tags).take(take),
                 "raw": pa.nulls(len(kept), pa.string()),
                 "reason": pa.nulls(len(kept), pa.string()),
             },
@@ -140,13 +143,21 @@ class PointsBuilder:
         return pa.concat_tables([accepted, refused]).take(pa.array(np.argsort(slots, kind="stable")))
 
 
-def _series_ok(server: str | None, metric: str | None) -> bool:
-    return (
-        server is not None
-        and 1 <= len(server) <= MAX_SERVER_LEN
-        and metric is not None
-        and METRIC_NAME.fullmatch(metric) is not None
+def _tags_array(tags: tuple[Tags, ...]) -> pa.Array:
+    """A TAGS array of one entry per series; each distinct tag set converted once (series share resource tags)."""
+    distinct: dict[Tags, int] = {}
+    index = [distinct.setdefault(t, len(distinct)) for t in tags]
+    return pa.array([list(t) or None for t in distinct], TAGS).take(pa.array(index, pa.int32()))
+
+
+def _series_ok(servers: pa.Array, metrics: pa.Array) -> np.ndarray:
+    """Per series: a server of 1..MAX_SERVER_LEN characters and a metric matching the contract's pattern."""
+    length = pc.utf8_length(servers)
+    ok = pc.and_(
+        pc.and_(pc.greater_equal(length, 1), pc.less_equal(length, MAX_SERVER_LEN)),
+        pc.match_substring_regex(metrics, f"^{METRIC_NAME.pattern}$"),
     )
+    return pc.fill_null(ok, False).to_numpy(zero_copy_only=False)
 
 
 def _reason(event: dict) -> str:

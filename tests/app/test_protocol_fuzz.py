@@ -40,7 +40,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
-from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import WriteRequest
+from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
 from tests.app.gateway_process import running_gateway
 from tests.app.test_gateway import log_rows
 
@@ -118,10 +118,10 @@ def remote_write_body(points: list[Point], token: str) -> bytes:
     for point in points:
         series = request.timeseries.add()
         if point.name:
-            series.labels.add(name="__name__", value=point.name)
+            series.labels.append(Label(name="__name__", value=point.name).SerializeToString())
         if point.server is not None:
-            series.labels.add(name="instance", value=point.server)
-        series.labels.add(name="fuzz", value=token)
+            series.labels.append(Label(name="instance", value=point.server).SerializeToString())
+        series.labels.append(Label(name="fuzz", value=token).SerializeToString())
         series.samples.add(value=point.value, timestamp=point.ts)
     return request.SerializeToString()
 

@@ -26,7 +26,7 @@ from metrics_lake.app.gateway.protocols.histograms import (
     explicit_representatives,
     exponential_value,
 )
-from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import WriteRequest
+from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 from metrics_lake.core.sketch import RELATIVE_ERROR
 from metrics_lake.schemas.contract import PROTOCOL_REASON_CODES
@@ -260,7 +260,7 @@ def write_request(*series: tuple[dict, list[tuple[float, int]]]) -> bytes:
     for labels, samples in series:
         ts = request.timeseries.add()
         for name, value in labels.items():
-            ts.labels.add(name=name, value=value)
+            ts.labels.append(Label(name=name, value=value).SerializeToString())
         for value, ms in samples:
             ts.samples.add(value=value, timestamp=ms)
     return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
@@ -291,12 +291,15 @@ def test_remote_write_maps_labels_skips_stale_markers_and_quarantines_other_nans
 def test_remote_write_native_histograms_are_unsupported_and_garbage_is_one_reject():
     request = WriteRequest()
     series = request.timeseries.add()
-    series.labels.add(name="__name__", value="rpc_seconds")
-    series.labels.add(name="instance", value="a")
+    series.labels.append(Label(name="__name__", value="rpc_seconds").SerializeToString())
+    series.labels.append(Label(name="instance", value="a").SerializeToString())
     series.histograms.append(b"\x08\x01")
     decoded = remote_write.decode(bytes(cramjam.snappy.compress_raw(request.SerializeToString())), 1 << 20)
     assert reasons(decoded) == ["unsupported"]
-    for body in (b"not snappy at all", bytes(cramjam.snappy.compress_raw(b"\xff\xff\xff"))):
+    not_utf8 = WriteRequest()
+    not_utf8.timeseries.add().labels.append(b"\x0a\x02\xff\xfe")  # Label.name = 2 bytes that are not UTF-8
+    bodies = [b"not snappy at all", bytes(cramjam.snappy.compress_raw(b"\xff\xff\xff"))]
+    for body in [*bodies, bytes(cramjam.snappy.compress_raw(not_utf8.SerializeToString()))]:
         garbage = remote_write.decode(body, 1 << 20)
         assert reasons(garbage) == ["invalid_payload"] and garbage.unreadable
     assert set(PROTOCOL_REASON_CODES) == {"invalid_payload", "unsupported"}  # both produced above

@@ -192,21 +192,27 @@ def _metric(builder: PointsBuilder, memory: SeriesMemory, server: str | None, re
 
 def _numbers(builder, memory, server, resource, name, original, points, temporality) -> int:
     skipped = 0
+    plain = None  # the series of points without attributes of their own: most points, registered once
     for point in points:
         if point.flags & _NO_VALUE:
             skipped += 1
             continue
-        tags = _tags(resource, point.attributes, original)
-        kind = point.WhichOneof("value")
-        if kind is None:
-            builder.reject(
-                _point_json(point), "missing_field", "value (a NumberDataPoint with neither as_double nor as_int)"
-            )
-            continue
-        value = float(point.as_double if kind == "as_double" else point.as_int)
-        if temporality == _DELTA:
-            value = memory.running_total((server, name, tags), value)
-        builder.add(builder.series(server, name, tags), point.time_unix_nano // 1_000_000, value)
+        value = point.as_double
+        if not value:  # 0.0, an integer point or no value at all: only then ask which (one access fewer per point)
+            kind = point.WhichOneof("value")
+            if kind is None:
+                reason = "value (a NumberDataPoint with neither as_double nor as_int)"
+                builder.reject(_point_json(point), "missing_field", reason)
+                continue
+            value = float(point.as_int) if kind == "as_int" else value
+        if point.attributes or original is not None or temporality == _DELTA:
+            tags = _tags(resource, point.attributes, original)
+            if temporality == _DELTA:
+                value = memory.running_total((server, name, tags), value)
+            series = builder.series(server, name, tags)
+        else:
+            series = plain if plain is not None else (plain := builder.series(server, name, resource))
+        builder.add(series, point.time_unix_nano // 1_000_000, value)
     return skipped
 
 

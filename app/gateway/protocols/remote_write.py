@@ -34,7 +34,7 @@ import cramjam
 from google.protobuf.message import DecodeError
 
 from metrics_lake.app.gateway.protocols import Decoded
-from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import WriteRequest
+from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
 from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.schemas.points import PointsBuilder, Tags
 
@@ -74,7 +74,6 @@ class Decoder:
     def decode(self, body: bytes, limit: int) -> Decoded:
         """Log records of one remote-write body (module docstring); never raises for bad input except
         :class:`SnappyTooLarge` when it would inflate past ``limit`` bytes."""
-        builder = PointsBuilder()
         try:
             if snappy_length(body) > limit:
                 raise SnappyTooLarge(f"body declares {snappy_length(body):,} bytes uncompressed, over {limit:,}")
@@ -82,13 +81,19 @@ class Decoder:
         except SnappyTooLarge:
             raise
         except (ValueError, DecodeError, cramjam.DecompressionError) as exc:
-            detail = f"not a snappy-compressed remote-write WriteRequest: {str(exc)[:200]}"
-            builder.reject(base64.b64encode(body), "invalid_payload", detail)
-            return Decoded(builder.records(), unreadable=detail)
+            return _unreadable(body, f"not a snappy-compressed remote-write WriteRequest: {str(exc)[:200]}")
+        builder = PointsBuilder()
+        try:
+            skipped = self._points(request, builder)
+        except DecodeError as exc:  # a label that is not a Label message (or not UTF-8): the body is malformed
+            return _unreadable(body, f"not a remote-write WriteRequest: a label does not decode ({str(exc)[:200]})")
+        return Decoded(builder.records(), skipped)
+
+    def _points(self, request: WriteRequest, builder: PointsBuilder) -> int:
+        """Add every sample of ``request`` to ``builder``; return the stale markers skipped."""
         skipped = 0
         for series in request.timeseries:
-            labels = tuple((label.name, label.value) for label in series.labels)
-            server, metric, tags = self._mapped(labels)
+            server, metric, tags = self._mapped(tuple(series.labels))
             sid = builder.series(server, metric, tags)
             for sample in series.samples:
                 value = sample.value
@@ -97,20 +102,26 @@ class Decoder:
                     continue
                 builder.add(sid, sample.timestamp, value)
             for histogram in series.histograms:
-                builder.reject(
-                    base64.b64encode(histogram), "unsupported", f"a native histogram of {metric or labels[:3]!r}"
-                )
-        return Decoded(builder.records(), skipped)
+                builder.reject(base64.b64encode(histogram), "unsupported", f"a native histogram of {metric!r}")
+        return skipped
 
-    def _mapped(self, labels: tuple) -> tuple[str | None, str | None, Tags]:
-        found = self._series.get(labels)
+    def _mapped(self, encoded: tuple[bytes, ...]) -> tuple[str | None, str | None, Tags]:
+        """(server, metric, tags) of a series' encoded ``Label`` messages; a :class:`DecodeError` if one is not."""
+        found = self._series.get(encoded)
         if found is None:
-            found = _series_of(labels)
+            found = _series_of(tuple((label.name, label.value) for label in map(Label.FromString, encoded)))
             with self._lock:
-                self._series[labels] = found
+                self._series[encoded] = found
                 if len(self._series) > SERIES_CACHE:
                     self._series.popitem(last=False)
         return found
+
+
+def _unreadable(body: bytes, detail: str) -> Decoded:
+    """A body that does not decode: one ``invalid_payload`` reject holding it (base64)."""
+    builder = PointsBuilder()
+    builder.reject(base64.b64encode(body), "invalid_payload", detail)
+    return Decoded(builder.records(), unreadable=detail)
 
 
 def _series_of(labels: tuple) -> tuple[str | None, str | None, Tags]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cremote.proto\x12\nprometheus\"R\n\x0cWriteRequest\x12*\n\ntimeseries\x18\x01 \x03(\x0b\x32\x16.prometheus.TimeSeries\x12\x10\n\x08metadata\x18\x03 \x03(\x0cJ\x04\x08\x02\x10\x03\"{\n\nTimeSeries\x12!\n\x06labels\x18\x01 \x03(\x0b\x32\x11.prometheus.Label\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\x11\n\texemplars\x18\x03 \x03(\x0c\x12\x12\n\nhistograms\x18\x04 \x03(\x0c\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cremote.proto\x12\nprometheus\"R\n\x0cWriteRequest\x12*\n\ntimeseries\x18\x01 \x03(\x0b\x32\x16.prometheus.TimeSeries\x12\x10\n\x08metadata\x18\x03 \x03(\x0cJ\x04\x08\x02\x10\x03\"h\n\nTimeSeries\x12\x0e\n\x06labels\x18\x01 \x03(\x0c\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\x11\n\texemplars\x18\x03 \x03(\x0c\x12\x12\n\nhistograms\x18\x04 \x03(\x0c\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WRITEREQUEST']._serialized_start=28
   _globals['_WRITEREQUEST']._serialized_end=110
   _globals['_TIMESERIES']._serialized_start=112
-  _globals['_TIMESERIES']._serialized_end=235
-  _globals['_LABEL']._serialized_start=237
-  _globals['_LABEL']._serialized_end=273
-  _globals['_SAMPLE']._serialized_start=275
-  _globals['_SAMPLE']._serialized_end=317
+  _globals['_TIMESERIES']._serialized_end=216
+  _globals['_LABEL']._serialized_start=218
+  _globals['_LABEL']._serialized_end=254
+  _globals['_SAMPLE']._serialized_start=256
+  _globals['_SAMPLE']._serialized_end=298
 # @@protoc_insertion_point(module_scope)
