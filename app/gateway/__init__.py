@@ -32,6 +32,12 @@ HTTP API (all answers are JSON, except ``/metrics``):
       time (object store down, partition lease lost), or too many
       connections; retry the same request (same producer id and sequence).
 
+``POST /v1/metrics``, ``POST /api/v1/write``, ``POST /api/v2/write``, ``POST /write``
+    OTLP/HTTP, Prometheus remote-write 1.0 and InfluxDB line protocol (v2
+    and v1), through the same bounded reads, group commit and quarantine;
+    answers in each protocol's terms (:mod:`~metrics_lake.app.gateway.endpoints`),
+    decoders in :mod:`~metrics_lake.app.gateway.protocols`.
+
 ``GET /healthz``: 200 with the partitions this gateway owns, 503 if none.
 ``GET /metrics``: Prometheus text format (events accepted/rejected/duplicate,
 requests by status, body-received-to-durable-ack latency, flush latency,
@@ -48,7 +54,9 @@ objects large and the PUT rate low.
 
 Modules: :mod:`~metrics_lake.app.gateway.body` (bounded decoding, events
 from a body), :mod:`~metrics_lake.app.gateway.service` (validation,
-idempotence, answers), :mod:`~metrics_lake.app.gateway.server` (HTTP).
+idempotence, answers), :mod:`~metrics_lake.app.gateway.endpoints` (one per
+protocol), :mod:`~metrics_lake.app.gateway.protocols` (their decoders),
+:mod:`~metrics_lake.app.gateway.server` (HTTP).
 """
 
 from metrics_lake.app.gateway.server import build_app, serve

@@ -34,8 +34,8 @@ from collections.abc import Hashable
 
 __all__ = ["Buckets", "SeriesMemory"]
 
-#: A histogram's cumulative counts by bucket key (any hashable key: an explicit bucket's index, or an exponential
-#: bucket's (sign, index)), with the scale they are at (None for explicit buckets).
+#: A histogram's counts by bucket key: an explicit bucket's index, or an exponential bucket's (sign, index)
+#: (sign 1 or -1; (0, 0) is the zero bucket).
 Buckets = dict[Hashable, int]
 
 
