@@ -231,7 +231,9 @@ def _histogram(builder, memory, server, resource, names, point, data, kind) -> i
     if delta:
         new = counts
     else:
-        new, scale = memory.new_observations((server, name, tags, kind), point.start_time_unix_nano, counts, scale)
+        layout = tuple(point.explicit_bounds) if kind == "histogram" else None  # new bounds: another series
+        key = (server, name, tags, kind, layout)
+        new, scale = memory.new_observations(key, point.start_time_unix_nano, counts, scale)
     ts = point.time_unix_nano // 1_000_000
     try:
         keys = sorted(new, key=lambda k: value_of(k, scale))
