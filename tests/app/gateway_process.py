@@ -85,3 +85,14 @@ def running_gateway(env: dict[str, str], *args: str, timeout: float = 60) -> Ite
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def fan_out(agent, url: str, requests: int, threads: int, *shared) -> None:
+    """Run ``agent(url, t, count, *shared)`` on ``threads`` threads, thread ``t`` sending ``count`` of ``requests``."""
+    workers = [
+        threading.Thread(target=agent, args=(url, t, len(range(t, requests, threads)), *shared)) for t in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()

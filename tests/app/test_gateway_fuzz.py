@@ -35,7 +35,7 @@ from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed_layer import run_batch_in_process
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import table_uri
-from tests.app.gateway_process import running_gateway
+from tests.app.gateway_process import fan_out, running_gateway
 from tests.fuzz_events import FuzzEvents, Lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -242,14 +242,7 @@ def test_ten_thousand_hostile_requests_leave_an_exact_lake(tmp_path):
     env = {"LAKE_ROOT": str(tmp_path / "lake"), "LAKE_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)}
     ledger, lock = Ledger(), threading.Lock()
     with running_gateway(env, "--linger-ms", "10") as gateway:
-        threads = [
-            threading.Thread(target=fuzz_agent, args=(gateway.url, t, len(range(t, REQUESTS, THREADS)), ledger, lock))
-            for t in range(THREADS)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        fan_out(fuzz_agent, gateway.url, REQUESTS, THREADS, ledger, lock)
         assert gateway.alive() and requests.get(f"{gateway.url}/healthz", timeout=10).status_code == 200
         metrics = {
             s.name: s.value

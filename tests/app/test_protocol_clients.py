@@ -129,14 +129,16 @@ def test_the_opentelemetry_sdk_exports_and_the_tables_hold_exactly_its_values(sp
         delta.get_meter("tests").create_histogram("rpc.duration"),
     )
 
-    requests_total.add(3, {"route": "/a"})
-    requests_total.add(4, {"route": "/a"})
-    requests_total.add(10, {"route": "/b"})
-    for value in first:
-        duration.record(value)
-        duration_exp.record(value)
-    jobs.add(5)
-    waits.record(0.02)
+    def record(counts: list[tuple[int, str]], observations: list[float], done: int, wait: float) -> None:
+        for count, route in counts:
+            requests_total.add(count, {"route": route})
+        for value in observations:
+            duration.record(value)
+            duration_exp.record(value)
+        jobs.add(done)
+        waits.record(wait)
+
+    record([(3, "/a"), (4, "/a"), (10, "/b")], first, 5, 0.02)
     assert cumulative.force_flush() and delta.force_flush()
 
     def exponential_scale() -> int:
@@ -151,12 +153,7 @@ def test_the_opentelemetry_sdk_exports_and_the_tables_hold_exactly_its_values(sp
         )
 
     scales = [exponential_scale()]
-    requests_total.add(5, {"route": "/a"})
-    for value in second:
-        duration.record(value)
-        duration_exp.record(value)
-    jobs.add(2)
-    waits.record(0.3)
+    record([(5, "/a")], second, 2, 0.3)
     scales.append(exponential_scale())  # the SDK may have downscaled as the range grew: the coarser one bounds
     cumulative.shutdown()  # the second and last export
     delta.shutdown()

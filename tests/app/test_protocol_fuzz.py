@@ -41,7 +41,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
-from tests.app.gateway_process import running_gateway
+from tests.app.gateway_process import fan_out, running_gateway
 from tests.app.test_gateway import log_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -242,14 +242,7 @@ def test_three_thousand_hostile_protocol_requests_leave_an_exact_lake(tmp_path):
     env = {"LAKE_ROOT": str(tmp_path / "lake"), "LAKE_GATEWAY_MAX_BODY_BYTES": str(MAX_BODY)}
     ledger, lock = Ledger(), threading.Lock()
     with running_gateway(env, "--linger-ms", "10") as gateway:
-        threads = [
-            threading.Thread(target=fuzz_agent, args=(gateway.url, t, len(range(t, REQUESTS, THREADS)), ledger, lock))
-            for t in range(THREADS)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        fan_out(fuzz_agent, gateway.url, REQUESTS, THREADS, ledger, lock)
         assert gateway.alive() and requests.get(f"{gateway.url}/healthz", timeout=10).status_code == 200
         peak = gateway.peak_rss
     assert not ledger.failures, ledger.failures[:20]
