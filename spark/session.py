@@ -17,6 +17,8 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.spark import jvm_archive
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
+#: Master URLs of a cluster on this machine's loopback (``lake infra spark up``).
+LOOPBACK_MASTERS = ("spark://127.0.0.1:", "spark://localhost:")
 
 
 def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, extra_java_options: str = ""):
@@ -30,8 +32,8 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if settings.spark_master.startswith("local"):
-        # A local session has no business on any interface but loopback.
+    if settings.spark_master.startswith("local") or settings.spark_master.startswith(LOOPBACK_MASTERS):
+        # A local session, or a driver of a cluster on loopback, has no business on any other interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession

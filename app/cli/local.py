@@ -1,4 +1,4 @@
-"""``lake infra up|down|status`` and ``lake airflow``: servers this machine runs for the lake."""
+"""``lake infra up|down|status``, ``lake infra spark up|down|status`` and ``lake airflow``: servers this machine runs."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from metrics_lake.core.errors import InputError
 
 __all__ = ["airflow_standalone", "infra_app"]
 
-infra_app = typer.Typer(help="A local S3 server (SeaweedFS) for the lake: up, down, status.", no_args_is_help=True)
+infra_app = typer.Typer(
+    help="Local servers: an S3 server (SeaweedFS: up, down, status) and a Spark standalone cluster (spark ...).",
+    no_args_is_help=True,
+)
 
 DataDir = Annotated[Path, typer.Option(help="Server data, logs and identities (keep it out of git).")]
 # SeaweedFS also listens on every port + 10000 (gRPC), hence the upper bounds.
@@ -88,6 +91,91 @@ def infra_status(
         table.add_row(str(port), listener, who)
     err.print(table)
     if not answers:
+        raise typer.Exit(1)
+
+
+spark_app = typer.Typer(
+    help="A Spark standalone cluster on 127.0.0.1 from the installed pyspark: up, down, status.", no_args_is_help=True
+)
+infra_app.add_typer(spark_app, name="spark")
+
+SparkDir = Annotated[Path, typer.Option(help="Logs, PID files and workers' work directories.")]
+SparkPort = Annotated[int, typer.Option(min=1024, max=65535, help="Master port on 127.0.0.1.")]
+SparkUiPort = Annotated[
+    int, typer.Option(min=1024, max=65000, help="Master web UI port; worker i serves its UI on this + 1 + i.")
+]
+
+
+def _spark_cluster(
+    data_dir: Path, master_port: int, ui_port: int, workers: int = 0, cores: int = 1, memory: str = "2g"
+):
+    from metrics_lake.infra.spark_cluster import SparkCluster
+
+    return SparkCluster(data_dir.resolve(), master_port, ui_port, workers, cores, memory)
+
+
+@spark_app.command("up")
+def spark_up(
+    data_dir: SparkDir = Path(".lake-infra/spark"),
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Workers to run.")] = 2,
+    cores: Annotated[int, typer.Option(min=1, help="Cores each worker offers.")] = 1,
+    memory: Annotated[str, typer.Option(help="Memory each worker offers to executors (e.g. 2g, 512m).")] = "2g",
+    master_port: SparkPort = 7077,
+    ui_port: SparkUiPort = 8080,
+) -> None:
+    """Start a master and --workers workers; print `export LAKE_SPARK_MASTER=...`: eval "$(lake infra spark up)".
+
+    Start it where the lake's environment (LAKE_S3_* for an S3 lake) is exported: executors inherit it.
+    """
+    from metrics_lake.infra.spark_cluster import start
+
+    if not memory[:-1].isdigit() or memory[-1:].lower() not in ("m", "g"):
+        raise InputError(f"--memory {memory!r}: give megabytes or gigabytes, e.g. 512m or 2g")
+    cluster = _spark_cluster(data_dir, master_port, ui_port, workers, cores, memory)
+    start(cluster, log=err.print)
+    print(f"export LAKE_SPARK_MASTER={cluster.url}")
+
+
+@spark_app.command("down")
+def spark_down(
+    data_dir: SparkDir = Path(".lake-infra/spark"),
+    master_port: SparkPort = 7077,
+    ui_port: SparkUiPort = 8080,
+    timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait after SIGTERM before SIGKILL.")] = 20.0,
+) -> None:
+    """Stop the workers (with their executors) and the master."""
+    from metrics_lake.infra.spark_cluster import stop
+
+    if not stop(_spark_cluster(data_dir, master_port, ui_port), timeout=timeout, log=err.print):
+        err.print("not running")
+
+
+@spark_app.command("status")
+def spark_status(
+    data_dir: SparkDir = Path(".lake-infra/spark"), master_port: SparkPort = 7077, ui_port: SparkUiPort = 8080
+) -> None:
+    """Say whether the cluster runs, with its workers, cores and applications; exit 1 if the master is down."""
+    from rich.table import Table
+
+    from metrics_lake.infra.spark_cluster import cluster_state, running_pids
+
+    cluster = _spark_cluster(data_dir, master_port, ui_port)
+    pids, state = running_pids(cluster), cluster_state(cluster)
+    master = f"running (pid {pids['master']})" if "master" in pids else "not running"
+    err.print(f"Spark master {master} at {cluster.url}, web UI {cluster.ui_url}; directory {cluster.data_dir}")
+    table = Table("worker", "state", "cores (used)", "memory MiB (used)", "web UI")
+    for worker in (state or {}).get("workers", []):
+        table.add_row(
+            worker.get("id", "?"),
+            worker.get("state", "?"),
+            f"{worker.get('cores', 0)} ({worker.get('coresused', 0)})",
+            f"{worker.get('memory', 0)} ({worker.get('memoryused', 0)})",
+            worker.get("webuiaddress", ""),
+        )
+    err.print(table)
+    apps = [f"{a.get('name')} ({a.get('cores')} cores, {a.get('state')})" for a in (state or {}).get("activeapps", [])]
+    err.print(f"applications: {', '.join(apps) or 'none'}")
+    if state is None:
         raise typer.Exit(1)
 
 
