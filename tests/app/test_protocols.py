@@ -461,3 +461,11 @@ def test_the_committed_remote_write_code_is_what_protoc_generates_from_remote_pr
     folder = Path(remote_write.__file__).parent / "prompb"
     assert protoc.main(["protoc", f"-I{folder}", f"--python_out={tmp_path}", str(folder / "remote.proto")]) == 0
     assert (tmp_path / "remote_pb2.py").read_text() == (folder / "remote_pb2.py").read_text()
+
+
+def test_a_metric_rejected_whole_counts_each_of_its_points():
+    empty = gauge("", 1.0, 2.0, 3.0)
+    decoded = decode_otlp(otlp_request(empty))
+    assert reasons(decoded) == ["bad_metric_name"] * 3
+    raws = [json.loads(r["raw"]) for r in decoded.records.to_pylist()]
+    assert [r["point"]["asDouble"] for r in raws] == [1.0, 2.0, 3.0]

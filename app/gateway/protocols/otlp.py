@@ -163,21 +163,21 @@ def _metric(builder: PointsBuilder, memory: SeriesMemory, server: str | None, re
     name, original = metric_name(metric.name)
     kind = metric.WhichOneof("data")
     if name is None:
-        builder.reject(_point_json(metric), "bad_metric_name", "a metric with an empty name")
-        return 0
+        return _reject_points(builder, metric, kind, "bad_metric_name", "a metric with an empty name")
     if kind == "gauge":
         return _numbers(builder, memory, server, resource, name, original, metric.gauge.data_points, None)
     if kind == "sum":
         temporality = metric.sum.aggregation_temporality
         if temporality not in (_DELTA, _CUMULATIVE):
-            builder.reject(_point_json(metric), "unsupported", "a Sum with aggregation temporality UNSPECIFIED")
-            return 0
+            return _reject_points(
+                builder, metric, kind, "unsupported", "a Sum with aggregation temporality UNSPECIFIED"
+            )
         return _numbers(builder, memory, server, resource, name, original, metric.sum.data_points, temporality)
     if kind in ("histogram", "exponential_histogram"):
         data = getattr(metric, kind)
         if data.aggregation_temporality not in (_DELTA, _CUMULATIVE):
-            builder.reject(_point_json(metric), "unsupported", f"a {kind} with aggregation temporality UNSPECIFIED")
-            return 0
+            detail = f"a {kind} with aggregation temporality UNSPECIFIED"
+            return _reject_points(builder, metric, kind, "unsupported", detail)
         return sum(
             _histogram(builder, memory, server, resource, (name, original, metric.name), point, data, kind)
             for point in data.data_points
@@ -187,6 +187,17 @@ def _metric(builder: PointsBuilder, memory: SeriesMemory, server: str | None, re
             _summary(builder, server, resource, name, original, metric.name, p) for p in metric.summary.data_points
         )
     builder.reject(_point_json(metric), "unsupported", f"metric {metric.name[:64]!r} has no data")
+    return 0
+
+
+def _reject_points(builder: PointsBuilder, metric, kind: str | None, code: str, detail: str) -> int:
+    """Quarantine every point of ``metric`` (one reject each, so ``rejected_data_points`` counts points)."""
+    points = getattr(metric, kind).data_points if kind else []
+    for point in points:
+        raw = json.dumps({"metric": metric.name, "point": json_format.MessageToDict(point)}, separators=(",", ":"))
+        builder.reject(raw, code, detail)
+    if not points:  # a metric without data: still one record saying so
+        builder.reject(_point_json(metric), code, detail)
     return 0
 
 
