@@ -16,8 +16,9 @@ def serve_asgi(
     """Serve ``app`` on ``host:port`` until ``stop`` is set; requests in flight are answered before it returns.
 
     ``port`` 0 picks a free port; ``ready((host, port))`` is called once the
-    socket listens. ``extra_ports``: more ports on ``host`` serving the same app. uvicorn runs on its own thread (named ``name``) and event
-    loop, so the caller keeps its signal handlers. ``options`` go to
+    socket listens; ``extra_ports``: more ports on ``host`` serving the same
+    app. uvicorn runs on its own thread (named ``name``) and event loop, so
+    the caller keeps its signal handlers. ``options`` go to
     ``uvicorn.Config`` (access log off and the lake's logging kept unless
     given). Raises ``OSError`` if the address is taken, ``RuntimeError`` if
     the server stops by itself.
