@@ -469,3 +469,9 @@ def test_a_metric_rejected_whole_counts_each_of_its_points():
     assert reasons(decoded) == ["bad_metric_name"] * 3
     raws = [json.loads(r["raw"]) for r in decoded.records.to_pylist()]
     assert [r["point"]["asDouble"] for r in raws] == [1.0, 2.0, 3.0]
+
+
+def test_a_histogram_with_nan_or_crossed_min_and_max_is_one_invalid_payload_reject():
+    for low, high in ((math.nan, 1.0), (3.0, 1.0)):
+        bad = histogram("lat", [1.0], [1, 1], temporality=DELTA, low=low, high=high)
+        assert reasons(decode_otlp(otlp_request(bad))) == ["invalid_payload"]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
@@ -276,6 +277,10 @@ def _buckets(point, kind: str):
             raise HistogramError(f"bucket counts add up to {sum(counts)}, not to count {point.count}")
         low = point.min if point.HasField("min") else None
         high = point.max if point.HasField("max") else None
+        if any(v is not None and not math.isfinite(v) for v in (low, high)) or (
+            low is not None and high is not None and low > high
+        ):
+            raise HistogramError(f"min {low!r} and max {high!r} are not finite and ordered")
         if not counts:  # only count (and sum) were recorded: one bucket holding everything
             counts, bounds = [point.count], []
             if point.HasField("sum") and point.count and low is None and high is None:
