@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metrics_lake.schemas.log_records import LOG_RECORD
 
@@ -76,6 +77,17 @@ class ContractViolation(ValueError):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.reason = f"{code}: {detail}"
+
+
+def servers_ok(servers: pa.Array) -> pa.Array:
+    """The server rule on a string array, vectorised: 1..MAX_SERVER_LEN characters (null where the server is null)."""
+    length = pc.utf8_length(servers)
+    return pc.and_(pc.greater_equal(length, 1), pc.less_equal(length, MAX_SERVER_LEN))
+
+
+def metrics_ok(metrics: pa.Array) -> pa.Array:
+    """The metric-name rule (:data:`METRIC_NAME`) on a string array, vectorised (null where the name is null)."""
+    return pc.match_substring_regex(metrics, f"^{METRIC_NAME.pattern}$")
 
 
 def _parse_ts(value: Any) -> int:

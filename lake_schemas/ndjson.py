@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from metrics_lake.schemas.contract import MAX_SERVER_LEN, MAX_TS_MS, MIN_TS_MS, to_log_records
+from metrics_lake.schemas.contract import MAX_TS_MS, MIN_TS_MS, metrics_ok, servers_ok, to_log_records
 from metrics_lake.schemas.log_records import LOG_RECORD
 from metrics_lake.schemas.types import TAGS
 
@@ -72,7 +72,6 @@ FAST_BLOCK_BYTES = 2 << 20
 
 _ZONE = r"(Z|z|[+-]\d\d(:?\d\d)?)$"
 _ERROR_ROW = re.compile(r"in row (\d+)")
-_METRIC = r"^[a-z0-9_.]{1,128}$"
 
 
 @dataclass(frozen=True)
@@ -353,12 +352,9 @@ def _check(table: pa.Table) -> tuple[np.ndarray, pa.Table]:
     ok = np.ones(n, dtype=bool)
     ms = _times(_column(table, "ts"), ok)
     server = _strings(_column(table, "server"), ok)
-    ok &= _per_value(
-        server,
-        lambda d: pc.and_(pc.greater_equal(pc.utf8_length(d), 1), pc.less_equal(pc.utf8_length(d), MAX_SERVER_LEN)),
-    )
+    ok &= _per_value(server, servers_ok)
     metric = _strings(_column(table, "metric"), ok)
-    ok &= _per_value(metric, lambda d: pc.match_substring_regex(d, _METRIC))
+    ok &= _per_value(metric, metrics_ok)
     value = _column(table, "value")
     if value is None or not (pa.types.is_integer(value.type) or pa.types.is_floating(value.type)):
         ok[:] = False

@@ -24,12 +24,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.schemas.contract import (
-    MAX_SERVER_LEN,
     MAX_TS_MS,
-    METRIC_NAME,
     MIN_TS_MS,
     ContractViolation,
+    metrics_ok,
     raw_text,
+    servers_ok,
     validate_event,
 )
 from metrics_lake.schemas.log_records import LOG_RECORD
@@ -151,13 +151,8 @@ def _tags_array(tags: tuple[Tags, ...]) -> pa.Array:
 
 
 def _series_ok(servers: pa.Array, metrics: pa.Array) -> np.ndarray:
-    """Per series: a server of 1..MAX_SERVER_LEN characters and a metric matching the contract's pattern."""
-    length = pc.utf8_length(servers)
-    ok = pc.and_(
-        pc.and_(pc.greater_equal(length, 1), pc.less_equal(length, MAX_SERVER_LEN)),
-        pc.match_substring_regex(metrics, f"^{METRIC_NAME.pattern}$"),
-    )
-    return pc.fill_null(ok, False).to_numpy(zero_copy_only=False)
+    """Per series: the contract's server and metric-name rules (a null name fails)."""
+    return pc.fill_null(pc.and_(servers_ok(servers), metrics_ok(metrics)), False).to_numpy(zero_copy_only=False)
 
 
 def _reason(event: dict) -> str:
