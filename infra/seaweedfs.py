@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import LakeError
+from metrics_lake.infra.processes import pid_from_file, stop_process_group
 from metrics_lake.infra.seaweedfs_security import WEED_FLAGS, exposed_ports, write_security
 
 IDENTITIES = ("admin", "agent", "pipeline", "analyst")
@@ -154,12 +154,7 @@ def _weed_binary() -> str:
 
 def running_pid(server: S3Server) -> int | None:
     """PID of the running server, or None (a stale PID file is ignored)."""
-    try:
-        pid = int(server.pid_file.read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-    return pid
+    return pid_from_file(server.pid_file)
 
 
 def s3_answers(server: S3Server, timeout: float = 2.0) -> bool:
@@ -245,12 +240,7 @@ def stop(server: S3Server, *, timeout: float = 20.0, log=print) -> bool:
     if pid is None:
         server.pid_file.unlink(missing_ok=True)
         return False
-    os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and running_pid(server) is not None:
-        time.sleep(0.2)
-    if running_pid(server) is not None:
-        os.killpg(pid, signal.SIGKILL)
+    stop_process_group(pid, timeout)
     server.pid_file.unlink(missing_ok=True)
     log(f"stopped SeaweedFS (pid {pid})")
     return True

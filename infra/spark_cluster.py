@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import LakeError
+from metrics_lake.infra.processes import pid_from_file, stop_process_group
 
 __all__ = ["SparkCluster", "SparkClusterError", "cluster_state", "running_pids", "spark_home", "start", "stop"]
 
@@ -99,19 +99,10 @@ def spark_home() -> Path:
     return home
 
 
-def _pid(cluster: SparkCluster, name: str) -> int | None:
-    try:
-        pid = int(cluster.pid_file(name).read_text())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError):
-        return None
-    return pid
-
-
 def running_pids(cluster: SparkCluster) -> dict[str, int]:
     """``name -> pid`` of the cluster's processes that run, whatever ``workers`` says (stale PID files ignored)."""
     names = sorted(p.stem for p in (cluster.data_dir / "run").glob("*.pid"))
-    return {name: pid for name in names if (pid := _pid(cluster, name)) is not None}
+    return {name: pid for name in names if (pid := pid_from_file(cluster.pid_file(name))) is not None}
 
 
 def cluster_state(cluster: SparkCluster, timeout: float = 2.0) -> dict | None:
@@ -224,27 +215,8 @@ def stop(cluster: SparkCluster, *, timeout: float = 20.0, log=print) -> bool:
     """
     running = running_pids(cluster)
     for name in sorted(running, key=lambda n: n == "master"):  # the workers first
-        _stop_group(running[name], timeout)
+        stop_process_group(running[name], timeout)
         log(f"stopped {name} (pid {running[name]})")
     for stale in (cluster.data_dir / "run").glob("*.pid"):
         stale.unlink()
     return bool(running)
-
-
-def _stop_group(pid: int, timeout: float) -> None:
-    """SIGTERM the process group led by ``pid`` (a daemon and the children it launched), SIGKILL what remains."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
