@@ -32,12 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import requests
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import LAKE, lake_env  # noqa: E402
-from gateway_throughput import drive, encode, free_port  # noqa: E402
+from gateway_throughput import drive, encode, free_port, start_gateway  # noqa: E402
 
 from metrics_lake.agents.gateway_client import table_to_payloads  # noqa: E402
 from metrics_lake.agents.simulator import FleetSimulator  # noqa: E402
@@ -60,15 +58,8 @@ def measure_gateway(work: Path, requests_count: int = 800, batch: int = 2000, cl
     env = lake_env(work / "gateway")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    gateway = subprocess.Popen([LAKE, "gateway", "--port", str(port)], env=env, stderr=open(work / "gateway.log", "wb"))
+    gateway = start_gateway(env, port, work / "gateway.log")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(f"{url}/healthz", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.2)
         lines = table_to_payloads(FleetSimulator(servers=200, metrics=10, seconds=requests_count * batch // 2000,
                                                  seed=2).generate())  # fmt: skip
         bodies = [

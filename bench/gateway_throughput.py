@@ -55,6 +55,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_gateway(env: dict[str, str], port: int, log: Path, *args: str) -> subprocess.Popen:
+    """`lake gateway --port PORT *args` as a process, once it answers /healthz; ``SystemExit`` if it exits first."""
+    gateway = subprocess.Popen([LAKE, "gateway", "--port", str(port), *args], env=env, stderr=open(log, "wb"))
+    while gateway.poll() is None:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+                return gateway
+        except requests.ConnectionError:
+            time.sleep(0.2)
+    raise SystemExit(f"gateway exited; see {log}")
+
+
 def encode(lines: list[str]) -> bytes:
     return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1)
 
@@ -163,20 +175,8 @@ def run(args, work: Path, env: dict) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
-    gateway = subprocess.Popen(
-        [LAKE, "gateway", "--port", str(port), "--linger-ms", str(args.linger_ms)],
-        env=clean | env,
-        stderr=open(work / "gateway.log", "wb"),
-    )
+    gateway = start_gateway(clean | env, port, work / "gateway.log", "--linger-ms", str(args.linger_ms))
     try:
-        while True:
-            if gateway.poll() is not None:
-                raise SystemExit(f"gateway exited; see {work / 'gateway.log'}")
-            try:
-                if requests.get(f"{url}/healthz", timeout=1).ok:
-                    break
-            except requests.ConnectionError:
-                time.sleep(0.2)
         print(f"backend {args.backend}, {args.partitions} partitions, linger {args.linger_ms} ms, 2 cores\n")
 
         # Demo load: 2 agents, one request per second each (the demo's ~176 events/s).

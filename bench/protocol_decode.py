@@ -138,10 +138,13 @@ def decode_all(name: str, bodies: list[bytes], decode) -> tuple[float, float, in
     return started, time.perf_counter(), decoded
 
 
-def worker(args: tuple, name: str, share: int, shares: int, barrier) -> tuple[float, float, int]:
+#: The encoded bodies and decoders, set before the process pool forks so its workers inherit them.
+_CASES: dict = {}
+
+
+def worker(name: str, share: int, shares: int, barrier) -> tuple[float, float, int]:
     """One process's share of a protocol's bodies, decoded after every process is ready."""
-    _, cases = prepare(*args)
-    bodies, decode = cases[name]
+    bodies, decode = _CASES[name]
     mine = bodies[share::shares]
     barrier.wait()
     return decode_all(name, mine, decode)
@@ -155,8 +158,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000, help="points per request body")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1, help="for the all-cores column")
     args = parser.parse_args()
-    spec = (args.servers, args.metrics, args.seconds, args.batch)
-    points, cases = prepare(*spec)
+    points, cases = prepare(args.servers, args.metrics, args.seconds, args.batch)
+    _CASES.update(cases)
     print(
         f"{points:,} points ({args.servers} servers x {args.metrics} metrics x {args.seconds} s) in bodies of "
         f"{args.batch:,}; one thread, and {args.processes} processes (one gateway per core on disjoint partitions)"
@@ -170,7 +173,7 @@ def main() -> None:
         single = points / (ended - started)
         with context.Pool(args.processes) as pool:
             barrier = context.Manager().Barrier(args.processes)
-            spans = pool.starmap(worker, [(spec, name, i, args.processes, barrier) for i in range(args.processes)])
+            spans = pool.starmap(worker, [(name, i, args.processes, barrier) for i in range(args.processes)])
         assert sum(n for _, _, n in spans) == points
         parallel = points / (max(e for _, e, _ in spans) - min(s for s, _, _ in spans))
         peers = peers or [single, parallel]
