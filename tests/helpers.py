@@ -96,23 +96,48 @@ def assert_query_results(rows: list[dict], events: list[dict], queries) -> None:
 LAKE = str(Path(sys.executable).with_name("lake"))
 
 
+def ephemeral_port_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (``ip_local_port_range``; 32768 if unknown).
+
+    A server port chosen at or above it can be taken by any client socket between the check and the bind.
+    """
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def bindable(*ports: int) -> bool:
+    """Whether every port can be bound on 127.0.0.1 now (a listener or a client socket on it makes it not)."""
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_block(offsets: tuple[int, ...], lowest: int) -> int:
+    """A base port ``b`` at or above ``lowest`` such that every ``b + offset`` is bindable on 127.0.0.1.
+
+    Every port stays below the ephemeral range; the start depends on the PID so that parallel runs
+    rarely probe the same ports. Raises RuntimeError when no block is free.
+    """
+    low, high = lowest - min(offsets), ephemeral_port_floor() - max(offsets)
+    span = max(high - low, 1)
+    start = low + os.getpid() * 37 % span
+    for base in [*range(start, high, 13), *range(low, start, 13)]:
+        if bindable(*(base + offset for offset in offsets)):
+            return base
+    raise RuntimeError(f"no free block of loopback ports {offsets} between {lowest} and {high + max(offsets)}")
+
+
 def free_port_pair() -> tuple[int, int]:
-    """Free S3 and master ports (SeaweedFS also takes each + 10000, and volume/filer ports below master)."""
-
-    def free(*ports: int) -> bool:
-        for port in ports:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    return False
-        return True
-
-    start = 21000 + os.getpid() % 400 * 20
-    for master in range(start, 40000, 13):
-        s3 = master + 5
-        ports = (master, master - 1253, master - 445, s3)
-        if free(*ports, *(p + 10000 for p in ports)):
-            return s3, master
-    raise RuntimeError("no free ports")
+    """Free S3 and master ports for SeaweedFS (volume = master - 1253, filer = master - 445, each + 10000 gRPC)."""
+    service_offsets = (0, -1253, -445, 5)
+    master = free_port_block((*service_offsets, *(offset + 10000 for offset in service_offsets)), lowest=10000)
+    return master + 5, master
 
 
 def positions(rows: pa.Table | list[dict]) -> list[tuple[str, int, int]]:

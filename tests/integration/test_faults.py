@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,17 +18,11 @@ import requests
 from metrics_lake.agents.gateway_client import GatewaySender
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.infra.seaweedfs import running_pid, settings_env, store_as
-from tests.helpers import LAKE, positions
+from tests.helpers import LAKE, free_port_block, positions
 from tests.integration.test_s3_pipeline import run_lake
 from tests.spark.test_stream_metrics import table_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class GatewayProcess:
@@ -90,7 +83,9 @@ def test_killing_the_gateway_and_the_s3_server_loses_and_duplicates_nothing(own_
     server = own_s3_server
     local = {"LAKE_CHECKPOINT_DIR": str(tmp_path / "ck"), "LAKE_SPARK_MASTER": "local[2]"}
     local |= {"LAKE_SHUFFLE_PARTITIONS": "2", "LAKE_LEASE_TTL_SECONDS": "2"}
-    gateway = GatewayProcess(settings_env(server, "agent") | local, free_port(), tmp_path / "gateway.log")
+    gateway = GatewayProcess(
+        settings_env(server, "agent") | local, free_port_block((0,), lowest=20000), tmp_path / "gateway.log"
+    )
     gateway.start()
     start_ms = int(time.time() * 1000)
     simulators = [FleetSimulator(servers=8, metrics=5, seconds=300, seed=seed, start_ms=start_ms) for seed in (1, 2)]

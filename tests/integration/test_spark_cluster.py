@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -32,27 +31,18 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import open_table
 from metrics_lake.infra.seaweedfs import settings_env
-from tests.helpers import LAKE
+from tests.helpers import LAKE, free_port_block
 from tests.spark.test_stream_metrics import INVALID, START_MS, check_windows, produced_rows, table_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 WORKERS = 2
 
 
-def free_ports(count: int) -> int:
-    """A first port of ``count`` consecutive free ports on 127.0.0.1."""
-    for first in range(30000 + os.getpid() % 500 * 20, 60000, count + 3):
-        with socket.socket() as probe:
-            if all(probe.connect_ex(("127.0.0.1", p)) != 0 for p in range(first, first + count)):
-                return first
-    raise RuntimeError("no free ports")
-
-
 class Cluster:
     """A `lake infra spark up` cluster in a test's directory, and the environment of lake commands on it."""
 
     def __init__(self, directory: Path, env: dict[str, str]) -> None:
-        first = free_ports(2 + WORKERS)
+        first = free_port_block(tuple(range(2 + WORKERS)), lowest=20000)
         self.directory = directory
         self.args = ["--data-dir", str(directory), "--master-port", str(first), "--ui-port", str(first + 1)]
         self.ui = f"http://127.0.0.1:{first + 1}"
