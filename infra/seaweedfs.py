@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -177,6 +178,20 @@ def store_as(server: S3Server, identity: str, prefix: str = ""):
     return S3Store(uri, endpoint=server.endpoint, access_key=access, secret_key=secret)
 
 
+def _check_ports_free(server: S3Server) -> None:
+    """Fail fast, naming the port, when one of the ports ``weed`` would open is taken (it would die on it)."""
+    for port, listener, _ in server.ports():
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no conflict
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise InfraError(
+                    f"port {port} ({listener}) on 127.0.0.1 is in use ({exc.strerror}); "
+                    "choose other --s3-port/--master-port (SeaweedFS also takes each port + 10000)"
+                ) from None
+
+
 def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
     """Start the server (if not running), wait for S3, and create the bucket.
 
@@ -187,6 +202,7 @@ def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:
     _write_identities(server)
     write_security(server.data_dir)
     if running_pid(server) is None:
+        _check_ports_free(server)
         (server.data_dir / "data").mkdir(exist_ok=True)
         command = [
             _weed_binary(),

@@ -111,6 +111,7 @@ def bindable(*ports: int) -> bool:
     """Whether every port can be bound on 127.0.0.1 now (a listener or a client socket on it makes it not)."""
     for port in ports:
         with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no conflict
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:

@@ -6,6 +6,7 @@ ports; each test gets its own key prefix (delta-rs's conftest pattern).
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import uuid
 
@@ -119,3 +120,16 @@ def test_status_and_down(tmp_path):
         down = subprocess.run([LAKE, "infra", "down", *args], capture_output=True, text=True, timeout=60)
     assert down.returncode == 0 and "stopped" in down.stderr
     assert subprocess.run([LAKE, "infra", "status", *args], capture_output=True).returncode == 1
+
+
+def test_up_names_a_taken_port_instead_of_waiting_for_a_dying_server(tmp_path):
+    s3_port, master_port = free_port_pair()
+    filer_grpc = master_port - 445 + 10000
+    args = ["--data-dir", str(tmp_path / "sw"), "--s3-port", str(s3_port), "--master-port", str(master_port)]
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", filer_grpc))
+        squatter.listen()
+        up = subprocess.run([LAKE, "infra", "up", *args], capture_output=True, text=True, timeout=60)
+    assert up.returncode == 2
+    assert up.stderr.startswith(f"error: port {filer_grpc} (filer gRPC) on 127.0.0.1 is in use"), up.stderr
+    assert "Traceback" not in up.stderr and not (tmp_path / "sw" / "weed.pid").exists()
