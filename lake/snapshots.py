@@ -9,6 +9,7 @@ values. Tables needing reader features this code does not implement
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -86,26 +87,39 @@ def _text(value) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
-def read_data_file(data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem, columns=None) -> pa.Table:
-    """One data file with its partition columns restored, cast to ``schema`` (only ``columns``, if given)."""
+def read_data_file(
+    data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem, columns=None, dictionary: Iterable[str] = ()
+) -> pa.Table:
+    """One data file with its partition columns restored, cast to ``schema`` (only ``columns``, if given).
+
+    String columns named in ``dictionary`` come back dictionary-encoded
+    (``dictionary<int32, string>``, from Parquet's own dictionary pages):
+    cheaper to read and to group by than materialised strings.
+    """
     wanted = list(columns or schema.names)
     partition = dict(data_file.partition_values)
     stored = [c for c in wanted if c not in partition]
-    data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored)
+    encoded = [c for c in dictionary if c in stored]
+    data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None)
     for name in wanted:
         if name in partition and name not in data.column_names:
             column = pa.array([partition[name]] * data.num_rows, pa.string()).cast(schema.field(name).type)
             data = data.append_column(name, column)
-    target = pa.schema([schema.field(c) for c in wanted])
+    as_dictionary = pa.dictionary(pa.int32(), pa.string())
+    target = pa.schema([schema.field(c).with_type(as_dictionary) if c in encoded else schema.field(c) for c in wanted])
     return data.select(wanted).cast(target)
 
 
 def read_data_files(
-    store: Store, files: list[DataFile], schema: pa.Schema, columns: list[str] | None = None
+    store: Store,
+    files: list[DataFile],
+    schema: pa.Schema,
+    columns: list[str] | None = None,
+    dictionary: Iterable[str] = (),
 ) -> pa.Table:
     """The rows of ``files`` (see :func:`read_data_file`) as one table; empty with ``schema`` if no files."""
     filesystem, _ = store.arrow_fs()
-    parts = [read_data_file(f, schema, filesystem, columns) for f in files]
+    parts = [read_data_file(f, schema, filesystem, columns, tuple(dictionary)) for f in files]
     if not parts:
         return pa.schema([schema.field(c) for c in columns or schema.names]).empty_table()
     return pa.concat_tables(parts)

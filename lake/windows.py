@@ -62,34 +62,52 @@ def empty_state() -> pa.Table:
     return WINDOW_STATE.empty_table()
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """(int64 code per row, dictionary) of a string column; nulls get their own code."""
-    encoded = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An int64 code per row of a string (or dictionary) column, below ``2**31``: equal strings, equal codes; nulls their own."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.unify_dictionaries() if pa.types.is_dictionary(column.type) else column
+        column = column.combine_chunks()
+    # Columns read with ``read_dictionary`` already carry the codes; others are hashed.
+    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
-        codes = np.where(np.asarray(encoded.is_valid()), codes, len(encoded.dictionary)).astype(np.int64)
-        return codes, pa.concat_arrays([encoded.dictionary, pa.nulls(1, encoded.dictionary.type)])
-    return codes.astype(np.int64), encoded.dictionary
+        return np.where(np.asarray(encoded.is_valid()), codes, len(encoded.dictionary)).astype(np.int64)
+    return codes.astype(np.int64)
 
 
-def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sort order of the rows by key (metric, server, start), the group starts in that order, and each sorted row's group."""
-    m_codes, _ = _codes(metric)
-    s_codes, _ = _codes(server)
-    order = np.lexsort((start_us, s_codes, m_codes))
-    m_sorted, s_sorted, w_sorted = m_codes[order], s_codes[order], start_us[order]
-    change = (m_sorted[1:] != m_sorted[:-1]) | (s_sorted[1:] != s_sorted[:-1]) | (w_sorted[1:] != w_sorted[:-1])
-    starts = np.flatnonzero(np.concatenate([[True], change]))
-    marks = np.zeros(len(order), dtype=np.int64)
-    marks[starts[1:]] = 1
-    return order, starts, np.cumsum(marks)
+def _ranks(values: np.ndarray) -> tuple[np.ndarray, int]:
+    """(rank of each value among the distinct values, number of distinct values) of an int64 array.
+
+    Hashes the values (Arrow's dictionary encoding) and sorts only the
+    distinct ones: for millions of rows with far fewer distinct keys this is
+    several times faster than sorting the rows.
+    """
+    encoded = pc.dictionary_encode(pa.array(values, pa.int64()))
+    distinct = encoded.dictionary.to_numpy()
+    rank = np.empty(len(distinct), np.int64)
+    rank[np.argsort(distinct)] = np.arange(len(distinct), dtype=np.int64)
+    return rank[encoded.indices.to_numpy(zero_copy_only=False)], len(distinct)
+
+
+def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Group rows by key (metric, server, window start): ``(group of each row, groups, first row of each group)``.
+
+    Groups are numbered in key order (metric code, server code, start), so a
+    series' windows are adjacent and in time order.
+    """
+    series, _ = _ranks(_codes(metric) << 32 | _codes(server))
+    window, windows = _ranks(start_us)
+    group, groups = _ranks(series * windows + window)  # < 2**62: both factors are at most the row count
+    first = np.full(groups, len(group), np.int64)
+    np.minimum.at(first, group, np.arange(len(group), dtype=np.int64))
+    return group, groups, first
 
 
 def _state_table(metric, server, start_us, count, total, low, high, row, keys, counts, groups: int) -> pa.Table:
     return pa.table(
         [
-            metric,
-            server,
+            metric.cast(pa.string()),  # a no-op for strings; decodes dictionary-encoded reads
+            server.cast(pa.string()),
             pa.array(start_us, pa.int64()).cast(UTC_US),
             pa.array(count, pa.int64()),
             pa.array(total, pa.float64()),
@@ -114,56 +132,71 @@ def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
     ts_us = events.column("ts").cast(UTC_US).cast(pa.int64()).to_numpy(zero_copy_only=False)
     start_us = ts_us - np.mod(ts_us, window_us)
     values = events.column("value").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    order, starts, group_of_sorted = _group(events.column("metric"), events.column("server"), start_us)
-    sorted_values = values[order]
-    keys = sketch.bucket_keys(sorted_values)
-    row, bucket_keys, bucket_counts = sketch.merge_buckets(group_of_sorted, keys, np.ones(len(keys), np.int64))
-    first = pa.array(order[starts])
+    group, groups, first = _group(events.column("metric"), events.column("server"), start_us)
+    row, bucket_keys, bucket_counts = sketch.merge_buckets(
+        group, sketch.bucket_keys(values), np.ones(len(values), np.int64)
+    )
     return _state_table(
         events.column("metric").take(first),
         events.column("server").take(first),
-        start_us[order[starts]],
-        np.diff(np.append(starts, len(order))),
-        np.add.reduceat(sorted_values, starts),
-        np.minimum.reduceat(sorted_values, starts),
-        np.maximum.reduceat(sorted_values, starts),
+        start_us[first],
+        np.bincount(group, minlength=groups),
+        np.bincount(group, weights=values, minlength=groups),  # adds in row order, as a sequential sum would
+        _reduce_at(np.minimum, np.inf, group, groups, values),
+        _reduce_at(np.maximum, -np.inf, group, groups, values),
         row,
         bucket_keys,
         bucket_counts,
-        len(starts),
+        groups,
     )
+
+
+def _reduce_at(ufunc: np.ufunc, identity: float, group: np.ndarray, groups: int, values: np.ndarray) -> np.ndarray:
+    """``ufunc`` (np.minimum or np.maximum) of ``values`` per group."""
+    out = np.full(groups, identity)
+    ufunc.at(out, group, values)
+    return out
+
+
+def _conform(states: pa.Table) -> pa.Table:
+    """``states`` cast to :data:`WINDOW_STATE`, keeping dictionary-encoded ``metric``/``server`` as they are."""
+    states = states.select(WINDOW_STATE.names)
+    target = [
+        states.schema.field(f.name) if pa.types.is_dictionary(states.schema.field(f.name).type) else f
+        for f in WINDOW_STATE
+    ]
+    return states.cast(pa.schema(target)).unify_dictionaries().combine_chunks()
 
 
 def merge_states(states: pa.Table) -> pa.Table:
     """Combine rows of :data:`WINDOW_STATE` with equal ``(metric, server, window_start)`` into one each."""
     if states.num_rows == 0:
         return empty_state()
-    states = states.select(WINDOW_STATE.names).cast(WINDOW_STATE).combine_chunks()
+    states = _conform(states)
     start_us = states.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
-    order, starts, group_of_sorted = _group(states.column("metric"), states.column("server"), start_us)
-    if len(starts) == states.num_rows:  # nothing to combine: keep the rows, in key order
-        return states.take(pa.array(order))
-    group_of_row = np.empty(len(order), dtype=np.int64)
-    group_of_row[order] = group_of_sorted
+    group, groups, first = _group(states.column("metric"), states.column("server"), start_us)
+    if groups == states.num_rows:  # nothing to combine: keep the rows, in key order
+        order = np.empty(groups, np.int64)
+        order[group] = np.arange(groups, dtype=np.int64)
+        return states.take(pa.array(order)).cast(WINDOW_STATE)  # dictionary-encoded strings decoded
     row, keys, counts = sketch.explode(states.column("sketch"))
-    row, keys, counts = sketch.merge_buckets(group_of_row[row], keys, counts)
+    row, keys, counts = sketch.merge_buckets(group[row], keys, counts)
 
-    def reduce(name: str, ufunc) -> np.ndarray:
-        return ufunc.reduceat(states.column(name).to_numpy(zero_copy_only=False)[order], starts)
+    def column(name: str) -> np.ndarray:
+        return states.column(name).to_numpy(zero_copy_only=False)
 
-    first = order[starts]
     return _state_table(
-        states.column("metric").take(pa.array(first)),
-        states.column("server").take(pa.array(first)),
+        states.column("metric").take(first),
+        states.column("server").take(first),
         start_us[first],
-        reduce("count", np.add),
-        reduce("sum", np.add),
-        reduce("min", np.minimum),
-        reduce("max", np.maximum),
+        np.bincount(group, weights=column("count"), minlength=groups).astype(np.int64),
+        np.bincount(group, weights=column("sum"), minlength=groups),
+        _reduce_at(np.minimum, np.inf, group, groups, column("min")),
+        _reduce_at(np.maximum, -np.inf, group, groups, column("max")),
         row,
         keys,
         counts,
-        len(starts),
+        groups,
     )
 
 

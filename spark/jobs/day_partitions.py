@@ -4,7 +4,7 @@ The batch jobs (recompute, rollups, stored queries) work a day at a time on
 tables partitioned by ``event_date``:
 
 1. :func:`states_from_files`: one Spark task per ~128 MiB of the source
-   day's files reads them with pyarrow and turns them into *partial* window
+   day's files (and at least one per core, equal in size) reads them with pyarrow and turns them into *partial* window
    states (:data:`metrics_lake.core.windows.WINDOW_STATE`), in Arrow;
 2. :func:`finalize_on_executors`: Spark shuffles the states by ``(metric,
    server)``, so each series' partials meet in one task, which merges them
@@ -55,23 +55,32 @@ def read_days(spark, root: str, table: str, days: Iterable[dt.date]):
 
 
 def states_from_files(
-    spark, root: str, table: str, days: Iterable[dt.date], columns: list[str], to_states: Callable[[pa.Table], pa.Table]
+    spark,
+    root: str,
+    table: str,
+    days: Iterable[dt.date],
+    columns: list[str],
+    to_states: Callable[[pa.Table], pa.Table],
+    dictionary: tuple[str, ...] = (),
 ):
     """DataFrame of partial window states: ``to_states`` applied to each task's share of ``table``'s days.
 
     ``columns`` are the source columns ``to_states`` needs (only those are
-    read). Runs one task per ~128 MiB of files; an empty day gives an empty
-    DataFrame.
+    read); the string columns in ``dictionary`` reach it dictionary-encoded
+    (:func:`~metrics_lake.core.snapshots.read_data_file`), which the window
+    code groups without hashing strings. Runs one task per ~128 MiB of
+    files, at least one per core (:func:`group_files`); an empty day gives
+    an empty DataFrame.
     """
     files = table_files(root, table, None, ("event_date", tuple(sorted(d.isoformat() for d in days))))
-    groups = group_files(files)
+    groups = group_files(files, min_groups=spark.sparkContext.defaultParallelism)
     schema = TABLES[table].schema
 
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         store = open_store(load_settings(root=root))
         for batch in batches:
             for index in batch.column("id").to_pylist():
-                states = to_states(read_data_files(store, list(groups[index].files), schema, columns))
+                states = to_states(read_data_files(store, list(groups[index].files), schema, columns, dictionary))
                 yield from states.to_batches(max_chunksize=65_536)
 
     count = max(len(groups), 1)

@@ -91,6 +91,7 @@ def batch_windows(spark, settings: LakeSettings, day: dt.date):
         [day],
         ["ts", "server", "metric", "value"],
         lambda events: aggregate_events(events, window),
+        dictionary=("server", "metric"),
     )
     return finalize_on_executors(
         states, settings.root, WINDOWS, lambda merged: finalize(merged, window), settings.shuffle_partitions

@@ -50,7 +50,13 @@ def rollup_day(spark, settings: LakeSettings, day: dt.date) -> list[RollupResult
         started = time.monotonic()
         ensure_table(store, source)
         states = states_from_files(
-            spark, settings.root, source, [day], WINDOW_STATE.names, lambda rows, p=period: rewindow(rows, p)
+            spark,
+            settings.root,
+            source,
+            [day],
+            WINDOW_STATE.names,
+            lambda rows, p=period: rewindow(rows, p),
+            dictionary=("metric", "server"),
         )
         files, _ = finalize_on_executors(
             states, settings.root, table, lambda merged, p=period: finalize(merged, p), settings.shuffle_partitions

@@ -46,18 +46,26 @@ def table_files(
     return snapshot_files(store, table, open_table(store, table, version), partition)
 
 
-def group_files(files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES) -> list[FileGroup]:
-    """Pack files into tasks of about ``target_bytes`` each, in file order."""
-    groups, current, size = [], [], 0
-    for data_file in files:
-        if current and size + data_file.size > target_bytes:
-            groups.append(FileGroup(tuple(current)))
-            current, size = [], 0
-        current.append(data_file)
-        size += data_file.size
-    if current:
-        groups.append(FileGroup(tuple(current)))
-    return groups
+def group_files(
+    files: list[DataFile], target_bytes: int = FILES_PER_TASK_BYTES, min_groups: int = 1
+) -> list[FileGroup]:
+    """Pack files, in file order, into about equal tasks: about ``target_bytes`` each at most, ``min_groups`` at least.
+
+    ``min_groups`` is the cores the job may use (Spark's default
+    parallelism): a day of 185 MB on two cores is two tasks of ~92 MB, not
+    one of 128 MB and a straggler of 57 MB. There are never more groups
+    than files; a file larger than the target is a task of its own.
+    """
+    total = sum(f.size for f in files)
+    if not files:
+        return []
+    count = min(len(files), max(-(-total // target_bytes), min_groups))
+    groups: list[list[DataFile]] = [[] for _ in range(count)]
+    done = 0
+    for data_file in files:  # each file goes to the group its byte midpoint falls in
+        groups[min(int((done + data_file.size / 2) * count // max(total, 1)), count - 1)].append(data_file)
+        done += data_file.size
+    return [FileGroup(tuple(group)) for group in groups if group]
 
 
 class DeltaSnapshotReader(DataSourceReader):

@@ -73,3 +73,35 @@ def test_rewindow_rolls_minutes_up_to_hours_like_aggregating_the_events_by_hour(
     for key in direct:
         for column in ("count", "min", "max", "p50", "p95", "p99", "sketch"):
             assert hourly[key][column] == direct[key][column]
+
+
+def dictionary_chunks(table: pa.Table, columns: tuple[str, ...], pieces: int = 3) -> pa.Table:
+    """``table`` in ``pieces`` chunks whose ``columns`` are dictionary-encoded, each chunk with its own dictionary."""
+    size = -(-table.num_rows // pieces)
+    chunks = []
+    for start in range(0, table.num_rows, size):
+        chunk = table.slice(start, size)
+        for name in columns:
+            index = chunk.schema.get_field_index(name)
+            chunk = chunk.set_column(index, name, chunk.column(name).combine_chunks().dictionary_encode())
+        chunks.append(chunk)
+    return pa.concat_tables(chunks)
+
+
+def test_dictionary_encoded_input_gives_the_same_states_as_strings_in_key_order():
+    data = events(seed=3).select(["ts", "server", "metric", "value"])
+    encoded = dictionary_chunks(data, ("server", "metric"))
+    assert len({id(chunk.dictionary) for chunk in encoded.column("server").chunks}) == 3
+    states = aggregate_events(data, 60)
+    assert aggregate_events(encoded, 60).equals(states)
+    keys = list(zip(*(states.column(c).to_pylist() for c in ("metric", "server", "window_start")), strict=True))
+    assert len(set(keys)) == len(keys) == len(expected_windows(data))
+    series = [key[:2] for key in keys]
+    assert all(a[:2] != b[:2] or a[2] < b[2] for a, b in zip(keys, keys[1:], strict=False))  # time order in a series
+    assert len(set(series)) == sum(1 for a, b in zip([None, *series], series, strict=False) if a != b)
+
+    halves = [aggregate_events(data.slice(0, 700), 60), aggregate_events(data.slice(700), 60)]
+    from_strings = merge_states(pa.concat_tables(halves))
+    from_dictionaries = merge_states(dictionary_chunks(pa.concat_tables(halves), ("metric", "server"), pieces=2))
+    assert from_dictionaries.schema == from_strings.schema and from_dictionaries.equals(from_strings)
+    assert from_strings.drop_columns("sum").equals(states.drop_columns("sum"))
