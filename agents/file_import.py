@@ -38,7 +38,7 @@ from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_fro
 __all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "import_id", "import_jsonl"]
 
 #: Bytes read and validated at a time.
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 8 << 20
 #: Chunks validated at once (each thread holds one).
 VALIDATION_THREADS = 2
 

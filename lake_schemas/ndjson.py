@@ -34,7 +34,6 @@ the speed of Arrow's JSON reader:
 
 from __future__ import annotations
 
-import io
 import re
 from dataclasses import dataclass
 
@@ -59,6 +58,8 @@ SHORT_LINE_BYTES = 1024
 FEW_LINES = 128
 #: Lines parsed by one call of Arrow's JSON reader (as one block, on the calling thread).
 BLOCK_LINES = 1 << 16
+#: Lines of the first block: a parse error there costs a short threaded parse only.
+PROBE_LINES = 1 << 12
 #: A failing block at most this long is validated line by line instead of being split further.
 SMALL_BLOCK = 16
 #: After a parse error, calls shrink to no fewer lines than this.
@@ -69,6 +70,12 @@ DENSE_ERROR_LINES = 64
 DENSE_ERRORS = 4
 #: Arrow's block size on the fast path (a line must fit in one block: more than MAX_LINE_BYTES).
 FAST_BLOCK_BYTES = 2 << 20
+#: Arrow's block size when a block of lines is streamed after a parse error: a bad line costs the rows
+#: before it in its block (parsed again) and a new reader (about 0.1 ms), so smaller blocks waste less per
+#: error; below 64 KiB Arrow's cost per block shows (measured: 0.86 µs a line at 64 KiB, 0.80 at 1 MiB).
+STREAM_BLOCK_BYTES = 32 << 10
+#: An object closed and another opened on one line: Arrow would make two rows of it (JSON whitespace, no ``\n``).
+_TWO_OBJECTS = re.compile(rb"\}[ \t\r]*\{")
 
 _ZONE = r"(Z|z|[+-]\d\d(:?\d\d)?)$"
 _ERROR_ROW = re.compile(r"in row (\d+)")
@@ -119,14 +126,23 @@ def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES) -> LinesResul
         line = data[starts[index] : ends[index]]
         heavy[index] = line.count(b"{") + line.count(b"[") > MAX_BRACKETS
     heavy[_lines_with_invalid_utf8(data, starts, ends)] = True
+    # Rows must be lines. Such a line is usually two objects (one per-line reject); inside a string it is rare.
+    positions = [match.start() for match in _TWO_OBJECTS.finditer(data)]
+    heavy[np.searchsorted(starts, np.array(positions, np.int64), side="right") - 1] = True
     lines = np.flatnonzero(~blank)
     if len(lines) <= few_lines:
         heavy[:] = True
     pieces: list[tuple[np.ndarray, pa.Table]] = []
     slow = list(lines[heavy[lines]])
     fast = lines[~heavy[lines]]
-    for lo in range(0, len(fast), BLOCK_LINES):
-        slow += _parse_block(data, starts, ends, fast[lo : lo + BLOCK_LINES], pieces)
+    # Arrow's threads on whole blocks until a block has a parse error, which wastes that parse: the first
+    # block is a short probe, and after an error the rest is streamed (_parse_stream).
+    threads, lo = True, 0
+    while lo < len(fast):
+        size = PROBE_LINES if lo == 0 else BLOCK_LINES
+        block_slow, threads = _parse_block(data, starts, ends, fast[lo : lo + size], pieces, threads)
+        slow += block_slow
+        lo += size
     if slow:
         slow_lines = np.array(sorted(slow), dtype=np.int64)
         payloads = [data[starts[i] : ends[i]] for i in slow_lines]
@@ -156,17 +172,33 @@ def _lines_with_invalid_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray) 
     return np.array(bad, dtype=np.int64)
 
 
+def _join(data: bytes, starts, ends, block: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
+    """The lines ``block`` as one buffer, newline-separated, and the byte offset of each line in it.
+
+    Runs of consecutive lines are sliced from ``data`` as they are (no copy
+    when the block is one run); only the gaps cost a Python step.
+    """
+    breaks = np.flatnonzero(np.diff(block) != 1) + 1
+    firsts = np.concatenate([[0], breaks]).astype(np.int64)
+    lasts = np.concatenate([breaks, [len(block)]]).astype(np.int64) - 1
+    run_starts, run_ends = starts[block[firsts]], ends[block[lasts]]
+    base = np.concatenate([[0], np.cumsum(run_ends - run_starts + 1)[:-1]])
+    run = np.repeat(np.arange(len(firsts)), lasts - firsts + 1)
+    offsets = base[run] + starts[block] - run_starts[run]
+    if len(firsts) == 1:
+        return pa.py_buffer(data).slice(int(run_starts[0]), int(run_ends[0] - run_starts[0])), offsets
+    pieces = [data[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist(), strict=True)]
+    return pa.py_buffer(b"\n".join(pieces)), offsets
+
+
 def _read(data: bytes, starts, ends, block: np.ndarray, exact_rows: bool = True) -> pa.Table:
     """Parse the lines ``block`` with Arrow; with ``exact_rows`` as one block, so an error names its row in the call."""
-    if block[-1] - block[0] + 1 == len(block):  # consecutive lines: the original bytes, no copy
-        joined = memoryview(data)[starts[block[0]] : ends[block[-1]]]
-    else:
-        joined = b"\n".join(data[starts[i] : ends[i]] for i in block.tolist())
+    joined, _ = _join(data, starts, ends, block)
     if exact_rows:
-        options = pj.ReadOptions(use_threads=False, block_size=max(len(joined) + 1, 1 << 16))
+        options = pj.ReadOptions(use_threads=False, block_size=max(joined.size + 1, 1 << 16))
     else:
         options = pj.ReadOptions(use_threads=True, block_size=FAST_BLOCK_BYTES)
-    return pj.read_json(io.BytesIO(joined), read_options=options)
+    return pj.read_json(pa.BufferReader(joined), read_options=options)
 
 
 def _error_row(error: Exception) -> int | None:
@@ -175,18 +207,27 @@ def _error_row(error: Exception) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _parse_block(data: bytes, starts, ends, block: np.ndarray, pieces: list) -> list[int]:
-    """Parse and check the lines ``block``; append (line numbers, records) to ``pieces``; return lines to do one by one."""
+def _parse_block(data: bytes, starts, ends, block: np.ndarray, pieces: list, threads: bool) -> tuple[list[int], bool]:
+    """Parse and check the lines ``block``; append (line numbers, records) to ``pieces``.
+
+    Returns the lines to do one by one, and whether the next block should
+    be tried with Arrow's threads first: only while no block had an error,
+    since a failed threaded parse is wasted whole.
+    """
     parsed: list[tuple[np.ndarray, pa.Table]] = []
-    try:  # the fast way first: Arrow's threads on small blocks (an error then names a row within a block only)
-        table = _read(data, starts, ends, block, exact_rows=False)
-        slow = [] if table.num_rows == len(block) else _parse(data, starts, ends, block, parsed)
-        if not slow and not parsed:
-            parsed = [(block, table)]
-    except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
-        slow = _parse(data, starts, ends, block, parsed)
+    slow: list[int] | None = None
+    if threads:  # the fast way first: Arrow's threads on small blocks (an error then names a row within a block only)
+        try:
+            table = _read(data, starts, ends, block, exact_rows=False)
+            if table.num_rows == len(block):
+                parsed, slow = [(block, table)], []
+        except (pa.ArrowInvalid, ValueError, UnicodeDecodeError):
+            pass
+    if slow is None:
+        threads = False
+        slow = _parse_stream(data, starts, ends, block, parsed)
     if not parsed:
-        return slow
+        return slow, threads
     try:  # one check for the block: Arrow unifies int64 with double and struct fields of the parts
         groups = [
             (
@@ -201,6 +242,68 @@ def _parse_block(data: bytes, starts, ends, block: np.ndarray, pieces: list) -> 
         if records.num_rows:
             pieces.append((lines[accepted], records))
         slow += lines[~accepted].tolist()
+    return slow, threads
+
+
+def _dense_errors(errors: list[int], position: int) -> bool:
+    """Whether the last :data:`DENSE_ERRORS` parse errors fell within the last ``DENSE_ERRORS * DENSE_ERROR_LINES`` lines."""
+    return len(errors) >= DENSE_ERRORS and position - errors[-DENSE_ERRORS] < DENSE_ERRORS * DENSE_ERROR_LINES
+
+
+def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+    """Parse the lines ``block`` with Arrow's streaming JSON reader into ``parsed``; return the lines to do one by one.
+
+    The reader parses :data:`STREAM_BLOCK_BYTES` at a time and yields each
+    block's rows before it reaches the next, and an error names its row
+    within the failing block: that line goes one by one, the rows before it
+    in that block are parsed again (:func:`_parse`) and a new reader starts
+    just after it, so a bad line costs those rows and two Arrow calls. An
+    error naming no row (a field the reader's first block did not
+    have: it fixes the schema) restarts the reader at the failing block, with
+    the schema inferred anew. Where errors are dense (:func:`_dense_errors`)
+    the next :data:`MIN_CALL_LINES` lines go one by one. Rows must be lines:
+    :func:`records_from_lines` sends lines that could hold two objects one by
+    one; should the counts still differ, the block goes to :func:`_parse`.
+    """
+    joined, offsets = _join(data, starts, ends, block)
+    longest = int((ends[block] - starts[block]).max())
+    options = pj.ReadOptions(use_threads=False, block_size=max(STREAM_BLOCK_BYTES, longest + 2))
+    mine: list[tuple[np.ndarray, pa.Table]] = []
+    slow: list[int] = []
+    position, errors = 0, []
+    while position < len(block):
+        if _dense_errors(errors, position):
+            slow += block[position : position + MIN_CALL_LINES].tolist()
+            position += MIN_CALL_LINES
+            errors.clear()
+            continue
+        batches, rows, error = [], 0, None
+        try:
+            for batch in pj.open_json(pa.BufferReader(joined.slice(int(offsets[position]))), read_options=options):
+                batches.append(batch)
+                rows += batch.num_rows
+        except (pa.ArrowInvalid, ValueError, UnicodeDecodeError) as exc:
+            error = exc
+        row = _error_row(error) if error is not None else None
+        if position + rows + (row or 0) >= len(block) + (error is None):  # more rows than lines: do not guess
+            return _parse(data, starts, ends, block, parsed)
+        if rows:
+            mine.append((block[position : position + rows], pa.Table.from_batches(batches)))
+        if error is None:
+            if position + rows != len(block):
+                return _parse(data, starts, ends, block, parsed)
+            break
+        if row is None and rows == 0:  # the reader's first block fails without a row: the careful way
+            slow += _parse(data, starts, ends, block[position:], mine)
+            break
+        position += rows
+        if row is not None:
+            if row:  # the failing block's rows before the bad line: good, but the reader dropped them
+                slow += _parse(data, starts, ends, block[position : position + row], mine)
+            errors.append(position + row)
+            slow.append(int(block[position + row]))
+            position += row + 1
+    parsed.extend(mine)
     return slow
 
 
@@ -221,7 +324,7 @@ def _parse(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[i
     slow: list[int] = []
     size, position, errors = len(block), 0, []
     while position < len(block):
-        if len(errors) >= DENSE_ERRORS and position - errors[-DENSE_ERRORS] < DENSE_ERRORS * DENSE_ERROR_LINES:
+        if _dense_errors(errors, position):
             slow += block[position : position + MIN_CALL_LINES].tolist()
             position += MIN_CALL_LINES
             errors.clear()

@@ -109,3 +109,28 @@ def test_fuzzed_lines_match_the_per_line_validator(seed):
         lines.append(encoded)
     assert_same(lines)
     assert json.loads(base)  # the base line itself is valid JSON
+
+
+def test_long_inputs_with_sparse_errors_new_tag_keys_and_long_lines_match_the_per_line_validator():
+    """Past the first (probe) block, errors are found by streaming: rows before an error, fields the
+    stream's first block lacked, lines longer than a stream block, CRLF and lines sent one by one in between."""
+    rng = random.Random(7)
+    lines = []
+    for i in range(30_000):
+        tags = rng.choice(["", ', "tags": {"dc": "eu"}', f', "tags": {{"k{rng.randrange(50)}": "v"}}'])
+        line = f'{{"ts": 17636000{i:05d}, "server": "s{i % 7}", "metric": "m", "value": {i}.5{tags}}}'
+        roll = rng.random()
+        if roll < 0.002:
+            line = line.replace("17636000", '"yesterday', 1).replace(', "server"', '", "server"', 1)  # ts a string
+        elif roll < 0.003:
+            line = line[: len(line) // 2]  # truncated
+        elif roll < 0.004:
+            line = line.replace('"s', '"s}{', 1)  # "}{" inside a string: one valid event, checked line by line
+        elif roll < 0.005:
+            line = line.replace('"m"', '"m", "note": "' + "x" * 70_000 + '"')  # longer than a stream block
+        elif roll < 0.006:
+            line = "   "  # blank
+        elif roll < 0.007:
+            line = line + " " + line  # two objects
+        lines.append(line.encode() + (b"\r" if roll > 0.99 else b""))
+    assert_same(lines)
