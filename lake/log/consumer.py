@@ -49,7 +49,7 @@ def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end:
         pieces.append(
             pa.table(
                 [
-                    pa.array(np.full(n, topic, dtype=object), pa.string()),
+                    pa.repeat(pa.scalar(topic, pa.string()), n),  # not n Python strings
                     pa.array(np.full(n, partition, dtype=np.int32)),
                     pa.array(np.arange(lo, hi, dtype=np.int64)),
                     *records.columns,
