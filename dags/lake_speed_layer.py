@@ -2,8 +2,9 @@
 
 For deployments that do not keep ``lake stream`` running: each run is
 ``lake stream --once`` (catch up, commit, stop). Exactly once across runs and
-retries comes from the streaming checkpoints and the Delta ``txn`` actions,
-so an overlapping or retried run cannot duplicate rows; ``max_active_runs=1``
+retries comes from the positions each table commits with its rows (Delta
+``txn`` actions), not from a checkpoint folder, so an overlapping or retried
+run, or one on another worker, cannot duplicate rows; ``max_active_runs=1``
 just avoids wasted work.
 """
 

@@ -17,6 +17,11 @@ layer of :mod:`metrics_lake.core.speed_layer` in ``foreachBatch``:
 The log is read once per batch for all three tables. Spark's checkpoint
 (``LAKE_CHECKPOINT_DIR``) is a cache of how far batches went: deleting it, or
 starting on another machine, resumes from what the tables hold.
+
+``lake stream --once`` (:func:`catch_up`) runs the same batches without a
+streaming query: starting one over a Python data source costs seconds of
+planner processes before its first batch, most of a one-shot run, and the
+checkpoint it would keep is only that cache.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import asdict
 import pyarrow as pa
 
 from metrics_lake.core.config import LakeSettings, load_settings
+from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog, TopicNotFoundError
 from metrics_lake.core.speed_layer import (
     BatchOutcome,
@@ -39,12 +45,14 @@ from metrics_lake.core.speed_layer import (
     commit_batch,
     plan_batch,
     process_chunk,
+    starting_offsets,
 )
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.core.tables import WrittenFile, ensure_table
 from metrics_lake.schemas import TABLES
+from metrics_lake.spark.sources.log_source import limit_offsets
 
-__all__ = ["prepare_lake", "run_batch", "run_stream", "start_stream"]
+__all__ = ["catch_up", "prepare_lake", "run_batch", "run_stream", "start_stream"]
 
 #: What a task returns per chunk: the files it wrote (JSON), its window states (Arrow IPC), counts and touched
 #: minutes (JSON).
@@ -149,6 +157,30 @@ def start_stream(
     )
 
 
+def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:
+    """Process what the log holds now, in micro-batches of at most ``settings.max_records_per_batch``; returns batches run.
+
+    The batches are the streaming query's (:func:`run_batch`), bounded the
+    same way (:func:`~metrics_lake.spark.sources.log_source.limit_offsets`)
+    from the lowest position the tables hold up to the log's end offsets
+    when it starts. Exactly once holds as for the query: each table commits
+    its records with its positions, and a batch plans from those positions,
+    so a run killed anywhere is completed by the next one, whatever batch
+    bounds either chose. ``progress`` gets every committed batch's outcome.
+    """
+    store = prepare_lake(settings)
+    begin = starting_offsets(store, settings.topic)
+    target = end_offsets(SegmentLog(store), settings.topic)
+    batches = 0
+    while (ends := limit_offsets(begin, target, settings.max_records_per_batch)) != begin:
+        outcome = run_batch(spark, settings, ends)
+        batches += 1
+        if outcome is not None and progress is not None:
+            progress(outcome)
+        begin = ends
+    return batches
+
+
 def run_stream(
     spark,
     settings: LakeSettings,
@@ -159,23 +191,22 @@ def run_stream(
 ) -> None:
     """Run the speed layer; with ``once``, until all available data is processed.
 
-    ``once`` runs micro-batches back to back until the query has caught up
-    with the log, then stops (``availableNow`` is not used: for Python data
-    sources it reads the whole backlog as one batch, ignoring
-    ``maxRecordsPerBatch``). Without ``once`` it runs every
-    ``settings.trigger_seconds`` until ``stop`` is set (a signal handler sets
-    it: raising inside a blocking py4j call could break the JVM gateway) or
-    the query fails. Raises ``pyspark.errors.StreamingQueryException`` if a
-    batch fails.
+    ``once`` runs micro-batches back to back until they have caught up with
+    the log as it was at the start (:func:`catch_up`); a failed batch raises
+    its Spark job's error (a ``pyspark.errors.PySparkException``). Without
+    ``once`` it runs the streaming query every ``settings.trigger_seconds``
+    until ``stop`` is set (a signal handler sets it: raising inside a
+    blocking py4j call could break the JVM gateway) or the query fails,
+    raising ``pyspark.errors.StreamingQueryException``.
     """
-    query = start_stream(spark, settings, trigger_seconds=0 if once else settings.trigger_seconds, progress=progress)
+    if once:
+        catch_up(spark, settings, progress)
+        return
+    query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress)
     try:
-        if once:
-            query.processAllAvailable()
-        else:
-            stop = stop or threading.Event()
-            while not stop.is_set() and not spark.streams.awaitAnyTermination(1.0):
-                pass
+        stop = stop or threading.Event()
+        while not stop.is_set() and not spark.streams.awaitAnyTermination(1.0):
+            pass
         if query.exception() is not None:
             raise query.exception()
     finally:

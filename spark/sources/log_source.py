@@ -111,10 +111,17 @@ class LogStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """End offsets of the next batch, honouring ``limit``."""
+        """End offsets of the next batch, honouring ``limit``.
+
+        The limit counts from where the tables are when they are ahead of
+        ``start``: a checkpoint older than the tables (``lake stream --once``
+        ran meanwhile, or an old copy was restored) then costs one batch,
+        not one empty batch per ``maxRecordsPerBatch`` records they hold.
+        """
         ends = self._ends()
         if isinstance(limit, ReadMaxRows):
-            begin = {int(p): int(o) for p, o in start.items()}
+            held = starting_offsets(self.store, self.topic)
+            begin = {int(p): max(int(o), held.get(int(p), 0)) for p, o in start.items()}
             ends = limit_offsets(begin, ends, limit.max_rows)
         return {str(p): offset for p, offset in ends.items()}
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 
@@ -32,6 +34,32 @@ def run_lake(env: dict, *args: str, timeout: float = 300) -> subprocess.Complete
     return done
 
 
+def bronze_rows(store) -> int:
+    """Rows in bronze_events now (0 before the table exists)."""
+    try:
+        return open_table(store, "bronze_events").to_pyarrow_table(columns=["offset"]).num_rows
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def stream_until(env: dict, done, log_path, timeout: float = 300) -> None:
+    """Run the continuous `lake stream` (the streaming query, with its checkpoint) until ``done()``, then SIGTERM it."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
+    with open(log_path, "wb") as output:
+        process = subprocess.Popen(
+            [LAKE, "stream", "--trigger", "1"], env={**clean, **env}, stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + timeout
+            while not done() and time.monotonic() < deadline:
+                assert process.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(1)
+            assert done(), f"the stream did not get there in {timeout:.0f} s:\n{log_path.read_text()[-3000:]}"
+        finally:
+            process.send_signal(signal.SIGTERM)  # stops between micro-batches
+            assert process.wait(120) == 0, log_path.read_text()[-3000:]
+
+
 @pytest.fixture
 def s3_lake(own_s3_server, tmp_path):
     """Per-identity LAKE_* settings for a lake at the bucket root, plus the admin store to check results with."""
@@ -46,8 +74,9 @@ def test_end_to_end_on_s3_gives_exact_bronze_quarantine_and_windows(s3_lake, tmp
     invalid = tmp_path / "invalid.jsonl"
     invalid.write_text("\n".join(INVALID) + "\n")
     run_lake(envs["agent"], "produce", "--servers", "4", "--metrics", "3", "--seconds", "60", "--rate", "3")
-    run_lake(envs["pipeline"], "stream", "--once")
-    # The checkpoint is lost (another machine, an ephemeral container); the tables on S3 say where to resume.
+    stream_until(envs["pipeline"], lambda: bronze_rows(admin) == 4 * 3 * 60 * 3, tmp_path / "stream.log")
+    # The streaming query's checkpoint is lost (another machine, an ephemeral container); the tables on S3
+    # say where to resume.
     shutil.rmtree(tmp_path / "checkpoints")
     run_lake(
         envs["agent"], "produce", "--servers", "4", "--metrics", "3", "--seconds", "60", "--rate", "3", "--seed", "7"

@@ -15,7 +15,7 @@ from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.tables import open_table
 from metrics_lake.core.windows import QUANTILES
-from metrics_lake.spark.jobs.stream_metrics import run_stream, start_stream
+from metrics_lake.spark.jobs.stream_metrics import catch_up, run_stream, start_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
 from tests.lake_schemas.test_contract import INVALID as CONTRACT_CASES
 
@@ -129,8 +129,8 @@ def test_events_later_than_the_watermark_reach_bronze_but_not_windows(spark, set
     assert all(int(w["window_start"].timestamp() * 1000) >= START_MS + 600_000 for w in windows)
 
 
-def test_a_failing_query_surfaces_as_streaming_query_exception(spark, settings, log, store):
-    from pyspark.errors import StreamingQueryException
+def test_a_failing_batch_surfaces_as_a_spark_error_in_both_modes(spark, settings, log, store):
+    from pyspark.errors import PySparkException, StreamingQueryException
 
     log.ensure_topic(settings.topic, 1)
     with Producer(log, settings.topic, partitions=1) as producer:
@@ -139,8 +139,10 @@ def test_a_failing_query_surfaces_as_streaming_query_exception(spark, settings, 
     segment = next(store.path(f"log/{settings.topic}/0").glob("*.parquet"))
     segment.chmod(0o644)
     segment.write_bytes(b"garbage")
-    with pytest.raises(StreamingQueryException):
+    with pytest.raises(PySparkException, match="Parquet"):  # --once: the failed Spark job's error
         run_stream(spark, settings, once=True)
+    with pytest.raises(StreamingQueryException, match="Parquet"):
+        stream_to_end(spark, settings)
 
 
 def assert_exactly_once(store, log) -> None:
@@ -153,6 +155,16 @@ def assert_exactly_once(store, log) -> None:
     quarantine = [(r["topic"], r["partition"], r["offset"]) for r in table_rows(store, "quarantine_events")]
     assert len(quarantine) == len(set(quarantine)) == rejects
     check_windows(store, produced)
+
+
+def stream_to_end(spark, settings, progress=None):
+    """The streaming query (not `--once`, which runs without one), run until it caught up with the log, then stopped."""
+    query = start_stream(spark, settings, trigger_seconds=0, progress=progress)
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    return query
 
 
 def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, settings, log, store):
@@ -169,20 +181,29 @@ def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, 
             producer.send_payloads(['{"bad": true}'])
 
     produce(1, START_MS)
-    run_stream(spark, settings, once=True)
+    stream_to_end(spark, settings)
     shutil.rmtree(checkpoint)  # 1. lost after a complete run: the next run starts where the tables are
-    run_stream(spark, settings, once=True)
+    stream_to_end(spark, settings)
     assert_exactly_once(store, log)
 
     saved = checkpoint.with_name("saved-checkpoint")
     shutil.copytree(checkpoint, saved)
     produce(2, START_MS + 60_000)
     batches = []
-    run_stream(spark, settings, once=True, progress=batches.append)
+    stream_to_end(spark, settings, progress=batches.append)
     assert len(batches) >= 2
     shutil.rmtree(checkpoint)
-    shutil.copytree(saved, checkpoint)  # 2. an older checkpoint restored: it replays batches the tables hold
-    run_stream(spark, settings, once=True)
+    shutil.copytree(saved, checkpoint)  # 2. an older checkpoint restored: the tables are ahead of it
+    produce(4, START_MS + 90_000)
+    query = stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+    # 361 new records in batches of 150, from where the tables are: not 2 more batches for what they hold
+    assert sum(1 for progress in query.recentProgress if progress.numInputRows) == 3
+
+    produce(5, START_MS + 100_000)  # 2b. `--once` (no streaming query) between runs of the query, then the query
+    assert catch_up(spark, settings) >= 2
+    produce(6, START_MS + 110_000)
+    stream_to_end(spark, settings)
     assert_exactly_once(store, log)
 
     produce(3, START_MS + 120_000)
@@ -194,6 +215,6 @@ def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, 
     query.stop()
     shutil.rmtree(checkpoint)
     other = settings.model_copy(update={"checkpoint_dir": str(checkpoint.parent / "someone-elses")})
-    run_stream(spark, other, once=True)  # 4. another query's checkpoint (here: an empty one elsewhere)
-    run_stream(spark, settings, once=True)
+    stream_to_end(spark, other)  # 4. another query's checkpoint (here: an empty one elsewhere)
+    stream_to_end(spark, settings)
     assert_exactly_once(store, log)
