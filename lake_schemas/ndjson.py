@@ -245,9 +245,17 @@ def _parse_block(data: bytes, starts, ends, block: np.ndarray, pieces: list, thr
     return slow, threads
 
 
-def _dense_errors(errors: list[int], position: int) -> bool:
-    """Whether the last :data:`DENSE_ERRORS` parse errors fell within the last ``DENSE_ERRORS * DENSE_ERROR_LINES`` lines."""
-    return len(errors) >= DENSE_ERRORS and position - errors[-DENSE_ERRORS] < DENSE_ERRORS * DENSE_ERROR_LINES
+def _dense_skip(block: np.ndarray, position: int, errors: list[int]) -> list[int]:
+    """The next :data:`MIN_CALL_LINES` lines of ``block``, to go one by one, if parse errors are dense; else ``[]``.
+
+    Dense: the last :data:`DENSE_ERRORS` errors (line positions in
+    ``errors``, cleared when lines are skipped) fell within the last
+    ``DENSE_ERRORS *`` :data:`DENSE_ERROR_LINES` lines.
+    """
+    if len(errors) >= DENSE_ERRORS and position - errors[-DENSE_ERRORS] < DENSE_ERRORS * DENSE_ERROR_LINES:
+        errors.clear()
+        return block[position : position + MIN_CALL_LINES].tolist()
+    return []
 
 
 def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
@@ -260,7 +268,7 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
     just after it, so a bad line costs those rows and two Arrow calls. An
     error naming no row (a field the reader's first block did not
     have: it fixes the schema) restarts the reader at the failing block, with
-    the schema inferred anew. Where errors are dense (:func:`_dense_errors`)
+    the schema inferred anew. Where errors are dense (:func:`_dense_skip`)
     the next :data:`MIN_CALL_LINES` lines go one by one. Rows must be lines:
     :func:`records_from_lines` sends lines that could hold two objects one by
     one; should the counts still differ, the block goes to :func:`_parse`.
@@ -272,10 +280,9 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
     slow: list[int] = []
     position, errors = 0, []
     while position < len(block):
-        if _dense_errors(errors, position):
-            slow += block[position : position + MIN_CALL_LINES].tolist()
-            position += MIN_CALL_LINES
-            errors.clear()
+        if skipped := _dense_skip(block, position, errors):
+            slow += skipped
+            position += len(skipped)
             continue
         batches, rows, error = [], 0, None
         try:
@@ -324,10 +331,9 @@ def _parse(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[i
     slow: list[int] = []
     size, position, errors = len(block), 0, []
     while position < len(block):
-        if _dense_errors(errors, position):
-            slow += block[position : position + MIN_CALL_LINES].tolist()
-            position += MIN_CALL_LINES
-            errors.clear()
+        if skipped := _dense_skip(block, position, errors):
+            slow += skipped
+            position += len(skipped)
             continue
         call = block[position : position + size]
         try:
