@@ -53,8 +53,9 @@ def group_files(
 
     ``min_groups`` is the cores the job may use (Spark's default
     parallelism): a day of 185 MB on two cores is two tasks of ~92 MB, not
-    one of 128 MB and a straggler of 57 MB. There are never more groups
-    than files; a file larger than the target is a task of its own.
+    one of 128 MB and a straggler of 57 MB. Files are never split, so a
+    large file makes its task larger, and there are never more groups than
+    files.
     """
     total = sum(f.size for f in files)
     if not files:
