@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import InputError
-from metrics_lake.core.log.producer import Producer, Source
+from metrics_lake.core.log.producer import Producer, SequenceConflictError, Source
 from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
 
 __all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "import_id", "import_jsonl"]
 
 #: Bytes read and validated at a time.
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 32 << 20
 #: Chunks validated at once (each thread holds one).
 VALIDATION_THREADS = 2
 
@@ -119,7 +119,8 @@ def import_jsonl(
     source=)`` (the gateway client). ``progress`` is called after each chunk. Raises
     :class:`~metrics_lake.core.errors.InputError` if ``path`` is not a
     readable file, or if a ``.gz`` file is truncated or corrupt (saying how
-    many lines before the damage were produced). Bytes that are not UTF-8
+    many lines before the damage were produced), or if an earlier run of
+    the same import used other chunk boundaries. Bytes that are not UTF-8
     are kept escaped in the quarantined raw payload.
     """
     path = Path(path)
@@ -132,7 +133,15 @@ def import_jsonl(
     def send(validated: tuple[LinesResult, str]) -> None:
         nonlocal sent_chunks
         result, digest = validated
-        sent = producer.send(result.records, source=Source(source_id, sent_chunks, digest, strict=False))
+        try:
+            sent = producer.send(result.records, source=Source(source_id, sent_chunks, digest, strict=False))
+        except SequenceConflictError:
+            raise InputError(
+                f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
+                f"chunk size); this run appended {stats.accepted + stats.rejected - stats.duplicates:,} new events, "
+                "none twice. "
+                "Resume it with that version, or import a copy of the rest of the file"
+            ) from None
         sent_chunks += 1
         stats.lines += result.lines
         stats.blank += result.blank

@@ -5,7 +5,10 @@ from __future__ import annotations
 import gzip
 import json
 
+import pytest
+
 from metrics_lake.agents.file_import import import_jsonl
+from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
 
@@ -25,3 +28,16 @@ def test_import_counts_and_keeps_every_line(log, tmp_path):
     assert sorted(r["value"] for r in rows if r["reason"] is None) == [float(i) for i in range(10)]
     rejected = {r["raw"]: r["reason"].split(":")[0] for r in rows if r["reason"] is not None}
     assert rejected == {"{broken": "invalid_json", lines[-1]: "missing_field"}
+
+
+def test_a_rerun_with_other_chunk_boundaries_stops_with_a_clear_error_and_appends_nothing_twice(log, tmp_path):
+    good = {"ts": 1_800_000_000_000, "server": "db-1", "metric": "app.queue.depth"}
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps({**good, "value": i}) + "\n" for i in range(400)))
+    with Producer(log, "metrics", partitions=1) as producer:
+        assert import_jsonl(producer, path, chunk_bytes=4096).accepted == 400
+    with Producer(log, "metrics", partitions=1) as producer, pytest.raises(InputError) as error:
+        import_jsonl(producer, path, chunk_bytes=3000)  # an import cut by another version's chunk size
+    assert "cut the file into other chunks" in str(error.value) and "none twice" in str(error.value)
+    values = read_range(log, "metrics", 0, 0, end_offsets(log, "metrics")[0]).column("value").to_pylist()
+    assert sorted(values) == [float(i) for i in range(400)]
