@@ -1,13 +1,14 @@
-"""What the local servers share: a daemon's PID file, and stopping the process group it leads."""
+"""What the local servers share: a daemon's PID file, stopping the process group it leads, checking its ports."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
-__all__ = ["pid_from_file", "stop_process_group"]
+__all__ = ["bind_error", "pid_from_file", "stop_process_group"]
 
 
 def pid_from_file(path: Path) -> int | None:
@@ -38,3 +39,18 @@ def stop_process_group(pid: int, timeout: float) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def bind_error(port: int, host: str = "127.0.0.1") -> OSError | None:
+    """Why a server could not bind ``host:port`` now (a listener, or a client socket using the port), or None.
+
+    Binds with ``SO_REUSEADDR`` as servers do, so connections in TIME_WAIT
+    are no conflict.
+    """
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return exc
+    return None

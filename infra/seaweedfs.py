@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from metrics_lake.core.errors import LakeError
-from metrics_lake.infra.processes import pid_from_file, stop_process_group
+from metrics_lake.infra.processes import bind_error, pid_from_file, stop_process_group
 from metrics_lake.infra.seaweedfs_security import WEED_FLAGS, exposed_ports, write_security
 
 IDENTITIES = ("admin", "agent", "pipeline", "analyst")
@@ -181,15 +180,11 @@ def store_as(server: S3Server, identity: str, prefix: str = ""):
 def _check_ports_free(server: S3Server) -> None:
     """Fail fast, naming the port, when one of the ports ``weed`` would open is taken (it would die on it)."""
     for port, listener, _ in server.ports():
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no conflict
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError as exc:
-                raise InfraError(
-                    f"port {port} ({listener}) on 127.0.0.1 is in use ({exc.strerror}); "
-                    "choose other --s3-port/--master-port (SeaweedFS also takes each port + 10000)"
-                ) from None
+        if (error := bind_error(port)) is not None:
+            raise InfraError(
+                f"port {port} ({listener}) on 127.0.0.1 is in use ({error.strerror}); "
+                "choose other --s3-port/--master-port (SeaweedFS also takes each port + 10000)"
+            )
 
 
 def start(server: S3Server, *, timeout: float = 60.0, log=print) -> None:

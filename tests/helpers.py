@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
-import socket
 import sys
 from collections import defaultdict
 from fnmatch import fnmatch
@@ -14,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from metrics_lake.core.sketch import RELATIVE_ERROR
+from metrics_lake.infra.processes import bind_error
 
 
 def expected_windows(events: pa.Table) -> dict[tuple, dict]:
@@ -107,20 +107,8 @@ def ephemeral_port_floor() -> int:
         return 32768
 
 
-def bindable(*ports: int) -> bool:
-    """Whether every port can be bound on 127.0.0.1 now (a listener or a client socket on it makes it not)."""
-    for port in ports:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no conflict
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
 def free_port_block(offsets: tuple[int, ...], lowest: int) -> int:
-    """A base port ``b`` at or above ``lowest`` such that every ``b + offset`` is bindable on 127.0.0.1.
+    """A base port ``b`` at or above ``lowest`` such that a server can bind every ``b + offset`` on 127.0.0.1.
 
     Every port stays below the ephemeral range; the start depends on the PID so that parallel runs
     rarely probe the same ports. Raises RuntimeError when no block is free.
@@ -129,7 +117,7 @@ def free_port_block(offsets: tuple[int, ...], lowest: int) -> int:
     span = max(high - low, 1)
     start = low + os.getpid() * 37 % span
     for base in [*range(start, high, 13), *range(low, start, 13)]:
-        if bindable(*(base + offset for offset in offsets)):
+        if all(bind_error(base + offset) is None for offset in offsets):
             return base
     raise RuntimeError(f"no free block of loopback ports {offsets} between {lowest} and {high + max(offsets)}")
 
