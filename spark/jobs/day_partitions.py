@@ -4,8 +4,9 @@ The batch jobs (recompute, rollups, stored queries) work a day at a time on
 tables partitioned by ``event_date``:
 
 1. :func:`states_from_files`: one Spark task per ~128 MiB of the source
-   day's files (and at least one per core, equal in size) reads them with pyarrow and turns them into *partial* window
-   states (:data:`metrics_lake.core.windows.WINDOW_STATE`), in Arrow;
+   day's files (and at least one per core, equal in size) reads them with
+   pyarrow and turns them into *partial* window states
+   (:data:`metrics_lake.core.windows.WINDOW_STATE`), in Arrow;
 2. :func:`finalize_on_executors`: Spark shuffles the states by ``(metric,
    server)``, so each series' partials meet in one task, which merges them
    (:func:`~metrics_lake.core.windows.merge_states`), finalizes the rows and

@@ -57,9 +57,9 @@ def group_files(
     large file makes its task larger, and there are never more groups than
     files.
     """
-    total = sum(f.size for f in files)
     if not files:
         return []
+    total = sum(f.size for f in files)
     count = min(len(files), max(-(-total // target_bytes), min_groups))
     groups: list[list[DataFile]] = [[] for _ in range(count)]
     done = 0
