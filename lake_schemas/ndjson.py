@@ -122,7 +122,10 @@ def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES) -> LinesResul
         blank[index] = not data[starts[index] : ends[index]].strip()
     # Opening brackets of long lines only: Arrow's parser survives nesting 10,000 deep (crashes by 20,000, pyarrow
     # 26), so a line of at most SHORT_LINE_BYTES (at most half as deep) is safe whatever it holds.
-    heavy = ~blank & ((length > MAX_LINE_BYTES) | (first != 123))  # 123: "{"
+    # 123: "{", 125: "}". A line that does not end an object (cut short, say) cannot parse: sending it one by one
+    # up front spares Arrow's parser an error, which costs far more than the line (_parse_stream).
+    last = buffer[np.maximum(ends - 1, 0)] if len(buffer) else np.zeros(0, np.uint8)
+    heavy = ~blank & ((length > MAX_LINE_BYTES) | (first != 123) | (last != 125))
     for index in np.flatnonzero(~blank & ~heavy & (length > SHORT_LINE_BYTES)).tolist():
         line = data[starts[index] : ends[index]]
         heavy[index] = line.count(b"{") + line.count(b"[") > MAX_BRACKETS
@@ -159,6 +162,8 @@ def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES) -> LinesResul
 
 def _lines_with_invalid_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Indexes of the lines holding bytes that are not UTF-8: usually none, found with one decode of the block."""
+    if data.isascii():  # the usual case, checked without decoding (a decode allocates the whole text)
+        return np.zeros(0, dtype=np.int64)
     try:
         data.decode("utf-8")
         return np.zeros(0, dtype=np.int64)
@@ -279,6 +284,7 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
     options = pj.ReadOptions(use_threads=False, block_size=max(STREAM_BLOCK_BYTES, longest + 2))
     mine: list[tuple[np.ndarray, pa.Table]] = []
     slow: list[int] = []
+    dropped: list[np.ndarray] = []
     position, errors = 0, []
     while position < len(block):
         if skipped := _dense_skip(block, position, errors):
@@ -308,10 +314,12 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
         position += rows
         if row is not None:
             if row:  # the failing block's rows before the bad line: good, but the reader dropped them
-                slow += _parse(data, starts, ends, block[position : position + row], mine)
+                dropped.append(block[position : position + row])
             errors.append(position + row)
             slow.append(int(block[position + row]))
             position += row + 1
+    if dropped:  # parsed again in one call: Arrow's cost per call is more than a block's rows
+        slow += _parse(data, starts, ends, np.concatenate(dropped), mine)
     parsed.extend(mine)
     return slow
 

@@ -122,8 +122,10 @@ def test_long_inputs_with_sparse_errors_new_tag_keys_and_long_lines_match_the_pe
         roll = rng.random()
         if roll < 0.002:
             line = line.replace("17636000", '"yesterday', 1).replace(', "server"', '", "server"', 1)  # ts a string
+        elif roll < 0.0025:
+            line = line[: len(line) // 2]  # truncated: it does not end an object, so it goes line by line up front
         elif roll < 0.003:
-            line = line[: len(line) // 2]  # truncated
+            line = line.replace(', "server"', ' "server"', 1)  # a comma missing: ends like an object, fails to parse
         elif roll < 0.004:
             line = line.replace('"s', '"s}{', 1)  # "}{" inside a string: one valid event, checked line by line
         elif roll < 0.005:
@@ -132,5 +134,7 @@ def test_long_inputs_with_sparse_errors_new_tag_keys_and_long_lines_match_the_pe
             line = "   "  # blank
         elif roll < 0.007:
             line = line + " " + line  # two objects
+        elif roll < 0.008:
+            line = line + " \t"  # a valid event followed by whitespace
         lines.append(line.encode() + (b"\r" if roll > 0.99 else b""))
     assert_same(lines)
