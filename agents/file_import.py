@@ -31,6 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.producer import Producer, SequenceConflictError, Source
 from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
@@ -41,6 +43,15 @@ __all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "import_id", "impor
 CHUNK_BYTES = 32 << 20
 #: Chunks validated at once (each thread holds one).
 VALIDATION_THREADS = 2
+
+
+@dataclass(frozen=True)
+class _Validated:
+    """A validated chunk: its lines, the records to send (a table or per partition), the BLAKE2b digest of its bytes (hex)."""
+
+    result: LinesResult
+    records: pa.Table | dict[int, pa.Table]
+    digest: str
 
 
 @dataclass
@@ -82,9 +93,11 @@ def import_id(path: str | Path) -> str:
     return f"import-{digest.hexdigest()}"
 
 
-def _validate(chunk: bytes) -> tuple[LinesResult, str]:
-    """A chunk's records and the digest of its bytes (BLAKE2b, 128 bits, hex); runs on the validation threads."""
-    return records_from_lines(chunk), hashlib.blake2b(chunk, digest_size=16).hexdigest()
+def _validate(chunk: bytes, split: Callable[[pa.Table], dict[int, pa.Table]] | None) -> _Validated:
+    """A chunk's records (split by partition with ``split`` if given) and digest; runs on the validation threads."""
+    result = records_from_lines(chunk)
+    records = split(result.records) if split is not None else result.records
+    return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest())
 
 
 def _chunks(handle, chunk_bytes: int) -> Iterator[bytes]:
@@ -130,11 +143,16 @@ def import_jsonl(
     source_id = import_id(path)
     sent_chunks = 0
 
-    def send(validated: tuple[LinesResult, str]) -> None:
+    # A Producer splits the records by partition on the validation threads, so this thread only buffers them.
+    split = producer.split if isinstance(producer, Producer) else None
+
+    def send(validated: _Validated) -> None:
         nonlocal sent_chunks
-        result, digest = validated
+        result = validated.result
         try:
-            sent = producer.send(result.records, source=Source(source_id, sent_chunks, digest, strict=False))
+            sent = producer.send(
+                validated.records, source=Source(source_id, sent_chunks, validated.digest, strict=False)
+            )
         except SequenceConflictError:
             raise InputError(
                 f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
@@ -156,7 +174,7 @@ def import_jsonl(
         try:
             with opener(path, "rb") as handle:
                 for chunk in _chunks(handle, chunk_bytes):
-                    pending.append(pool.submit(_validate, chunk))
+                    pending.append(pool.submit(_validate, chunk, split))
                     while len(pending) > VALIDATION_THREADS:
                         send(pending.popleft().result())
         except (EOFError, gzip.BadGzipFile, zlib.error) as exc:

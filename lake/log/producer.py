@@ -244,8 +244,24 @@ class Producer:
         slot = assign_partitions(records, len(self.owned))
         return np.asarray(self.owned, dtype=np.int32)[slot]
 
-    def send(self, records: pa.Table, *, source: Source | None = None) -> Sent:
-        """Buffer :data:`LOG_RECORD` rows; may flush full partitions before returning.
+    def split(self, records: pa.Table) -> dict[int, pa.Table]:
+        """:data:`LOG_RECORD` rows by partition (:meth:`route`), each partition's rows in their order.
+
+        Safe to call from any thread, for :meth:`send`: a caller that
+        validates on several threads splits there too, so the thread that
+        sends does not copy the rows.
+        """
+        records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
+        assignment = self.route(records)
+        if len(owned := np.unique(assignment)) == 1:
+            return {int(owned[0]): records}
+        order = np.argsort(assignment, kind="stable")  # one copy of the rows, grouped by partition, then slices
+        grouped = records.take(pa.array(order))
+        bounds = np.searchsorted(assignment[order], owned, side="left").tolist() + [records.num_rows]
+        return {int(p): grouped.slice(bounds[i], bounds[i + 1] - bounds[i]) for i, p in enumerate(owned.tolist())}
+
+    def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:
+        """Buffer :data:`LOG_RECORD` rows (a table, or one :meth:`split` made); may flush full partitions first.
 
         Returns :class:`Sent`, with one future per partition written,
         resolved with the :class:`~metrics_lake.core.log.log.AppendResult`
@@ -262,13 +278,11 @@ class Producer:
         checkable, raises :class:`SequenceConflictError` and nothing of
         ``records`` is buffered.
         """
-        if records.num_rows == 0:
+        parts = records if isinstance(records, dict) else self.split(records) if records.num_rows else {}
+        if not parts:
             return Sent([])
         if self._closed.is_set():
             raise RuntimeError("producer is closed")
-        records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
-        assignment = self.route(records)
-        parts = {int(p): records.filter(pa.array(assignment == p)) for p in np.unique(assignment)}
         # Committed state of partitions without a writer now (a lost lease), read before taking the lock.
         indexes = {p: self.log.index(self.topic, p) for p in self.owned if source and self._writers[p] is None}
         futures, full = [], []

@@ -174,6 +174,28 @@ def test_producer_preserves_per_server_order_and_loses_nothing(log):
             assert mine.column("ts").to_pylist() == expected.column("ts").to_pylist()
 
 
+def test_a_batch_split_by_partition_beforehand_is_appended_as_the_whole_batch_would_be(log):
+    table = FleetSimulator(servers=12, metrics=3, seconds=30, seed=5).generate()
+    with (
+        Producer(log, "whole", partitions=3, linger_ms=10_000) as whole,
+        Producer(log, "split", partitions=3, linger_ms=10_000) as split,
+    ):
+        for start in range(0, table.num_rows, 250):
+            batch = table.slice(start, 250)
+            parts = split.split(batch)
+            assert sum(part.num_rows for part in parts.values()) == batch.num_rows
+            assert all(set(split.route(part)) == {p} for p, part in parts.items())
+            whole.send(batch)
+            split.send(parts)
+    assert end_offsets(log, "whole") == end_offsets(log, "split")
+    for p, end in end_offsets(log, "whole").items():
+        assert (
+            read_range(log, "split", p, 0, end)
+            .drop_columns(["topic", "ingested_at"])
+            .equals(read_range(log, "whole", p, 0, end).drop_columns(["topic", "ingested_at"]))
+        )
+
+
 def test_producer_flushes_by_age_without_explicit_flush(log):
     producer = Producer(log, "m", partitions=1, roll_bytes=10**9, linger_ms=50)
     try:
