@@ -47,22 +47,26 @@ VALIDATION_THREADS = 2
 
 @dataclass(frozen=True)
 class _Validated:
-    """A validated chunk: its lines, the records to send (a table or per partition), the BLAKE2b digest of its bytes (hex)."""
+    """A validated chunk: its lines, the records to send (a table or per partition), the BLAKE2b digest of its bytes
+    (hex), and its size in bytes."""
 
     result: LinesResult
     records: pa.Table | dict[int, pa.Table]
     digest: str
+    size: int
 
 
 @dataclass
 class ImportStats:
-    """Lines read, events accepted, events rejected (quarantined), blank lines skipped, events already imported."""
+    """Lines read, events accepted, events rejected (quarantined), blank lines skipped, events already imported,
+    and bytes of the file (uncompressed) done."""
 
     lines: int = 0
     accepted: int = 0
     rejected: int = 0
     blank: int = 0
     duplicates: int = 0  # events a previous run of this import already appended (not appended again)
+    bytes: int = 0
 
 
 def check_importable(path: str | Path) -> None:
@@ -97,7 +101,7 @@ def _validate(chunk: bytes, split: Callable[[pa.Table], dict[int, pa.Table]] | N
     """A chunk's records (split by partition with ``split`` if given) and digest; runs on the validation threads."""
     result = records_from_lines(chunk)
     records = split(result.records) if split is not None else result.records
-    return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest())
+    return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest(), len(chunk))
 
 
 def _chunks(handle, chunk_bytes: int) -> Iterator[bytes]:
@@ -166,6 +170,7 @@ def import_jsonl(
         stats.rejected += result.rejected
         stats.accepted += result.records.num_rows - result.rejected
         stats.duplicates += sent.duplicates
+        stats.bytes += validated.size
         if progress:
             progress(stats)
 

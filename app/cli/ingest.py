@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from metrics_lake.app.cli.options import GatewayOption, partition_list, settings, stop_on_signals
 from metrics_lake.app.console import err
@@ -39,6 +40,31 @@ def _sink(settings: LakeSettings, gateway: str | None, import_of: Path | None = 
     return GatewaySender(gateway, spool, agent_id=agent_id)
 
 
+def _import_with_progress(producer, path: Path):
+    """:func:`~metrics_lake.agents.file_import.import_jsonl` with a progress bar on a terminal (bytes done, events).
+
+    A ``.gz`` file's uncompressed size is unknown up front: its bar counts without a total.
+    """
+    from metrics_lake.agents.file_import import import_jsonl
+
+    total = None if path.suffix == ".gz" else path.stat().st_size
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TextColumn("{task.fields[events]:,} events"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"importing {path.name}", total=total, events=0)
+        return import_jsonl(
+            producer,
+            path,
+            progress=lambda stats: bar.update(task, completed=stats.bytes, events=stats.accepted + stats.rejected),
+        )
+
+
 def produce(
     servers: Annotated[int, typer.Option(min=1, help="Simulated servers.")] = 10,
     metrics: Annotated[int, typer.Option(min=1, help="Metrics per server.")] = 5,
@@ -50,7 +76,7 @@ def produce(
     gateway: GatewayOption = None,
 ) -> None:
     """Produce events to the log: a seeded fleet simulator, or a JSON Lines import."""
-    from metrics_lake.agents.file_import import check_importable, import_jsonl
+    from metrics_lake.agents.file_import import check_importable
     from metrics_lake.agents.simulator import FleetSimulator, send_in_real_time
 
     config = settings()
@@ -60,7 +86,7 @@ def produce(
     started = time.monotonic()
     with _sink(config, gateway, from_file) as producer:
         if from_file is not None:
-            stats = import_jsonl(producer, from_file)
+            stats = _import_with_progress(producer, from_file)
             again = f"; {stats.duplicates:,} were already imported by an earlier run" if stats.duplicates else ""
             err.print(
                 f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "

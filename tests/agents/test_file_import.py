@@ -17,11 +17,16 @@ def test_import_counts_and_keeps_every_line(log, tmp_path):
     good = {"ts": 1_800_000_000_000, "server": "db-1", "metric": "app.queue.depth", "value": 3}
     lines = [json.dumps({**good, "value": i}) for i in range(10)] + ["", "{broken", json.dumps({**good, "value": None})]
     path = tmp_path / "events.jsonl.gz"
+    text = "\n".join(lines) + "\n"
     with gzip.open(path, "wt") as handle:
-        handle.write("\n".join(lines) + "\n")
+        handle.write(text)
+    seen = []
     with Producer(log, "metrics", partitions=2) as producer:
-        stats = import_jsonl(producer, path, chunk_bytes=64)  # chunks end mid-line: the rest starts the next one
+        # chunks end mid-line: the rest starts the next one
+        stats = import_jsonl(producer, path, chunk_bytes=64, progress=lambda s: seen.append((s.bytes, s.lines)))
     assert (stats.lines, stats.accepted, stats.rejected, stats.blank) == (13, 10, 2, 1)
+    assert stats.bytes == len(text.encode()) and seen[-1] == (stats.bytes, 13)  # uncompressed bytes, all of them
+    assert len(seen) > 1 and seen == sorted(seen)  # once per chunk, growing
     rows = [
         r for p, end in end_offsets(log, "metrics").items() for r in read_range(log, "metrics", p, 0, end).to_pylist()
     ]
