@@ -99,8 +99,8 @@ def import_id(path: str | Path) -> str:
 
 def _validate(chunk: bytes, split: Callable[[pa.Table], dict[int, pa.Table]] | None) -> _Validated:
     """A chunk's records (split by partition with ``split`` if given) and digest; runs on the validation threads."""
-    result = records_from_lines(chunk)
-    records = split(result.records) if split is not None else result.records
+    result = records_from_lines(chunk, use_threads=False)  # the chunks are validated side by side already
+    records = split(result.rows, result.line_order) if split is not None else result.records
     return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest(), len(chunk))
 
 
@@ -168,7 +168,7 @@ def import_jsonl(
         stats.lines += result.lines
         stats.blank += result.blank
         stats.rejected += result.rejected
-        stats.accepted += result.records.num_rows - result.rejected
+        stats.accepted += result.rows.num_rows - result.rejected
         stats.duplicates += sent.duplicates
         stats.bytes += validated.size
         if progress:

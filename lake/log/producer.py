@@ -244,20 +244,25 @@ class Producer:
         slot = assign_partitions(records, len(self.owned))
         return np.asarray(self.owned, dtype=np.int32)[slot]
 
-    def split(self, records: pa.Table) -> dict[int, pa.Table]:
+    def split(self, records: pa.Table, order: np.ndarray | None = None) -> dict[int, pa.Table]:
         """:data:`LOG_RECORD` rows by partition (:meth:`route`), each partition's rows in their order.
 
-        Safe to call from any thread, for :meth:`send`: a caller that
-        validates on several threads splits there too, so the thread that
-        sends does not copy the rows.
+        ``order``: a sort key per row giving the rows' order (their line
+        numbers, say), when ``records`` are not in it. Safe to call from any
+        thread, for :meth:`send`: a caller that validates on several threads
+        splits there too, so the thread that sends does not copy the rows.
         """
         records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
         assignment = self.route(records)
-        if len(owned := np.unique(assignment)) == 1:
+        if len(owned := np.unique(assignment)) == 1 and order is None:
             return {int(owned[0]): records}
-        order = np.argsort(assignment, kind="stable")  # one copy of the rows, grouped by partition, then slices
-        grouped = records.take(pa.array(order))
-        bounds = np.searchsorted(assignment[order], owned, side="left").tolist() + [records.num_rows]
+        # One copy of the rows, grouped by partition (in order within each), then slices.
+        if order is None:
+            permutation = np.argsort(assignment, kind="stable")
+        else:
+            permutation = np.lexsort((order, assignment))
+        grouped = records.take(pa.array(permutation))
+        bounds = np.searchsorted(assignment[permutation], owned, side="left").tolist() + [records.num_rows]
         return {int(p): grouped.slice(bounds[i], bounds[i + 1] - bounds[i]) for i, p in enumerate(owned.tolist())}
 
     def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:
