@@ -136,5 +136,7 @@ def test_long_inputs_with_sparse_errors_new_tag_keys_and_long_lines_match_the_pe
             line = line + " " + line  # two objects
         elif roll < 0.008:
             line = line + " \t"  # a valid event followed by whitespace
+        elif roll < 0.02:  # an ISO time among epoch milliseconds: both valid, parsed as two groups
+            line = line.replace(f"17636000{i:05d}", f'"2025-11-20T01:{i % 60:02d}:{i % 59:02d}.{i % 1000:03d}Z"', 1)
         lines.append(line.encode() + (b"\r" if roll > 0.99 else b""))
     assert_same(lines)
