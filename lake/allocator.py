@@ -4,11 +4,11 @@ glibc's ``malloc`` serves blocks above a threshold (128 KiB, rising with
 use to 32 MiB) with fresh ``mmap`` pages and returns the top of its heaps
 to the kernel once 128 KiB are free. A bulk import allocates and frees
 tens of MiB per chunk (the chunk's bytes, numpy scratch arrays, Arrow
-builders), so each chunk page-faults its memory in again: measured on the
-importer with 12 M lines (``bench/same_file.py``'s file), 1.9 M minor faults
-and 5.2 s of system time out of 29 s of CPU. With the thresholds below,
-0.17 M faults and 1.5 s, and the import ran 1.21x faster (0.72 -> 0.88 M
-events/s, ``python -c`` around :func:`metrics_lake.agents.file_import.import_jsonl`).
+builders), so each chunk page-faults its memory in again. Measured on the
+importer with 12 M lines (``bench/same_file.py``'s file, three alternating
+runs of :func:`metrics_lake.agents.file_import.import_jsonl` each way, on a
+noisy VM): minor faults 1.9-2.0 M -> 0.5-1.1 M, system time 11-15 s -> 7-9 s,
+CPU cycles 9 % fewer (145 -> 132 G on average), wall 38.9 -> 35.3 s on average.
 
 The parameters are glibc's ``mallopt(3)``; elsewhere (musl, macOS) nothing
 changes.
