@@ -10,9 +10,11 @@ the speed of Arrow's JSON reader:
    the other characters ``str.splitlines`` treats as line breaks (U+2028,
    U+0085, ``\\x0b``...), which may legally appear inside JSON strings.
    Whitespace-only lines are counted and skipped.
-2. Lines that could hurt the parser go straight to the per-line validator:
-   lines that do not start with ``{`` (no event does; a lone ``null`` line
-   crashes Arrow's JSON reader, pyarrow 26), more than :data:`MAX_BRACKETS` opening brackets (a deeply nested line
+2. Lines that could hurt the parser, or cannot parse, go straight to the
+   per-line validator: lines that do not start with ``{`` (no event does; a
+   lone ``null`` line crashes Arrow's JSON reader, pyarrow 26) or do not end
+   with ``}`` (cut short: an Arrow parse error costs far more than the line),
+   more than :data:`MAX_BRACKETS` opening brackets (a deeply nested line
    crashes Arrow's JSON parser with a stack overflow, measured with pyarrow
    26; counting brackets, unlike estimating depth, cannot be fooled by
    brackets inside strings), more than :data:`MAX_LINE_BYTES` bytes, or
@@ -20,7 +22,9 @@ the speed of Arrow's JSON reader:
    would carry them into string columns).
 3. The other lines are parsed in blocks by ``pyarrow.json`` (unless there
    are at most :data:`FEW_LINES`: then the per-line validator is faster
-   than Arrow's fixed cost per call and per check, measured about 2 ms). When a block
+   than Arrow's fixed cost per call and per check, measured about 2 ms);
+   lines that begin ``{"ts": "`` (an ISO time) apart from the others, since
+   Arrow cannot put strings and numbers in one column. When a block
    does not parse (mixed types, a line that is not an object...), the line
    the error names goes line by line and the rest is parsed again, so each
    line is parsed at most twice; a block that yields another number of rows
@@ -59,7 +63,7 @@ SHORT_LINE_BYTES = 1024
 FEW_LINES = 128
 #: Lines parsed by one call of Arrow's JSON reader (as one block, on the calling thread).
 BLOCK_LINES = 1 << 16
-#: Lines of the first block: a parse error there costs a short threaded parse only.
+#: Lines of the first block: a parse error there wastes a short parse only.
 PROBE_LINES = 1 << 12
 #: A failing block at most this long is validated line by line instead of being split further.
 SMALL_BLOCK = 16
@@ -328,9 +332,10 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
 
     The reader parses :data:`STREAM_BLOCK_BYTES` at a time and yields each
     block's rows before it reaches the next, and an error names its row
-    within the failing block: that line goes one by one, the rows before it
-    in that block are parsed again (:func:`_parse`) and a new reader starts
-    just after it, so a bad line costs those rows and two Arrow calls. An
+    within the failing block: that line goes one by one, a new reader starts
+    just after it, and the rows before it in that block are parsed again at
+    the end, those of all errors in one call (:func:`_parse`): a bad line
+    costs those rows twice and a reader's start (one block read ahead). An
     error naming no row (a field the reader's first block did not
     have: it fixes the schema) restarts the reader at the failing block, with
     the schema inferred anew. Where errors are dense (:func:`_dense_skip`)
