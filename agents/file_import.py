@@ -97,8 +97,9 @@ def import_id(path: str | Path) -> str:
     return f"import-{digest.hexdigest()}"
 
 
-def _validate(chunk: bytes, split: Callable[[pa.Table], dict[int, pa.Table]] | None) -> _Validated:
-    """A chunk's records (split by partition with ``split`` if given) and digest; runs on the validation threads."""
+def _validate(chunk: bytes, split: Callable[..., dict[int, pa.Table]] | None) -> _Validated:
+    """A chunk's records (split by partition with ``split``, :meth:`Producer.split`, if given) and digest; runs on
+    the validation threads."""
     result = records_from_lines(chunk, use_threads=False)  # the chunks are validated side by side already
     records = split(result.rows, result.line_order) if split is not None else result.records
     return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest(), len(chunk))
