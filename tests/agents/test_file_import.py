@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from metrics_lake.agents import file_import
 from metrics_lake.agents.file_import import import_jsonl
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.consumer import end_offsets, read_range
@@ -46,3 +47,31 @@ def test_a_rerun_with_other_chunk_boundaries_stops_with_a_clear_error_and_append
     assert "cut the file into other chunks" in str(error.value) and "none twice" in str(error.value)
     values = read_range(log, "metrics", 0, 0, end_offsets(log, "metrics")[0]).column("value").to_pylist()
     assert sorted(values) == [float(i) for i in range(400)]
+
+
+def test_an_import_begun_by_a_version_with_blake2b_digests_resumes_without_duplicates(log, tmp_path, monkeypatch):
+    good = {"ts": 1_800_000_000_000, "server": "db-1", "metric": "app.queue.depth"}
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps({**good, "value": i}) + "\n" for i in range(400)))
+
+    class Crash(Exception):
+        pass
+
+    class CrashingProducer(Producer):  # the earlier run dies after appending its first two chunks
+        sends = 0
+
+        def send(self, records, *, source=None):
+            if CrashingProducer.sends == 2:
+                raise Crash
+            CrashingProducer.sends += 1
+            return super().send(records, source=source)
+
+    monkeypatch.setattr(file_import, "chunk_digest", file_import._legacy_chunk_digest)
+    with CrashingProducer(log, "metrics", partitions=1) as producer, pytest.raises(Crash):
+        import_jsonl(producer, path, chunk_bytes=4096)
+    monkeypatch.undo()
+    with Producer(log, "metrics", partitions=1) as producer:
+        stats = import_jsonl(producer, path, chunk_bytes=4096)
+    values = read_range(log, "metrics", 0, 0, end_offsets(log, "metrics")[0]).column("value").to_pylist()
+    assert sorted(values) == [float(i) for i in range(400)]  # each event once
+    assert 0 < stats.duplicates < 400 and stats.accepted == 400
