@@ -71,6 +71,11 @@ def test_lines_are_split_on_newline_only_with_crlf_and_no_final_newline():
     assert result.records.column("server").to_pylist()[1] == "a\u2028b\u0085c\x0bd"  # one event, not three
 
 
+def test_no_bytes_are_no_lines_and_a_lone_newline_one_blank_line():
+    assert (records_from_lines(b"").lines, records_from_lines(b"").records.num_rows) == (0, 0)
+    assert (records_from_lines(b"\n").lines, records_from_lines(b"\n").blank) == (1, 1)
+
+
 def test_invalid_utf8_is_quarantined_with_its_bytes_escaped():
     line = b'{"ts": 1763600000000, "server": "a\xffb", "metric": "m", "value": 1}'
     result = records_from_lines(GOOD[0].encode() + b"\n" + line)
