@@ -128,14 +128,21 @@ def _chunks(handle, chunk_bytes: int) -> Iterator[bytes]:
         block = handle.read(chunk_bytes)
         if not block:
             break
-        data = rest + block if rest else block
-        cut = data.rfind(b"\n") + 1
-        if cut == 0 and len(data) <= max(chunk_bytes, MAX_LINE_BYTES) * 4:
+        # The chunk ends at the block's last newline (rest holds none): joined with rest in one copy.
+        cut = block.rfind(b"\n") + 1
+        if cut:
+            if rest:
+                yield rest + block[:cut]
+            else:
+                yield block if cut == len(block) else block[:cut]
+            rest = block[cut:]
+            continue
+        data = rest + block
+        if len(data) <= max(chunk_bytes, MAX_LINE_BYTES) * 4:
             rest = data  # no newline yet: the line continues in the next block
             continue
-        cut = cut or len(data)  # a single line longer than four chunks: validate what we have as one line
-        yield data[:cut]
-        rest = data[cut:]
+        yield data  # a single line longer than four chunks: validate what we have as one line
+        rest = b""
     if rest:
         yield rest
 

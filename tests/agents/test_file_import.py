@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import random
 
 import pytest
 
@@ -75,3 +77,16 @@ def test_an_import_begun_by_a_version_with_blake2b_digests_resumes_without_dupli
     values = read_range(log, "metrics", 0, 0, end_offsets(log, "metrics")[0]).column("value").to_pylist()
     assert sorted(values) == [float(i) for i in range(400)]  # each event once
     assert 0 < stats.duplicates < 400 and stats.accepted == 400
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 4096])
+def test_chunks_end_at_the_last_newline_before_each_multiple_of_the_chunk_size(chunk_bytes):
+    """Resuming an import relies on these boundaries: a chunk's number is its sequence."""
+    rng = random.Random(chunk_bytes)
+    data = b"".join(b"x" * rng.randrange(0, 300) + b"\n" for _ in range(300)) + b"tail without newline"
+    chunks = list(file_import._chunks(io.BytesIO(data), chunk_bytes))
+    assert b"".join(chunks) == data
+    ends = [sum(len(c) for c in chunks[: i + 1]) for i in range(len(chunks))]
+    grid = [data.rfind(b"\n", 0, k) + 1 for k in range(chunk_bytes, len(data) + chunk_bytes, chunk_bytes)]
+    assert ends[:-1] == sorted(set(e for e in grid if e > 0))[: len(ends) - 1]
+    assert ends[-1] == len(data) and all(c.endswith(b"\n") for c in chunks[:-1])
