@@ -304,12 +304,10 @@ def _parse_block(
     if not parsed:
         return slow, whole
     try:  # one check for the block: Arrow unifies int64 with double and struct fields of the parts
-        groups = [
-            (
-                np.concatenate([lines for lines, _ in parsed]),
-                pa.concat_tables([t for _, t in parsed], promote_options="permissive"),
-            )
-        ]
+        lines = np.concatenate([lines for lines, _ in parsed])
+        table = pa.concat_tables([t for _, t in parsed], promote_options="permissive")
+        # Rows must stay lines: parts without columns (lines of "{}") concatenate to no rows at all.
+        groups = [(lines, table)] if table.num_rows == len(lines) else parsed
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         groups = parsed
     for lines, table in groups:

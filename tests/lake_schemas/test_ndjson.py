@@ -36,6 +36,8 @@ NASTY = [
     '{"ts": "2025-W47-1T00:00:00Z", "server": "s", "metric": "m", "value": 1}',
     '{"ts": 1763600000000, "server": "s", "metric": "m", "value": 1, "tags": {"k": {"nested": "x"}}}',
     '{"ts": 1763600000000, "server": "' + "x" * (MAX_RAW_BYTES + 10) + '", "metric": "m", "value": 1}',
+    "{}",  # an object without fields: Arrow gives rows without columns
+    "{ }",
     "[" * (MAX_BRACKETS + 1),
     "\x00\x01binary",
     "",
@@ -69,6 +71,11 @@ def test_lines_are_split_on_newline_only_with_crlf_and_no_final_newline():
     result = records_from_lines(data)
     assert (result.lines, result.blank, result.records.num_rows, result.rejected) == (4, 1, 3, 0)
     assert result.records.column("server").to_pylist()[1] == "a\u2028b\u0085c\x0bd"  # one event, not three
+
+
+def test_objects_without_fields_are_quarantined_not_lost():
+    assert_same([b"{}"] * 300)  # Arrow reads them as rows without columns
+    assert_same([b"{}", b"{ }", GOOD[0].encode()] * 100)
 
 
 def test_no_bytes_are_no_lines_and_a_lone_newline_one_blank_line():
