@@ -45,6 +45,12 @@ class LakeSettings(BaseSettings):
         "never s3:// (Spark checkpoints go through Hadoop's FileSystem).",
     )
     spark_master: str = "local[*]"
+    spark_driver_java_options: str = Field(
+        "-XX:TieredStopAtLevel=1",
+        description="Extra JVM options of the Spark driver. The default compiles with HotSpot's C1 only: "
+        "the driver JVM mostly plans and moves Arrow batches (Python workers compute), so C2's "
+        "compile threads cost more than they return on few cores (see spark/session.py). Empty: Java's defaults.",
+    )
     topic: str = Field(
         "metrics", pattern=NAME_PATTERN, description="Log topic: a lower-case letter, then [a-z0-9_], 64 at most."
     )

@@ -3,7 +3,7 @@
 Spark starts Python workers by forking them from a daemon process
 (``pyspark.daemon``); ``spark.python.daemon.module`` may name another module
 to run as that daemon (Spark configuration "Python worker daemon"). This one
-imports pyarrow, numpy, delta-rs and the lake modules the tasks use, then
+imports pyarrow, numpy, pandas, delta-rs and the lake modules the tasks use, then
 runs pyspark's daemon, so each forked worker starts with them already
 loaded: a new worker's first task no longer spends about a second importing
 (measured: 0.7 s of "init" per worker with the plain daemon).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import deltalake  # noqa: F401
 import numpy  # noqa: F401
+import pandas  # noqa: F401 - pyspark's worker imports it before a mapInArrow task runs: 0.16 s in each new worker
 import pyarrow  # noqa: F401
 import pyarrow.parquet  # noqa: F401
 from pyspark import daemon
