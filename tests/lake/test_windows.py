@@ -106,3 +106,22 @@ def test_dictionary_encoded_input_gives_the_same_states_as_strings_in_key_order(
     from_dictionaries = merge_states(dictionary_chunks(pa.concat_tables(halves), ("metric", "server"), pieces=2))
     assert from_dictionaries.schema == from_strings.schema and from_dictionaries.equals(from_strings)
     assert from_strings.drop_columns("sum").equals(states.drop_columns("sum"))
+
+
+def test_ranks_over_a_known_domain_equal_the_hashed_ranks():
+    from metrics_lake.core.windows import _ranks
+
+    rng = np.random.default_rng(7)
+    for size, domain in (
+        (0, 0),
+        (1, 1),
+        (1000, 10),
+        (1000, 5000),
+        (100_000, 250_000),
+    ):  # each domain within the dense limit (2n + 65,536)
+        values = rng.integers(0, max(domain, 1), size).astype(np.int64)
+        dense, dense_count = _ranks(values, domain)
+        hashed, hashed_count = _ranks(values)
+        assert dense_count == hashed_count == len(np.unique(values))
+        np.testing.assert_array_equal(dense, hashed)
+        np.testing.assert_array_equal(dense, np.searchsorted(np.unique(values), values))
