@@ -6,10 +6,13 @@ process, they assert nothing about speed.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +21,19 @@ from pathlib import Path
 import psutil
 
 LAKE = str(Path(sys.executable).with_name("lake"))
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new temporary directory for a benchmark's lake, deleted when this process exits.
+
+    A benchmark's lake holds up to gigabytes; set ``BENCH_KEEP_WORK=1`` to
+    keep it for a look afterwards (its path is in the temporary directory,
+    named ``<prefix>...``).
+    """
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    if not os.environ.get("BENCH_KEEP_WORK"):
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 @dataclass(frozen=True)

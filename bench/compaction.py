@@ -17,9 +17,9 @@ Run: ``python bench/compaction.py [--rounds 20 --servers 20 --metrics 8 --second
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
-from pathlib import Path
+
+from common import scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import load_settings
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--batch-records", type=int, default=5000)
     args = parser.parse_args()
 
-    base = Path(tempfile.mkdtemp(prefix="bench-compaction-"))
+    base = scratch_dir("bench-compaction-")
     settings = load_settings(
         root=str(base / "lake"),
         checkpoint_dir=str(base / "ck"),

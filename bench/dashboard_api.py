@@ -18,13 +18,13 @@ Run: ``python bench/dashboard_api.py [--servers 1000] [--repeat 20]``.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import requests
+from common import scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.dashboard import DashboardReader, serve
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-dashboard-"))
+    work = scratch_dir("bench-dashboard-")
     settings = load_settings(root=str(work / "lake"), partitions=4)
     store = open_store(settings)
     queries = [

@@ -31,13 +31,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import requests
+from common import scratch_dir
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_lake.agents.gateway_client import table_to_payloads
@@ -153,7 +153,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    work = scratch_dir("bench-gateway-")
     env = {"LAKE_ROOT": str(work / "lake"), "LAKE_PARTITIONS": str(args.partitions), "LAKE_LEASE_TTL_SECONDS": "5"}
     infra_args = []
     if args.backend == "s3":

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import tempfile
 import time
-from pathlib import Path
 
+from common import scratch_dir
 from recompute_day import DAY, fill_bronze  # the sibling benchmark (this directory is on sys.path)
 
 from metrics_lake.core.config import load_settings
@@ -49,7 +48,7 @@ def main() -> None:
     parser.add_argument("--servers", type=int, default=20)
     parser.add_argument("--metrics", type=int, default=8)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    base = scratch_dir("bench-quality-")
     settings = load_settings(root=str(base / "lake"), checkpoint_dir=str(base / "ck"), spark_master="local[2]")
     events = fill_bronze(settings, args.servers, args.metrics, 1.0)
     spark = build_session(settings, "bench-quality")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import resource
-import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import duckdb
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
-from common import duckdb_windows_sql
+from common import duckdb_windows_sql, scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import load_settings
@@ -121,7 +120,7 @@ def main() -> None:
     parser.add_argument("--metrics", type=int, default=8)
     parser.add_argument("--rate", type=float, default=1.0)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-recompute-"))
+    work = scratch_dir("bench-recompute-")
     settings = load_settings(root=str(work / "lake"), checkpoint_dir=str(work / "ck"), shuffle_partitions=4)
     started = time.monotonic()
     events = []
