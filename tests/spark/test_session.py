@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
+import psutil
+import pyarrow as pa
+
 from metrics_lake.core.config import LakeSettings
 
 
@@ -20,3 +25,24 @@ def test_driver_jvm_compiles_with_c1_only_by_default(spark):
     )
     assert "-XX:TieredStopAtLevel=1" in arguments
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in arguments)  # the lake's own options are kept
+
+
+def test_rdd_and_sql_python_tasks_fork_from_the_one_preloaded_daemon(spark):
+    """The warm-up (an RDD job) starts the daemon that SQL's Arrow tasks then use: one daemon, ours."""
+
+    def parent_of_rdd_worker(_):
+        yield os.getppid()
+
+    def parent_of_arrow_worker(batches):
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pylist([{"ppid": os.getppid()}])
+
+    rdd = set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(parent_of_rdd_worker).collect())
+    sql = {
+        row.ppid
+        for row in spark.range(0, 2, 1, numPartitions=2).mapInArrow(parent_of_arrow_worker, "ppid long").collect()
+    }
+    assert rdd == sql and len(sql) == 1
+    daemon = psutil.Process(sql.pop())
+    assert "metrics_lake.spark.worker_daemon" in daemon.cmdline()
