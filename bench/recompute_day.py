@@ -93,6 +93,7 @@ def duckdb_peer(settings, day: dt.date, out: Path) -> float:
     started = time.monotonic()
     con = duckdb.connect()
     con.execute("SET threads = 2")
+    con.execute(f"SET temp_directory = '{out.parent / 'duckdb-spill'}'")  # not ./.tmp wherever this runs
     listing = ", ".join(f"'{p}'" for p in paths)
     con.execute(
         f"COPY ({duckdb_windows_sql(f'read_parquet([{listing}])')}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)"
@@ -133,12 +134,13 @@ def main() -> None:
     spark = build_session(settings, "bench-recompute")
     cold, warm = recompute(spark, settings, list(DAYS))
     rss = children_rss()
-    seconds = duckdb_peer(settings, DAYS[1], work / "duckdb-windows.parquet")
     for label, result in (("recompute, cold session", cold), ("recompute, warm session", warm)):
         print(
             f"{label}  {result.seconds:7.1f} s  {result.events / result.seconds:>12,.0f} ev/s  "
-            f"({result.windows:,} windows)"
+            f"({result.windows:,} windows)",
+            flush=True,  # before the peer runs: its failure must not lose them
         )
+    seconds = duckdb_peer(settings, DAYS[1], work / "duckdb-windows.parquet")
     print(
         f"DuckDB                   {seconds:7.1f} s  {events[1] / seconds:>12,.0f} ev/s  (2 threads, approx_quantile)"
     )

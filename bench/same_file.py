@@ -43,6 +43,7 @@ def duckdb_peer(source: Path, out: Path) -> tuple[float, int, int]:
     started = time.perf_counter()
     con = duckdb.connect()
     con.execute("SET threads = 2")
+    con.execute(f"SET temp_directory = '{out / 'spill'}'")  # not ./.tmp wherever this runs
     con.execute(
         f"""
         CREATE TEMP VIEW events AS
