@@ -109,7 +109,6 @@ def compact_log(settings: LakeSettings) -> list[dict]:
 
 def compact_tables(settings: LakeSettings, tables: list[str] | None = None, z_order: bool = False) -> list[dict]:
     """Bin-pack (or Z-order) and checkpoint ``tables`` (default: all); one summary per table."""
-    from metrics_lake.core.speed_layer import rewritable_from
     from metrics_lake.core.table_compaction import compact_table
     from metrics_lake.core.tables import list_tables
 
@@ -121,7 +120,6 @@ def compact_tables(settings: LakeSettings, tables: list[str] | None = None, z_or
             name,
             target_bytes=settings.table_compaction_target_bytes,
             z_order=z_order,
-            skip_from=rewritable_from(store, name),
         )
         log.info(
             "%s: %d files (avg %.1f KiB) -> %d files (avg %.1f KiB)",

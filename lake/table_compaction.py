@@ -14,7 +14,13 @@ keep writing: if the stream commits to the same partition meanwhile and the
 two conflict, delta-rs raises ``CommitFailedError`` for the loser, which
 changed nothing and is retried on the new snapshot
 (:func:`metrics_lake.core.tables.retry_on_conflict`; the stream's own merges and appends
-retry the same way), so nothing is lost or duplicated. Finally a checkpoint
+retry the same way), so nothing is lost or duplicated. delta-rs 1.6 does not
+raise it when both commits remove the same file, though (see
+:func:`metrics_lake.core.tables.maintenance_lease`): both rewrites' files
+would stay active, the window rows twice, one of them stale. So compaction
+always leaves alone the days the speed layer may still rewrite
+(:func:`metrics_lake.core.speed_layer.rewritable_from`); bronze and
+quarantine, which the speed layer only appends to, are compacted whole. Finally a checkpoint
 (``create_checkpoint``) lets readers load the snapshot from one Parquet file
 instead of replaying every JSON commit.
 """
@@ -31,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable
 
+from metrics_lake.core.speed_layer import rewritable_from
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables import maintenance_lease, open_table, retry_on_conflict
 from metrics_lake.schemas import TABLES
@@ -100,15 +107,21 @@ def compact_table(
     """Compact table ``name`` partition by partition, then checkpoint it (module docstring).
 
     Holds the table's maintenance lease throughout
-    (:func:`~metrics_lake.core.tables.maintenance_lease`). ``skip_from``
-    leaves day partitions from that day on alone: days a writer may still
-    rewrite (the speed layer's open windows). ``progress`` gets a line per
+    (:func:`~metrics_lake.core.tables.maintenance_lease`). Day partitions
+    the speed layer may still rewrite are always left alone
+    (:func:`~metrics_lake.core.speed_layer.rewritable_from`, read under the
+    lease: the open day only ever moves later); ``skip_from`` leaves alone
+    the days from that one on as well, for another writer that may still
+    rewrite them. ``progress`` gets a line per
     partition rewritten. Raises ``deltalake.exceptions.TableNotFoundError``
     if the table does not exist, ``CommitFailedError`` if a partition keeps
     conflicting after every retry.
     """
     started = time.monotonic()
     with maintenance_lease(store, name) as renew:
+        open_from = rewritable_from(store, name)
+        if open_from is not None:
+            skip_from = open_from if skip_from is None else min(skip_from, open_from)
         return _compact(store, name, target_bytes, z_order, progress, skip_from, renew, started)
 
 

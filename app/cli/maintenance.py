@@ -12,7 +12,6 @@ from metrics_lake.app.cli.options import settings
 from metrics_lake.app.console import err, out
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed_layer import rewritable_from
 from metrics_lake.core.storage import open_store
 
 __all__ = ["compact", "print_retention", "retain"]
@@ -70,7 +69,6 @@ def compact(
             target_bytes=config.table_compaction_target_bytes,
             z_order=z_order,
             progress=err.print,
-            skip_from=rewritable_from(store, name),
         )
         view.add_row(
             name,
