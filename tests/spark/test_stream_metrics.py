@@ -37,10 +37,9 @@ def table_rows(store, name: str) -> list[dict]:
 
 def check_windows(store, produced: pa.Table) -> int:
     expected = expected_windows(produced)
-    actual = {
-        (r["metric"], r["server"], int(r["window_start"].timestamp() * 1000)): r
-        for r in table_rows(store, "metric_windows_1m")
-    }
+    rows = table_rows(store, "metric_windows_1m")
+    actual = {(r["metric"], r["server"], int(r["window_start"].timestamp() * 1000)): r for r in rows}
+    assert len(rows) == len(actual), "a window has more than one row"
     assert actual.keys() == expected.keys()
     for key, want in expected.items():
         got = actual[key]
