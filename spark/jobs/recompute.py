@@ -48,7 +48,7 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import ensure_table, open_table, write_data_files
 from metrics_lake.core.windows import aggregate_events, finalize
 from metrics_lake.schemas import TABLES
-from metrics_lake.spark.jobs.day_partitions import finalize_on_executors, replace_day, rows_written, states_from_files
+from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 from metrics_lake.spark.readers.delta_reader import table_files
 
 BRONZE = "bronze_events"
@@ -84,17 +84,17 @@ def batch_windows(spark, settings: LakeSettings, day: dt.date):
     Returns the files written (not committed) and per-metric (count, sum) totals.
     """
     window = TABLES[WINDOWS].window_seconds
-    states = states_from_files(
+    return compute_day_files(
         spark,
         settings.root,
         BRONZE,
         [day],
         ["ts", "server", "metric", "value"],
         lambda events: aggregate_events(events, window),
+        WINDOWS,
+        lambda merged: finalize(merged, window),
+        settings.shuffle_partitions,
         dictionary=("server", "metric"),
-    )
-    return finalize_on_executors(
-        states, settings.root, WINDOWS, lambda merged: finalize(merged, window), settings.shuffle_partitions
     )
 
 

@@ -26,7 +26,7 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables import ensure_table
 from metrics_lake.core.windows import WINDOW_STATE, finalize, rewindow
 from metrics_lake.schemas import rollup_chain
-from metrics_lake.spark.jobs.day_partitions import finalize_on_executors, replace_day, rows_written, states_from_files
+from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 
 #: (target table, source table, period in seconds), finest first, from the table registry.
 ROLLUPS = tuple((spec.name, spec.rollup_of, spec.window_seconds) for spec in rollup_chain())
@@ -49,17 +49,17 @@ def rollup_day(spark, settings: LakeSettings, day: dt.date) -> list[RollupResult
     for table, source, period in ROLLUPS:
         started = time.monotonic()
         ensure_table(store, source)
-        states = states_from_files(
+        files, _ = compute_day_files(
             spark,
             settings.root,
             source,
             [day],
             WINDOW_STATE.names,
             lambda rows, p=period: rewindow(rows, p),
+            table,
+            lambda merged, p=period: finalize(merged, p),
+            settings.shuffle_partitions,
             dictionary=("metric", "server"),
-        )
-        files, _ = finalize_on_executors(
-            states, settings.root, table, lambda merged, p=period: finalize(merged, p), settings.shuffle_partitions
         )
         replace_day(store, table, day, files, "ROLLUP")
         results.append(RollupResult(day, table, rows_written(files), time.monotonic() - started))

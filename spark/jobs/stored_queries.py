@@ -30,7 +30,7 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.core.stored_queries import StoredQuery, query_rows, query_states
 from metrics_lake.core.tables import ensure_table
 from metrics_lake.core.windows import WINDOW_STATE
-from metrics_lake.spark.jobs.day_partitions import finalize_on_executors, replace_day, rows_written, states_from_files
+from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 
 __all__ = ["QueriesResult", "evaluate_day"]
 
@@ -60,13 +60,14 @@ def evaluate_day(spark, settings: LakeSettings, queries: list[StoredQuery], day:
         def to_states(windows: pa.Table) -> pa.Table:
             return pa.concat_tables([query_states(windows, query, day) for query in queries])
 
-        states = states_from_files(
-            spark, settings.root, SOURCE, [day - dt.timedelta(days=1), day], WINDOW_STATE.names, to_states
-        )
         computed_at = dt.datetime.now(dt.UTC)
-        files, _ = finalize_on_executors(
-            states,
+        files, _ = compute_day_files(
+            spark,
             settings.root,
+            SOURCE,
+            [day - dt.timedelta(days=1), day],
+            WINDOW_STATE.names,
+            to_states,
             TARGET,
             lambda merged: query_rows(merged, queries, day, computed_at),
             settings.shuffle_partitions,
