@@ -6,11 +6,11 @@ layer of :mod:`metrics_lake.core.speed_layer` in ``foreachBatch``:
 1. the driver reads each table's committed positions and plans the batch
    (:func:`~metrics_lake.core.speed_layer.plan_batch`): chunks of the log
    from the lowest position up to the batch's ends;
-2. Spark runs one task per chunk (``mapInArrow`` over ``spark.range``); a
-   task reads its segments with pyarrow, writes the bronze and quarantine
-   Parquet files and computes the chunk's 1-minute window states, all in
-   Arrow (:func:`~metrics_lake.core.speed_layer.process_chunk`), and returns
-   the file list and the states, so events never cross into the JVM;
+2. Spark runs one task per chunk (an RDD job); a task reads its segments
+   with pyarrow, writes the bronze and quarantine Parquet files and computes
+   the chunk's 1-minute window states, all in Arrow
+   (:func:`~metrics_lake.core.speed_layer.process_chunk`), and returns the
+   file list and the states, so events never cross into the JVM;
 3. the driver commits each table with its new positions
    (:func:`~metrics_lake.core.speed_layer.commit_batch`).
 
@@ -26,14 +26,9 @@ checkpoint it would keep is only that cache.
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict
-
-import pyarrow as pa
+from collections.abc import Callable
 
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
@@ -48,15 +43,12 @@ from metrics_lake.core.speed_layer import (
     starting_offsets,
 )
 from metrics_lake.core.storage import Store, open_store
-from metrics_lake.core.tables import WrittenFile, ensure_table
+from metrics_lake.core.tables import ensure_table
 from metrics_lake.schemas import TABLES
 from metrics_lake.spark.sources.log_source import limit_offsets
 
 __all__ = ["catch_up", "prepare_lake", "run_batch", "run_stream", "start_stream"]
 
-#: What a task returns per chunk: the files it wrote (JSON), its window states (Arrow IPC), counts and touched
-#: minutes (JSON).
-_RESULT = "files string, states binary, meta string"
 #: Records one task reads at most (a log partition's range is cut into chunks of this size).
 CHUNK_RECORDS = 500_000
 
@@ -78,39 +70,22 @@ def prepare_lake(settings: LakeSettings) -> Store:
     return store
 
 
-def _encode(result: ChunkResult) -> dict:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, result.states.schema) as writer:
-        writer.write_table(result.states)
-    meta = {"event_time_max_ms": result.event_time_max_ms, "counts": result.counts, "touched": result.touched}
-    return {"files": json.dumps([asdict(f) for f in result.files]), "states": sink.getvalue(), "meta": json.dumps(meta)}
-
-
-def _decode(row: dict) -> ChunkResult:
-    meta = json.loads(row["meta"])
-    return ChunkResult(
-        files=[WrittenFile(**f) for f in json.loads(row["files"])],
-        states=pa.ipc.open_stream(row["states"]).read_all(),
-        event_time_max_ms=meta["event_time_max_ms"],
-        counts=meta["counts"],
-        touched=meta["touched"],
-    )
-
-
 def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list[ChunkResult]:
-    """Run :func:`~metrics_lake.core.speed_layer.process_chunk` for every chunk of ``plan``, one Spark task each."""
+    """Run :func:`~metrics_lake.core.speed_layer.process_chunk` for every chunk of ``plan``, one Spark task each.
+
+    An RDD job: each task's :class:`~metrics_lake.core.speed_layer.ChunkResult`
+    (its Arrow window states included) comes back pickled, without Spark
+    SQL's planning of every batch or a conversion into the JVM's rows (a
+    ``mapInArrow`` job did both).
+    """
     root, skew = settings.root, settings.quality_clock_skew_seconds
 
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def task(index: int) -> ChunkResult:
         store = open_store(load_settings(root=root))  # executors read LAKE_S3_* from their own environment
-        for batch in batches:
-            for index in batch.column("id").to_pylist():
-                result = process_chunk(store, plan, plan.chunks[index], clock_skew_seconds=skew)
-                yield pa.RecordBatch.from_pylist([_encode(result)])
+        return process_chunk(store, plan, plan.chunks[index], clock_skew_seconds=skew)
 
     count = len(plan.chunks)
-    rows = spark.range(0, count, 1, numPartitions=count).mapInArrow(task, _RESULT).toArrow()
-    return [_decode(row) for row in rows.to_pylist()]
+    return spark.sparkContext.parallelize(range(count), count).map(task).collect()
 
 
 def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutcome | None:
