@@ -11,7 +11,10 @@ chunks straight into bronze (not timed), then times, in this process:
   reconciliation), Spark's session start excluded. The first day runs in a
   *cold* session (its first jobs start Spark's Python workers and warm the
   JVM, as a one-day ``lake recompute`` pays); the second in the same, now
-  *warm*, session (as each further day of a backfill or a long-lived job);
+  *warm*, session (as each further day of a backfill or a long-lived job).
+  The session start is printed too, with the session and the cold day
+  together (the session starts the Python workers in the background, so
+  part of their start may fall in either);
 - **DuckDB** (``threads=2``): the second day's bronze Parquet files grouped
   by (metric, server, minute) with count/sum/min/max/avg and
   ``approx_quantile`` p50/p95/p99, written to Parquet.
@@ -131,7 +134,9 @@ def main() -> None:
         f"bronze: {events[0]:,} events on each of {DAYS[0]} and {DAYS[1]}, written in "
         f"{time.monotonic() - started:.0f} s (not timed)"
     )
+    session_started = time.monotonic()
     spark = build_session(settings, "bench-recompute")
+    session_seconds = time.monotonic() - session_started
     cold, warm = recompute(spark, settings, list(DAYS))
     rss = children_rss()
     for label, result in (("recompute, cold session", cold), ("recompute, warm session", warm)):
@@ -140,6 +145,12 @@ def main() -> None:
             f"({result.windows:,} windows)",
             flush=True,  # before the peer runs: its failure must not lose them
         )
+    whole = session_seconds + cold.seconds
+    print(
+        f"  Spark session start {session_seconds:.1f} s, not in the figures above; session + cold day "
+        f"{whole:.1f} s, {cold.events / whole:,.0f} ev/s (what a one-day `lake recompute` waits for)",
+        flush=True,
+    )
     seconds = duckdb_peer(settings, DAYS[1], work / "duckdb-windows.parquet")
     print(
         f"DuckDB                   {seconds:7.1f} s  {events[1] / seconds:>12,.0f} ev/s  (2 threads, approx_quantile)"
