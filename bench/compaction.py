@@ -4,7 +4,9 @@ Builds a lake the way production does (not timed): ``--rounds`` rounds, each
 one a producer session of the demo's fleet (``--servers`` x ``--metrics`` at
 1 sample/s for ``--seconds``) followed by ``lake stream --once`` with
 ``--batch-records`` records per micro-batch, so every round adds a few small
-log segments and a few small Delta files per table. Then it runs log
+log segments and a few small Delta files per table; a last event the next
+day closes the rounds' day (compaction leaves alone the days the speed layer
+may still rewrite). Then it runs log
 compaction and table compaction (bin-pack, then a checkpoint) and prints, per
 table and for the log, object counts and average sizes before and after, the
 compaction's wall time, and, as the peer that shows why it matters, a full
@@ -33,7 +35,11 @@ from metrics_lake.core.tables import list_tables, open_table
 from metrics_lake.spark.jobs.stream_metrics import run_stream
 from metrics_lake.spark.session import build_session
 
-START_MS = 1_800_000_000_000 - 1_800_000_000_000 % 60_000
+#: 2025-11-20T08:00Z: a past day (event times past append time + clock skew would not move the watermark).
+START_MS = 1_763_625_600_000
+#: A last, tiny round the next day at 02:00 moves the watermark (1 h) past midnight: compaction leaves the days
+#: the speed layer may still rewrite alone, so the rounds' day must be closed for its windows to be compacted.
+CLOSING_MS = START_MS + 18 * 3_600_000
 
 
 def timed(fn) -> float:
@@ -79,6 +85,10 @@ def main() -> None:
             producer.send(sim.generate())
         run_stream(spark, settings, once=True)
         print(f"round {round_ + 1}/{args.rounds}: {sim.total_events:,} events streamed", flush=True)
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=1, metrics=1, seconds=1, seed=0, start_ms=CLOSING_MS).generate())
+    run_stream(spark, settings, once=True)
+    print("closing round: 1 event the next day, which closes the rounds' day", flush=True)
 
     tables = list_tables(store)
     read_before = {name: timed(lambda n=name: open_table(store, n).to_pyarrow_table()) for name in tables}
