@@ -20,9 +20,9 @@ raise it when both commits remove the same file, though (see
 would stay active, the window rows twice, one of them stale. So compaction
 always leaves alone the days the speed layer may still rewrite
 (:func:`metrics_lake.core.speed_layer.rewritable_from`); bronze and
-quarantine, which the speed layer only appends to, are compacted whole. Finally a checkpoint
-(``create_checkpoint``) lets readers load the snapshot from one Parquet file
-instead of replaying every JSON commit.
+quarantine, which the speed layer only appends to, are compacted whole.
+Finally a checkpoint (``create_checkpoint``) lets readers load the snapshot
+from one Parquet file instead of replaying every JSON commit.
 """
 
 from __future__ import annotations

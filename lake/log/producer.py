@@ -114,12 +114,22 @@ def partition_for(key: str, partitions: int) -> int:
     return zlib.crc32(key.encode("utf-8")) % partitions
 
 
-def assign_partitions(records: pa.Table, partitions: int) -> np.ndarray:
-    """Partition number of every row of a :data:`LOG_RECORD` table (int32 array)."""
-    keys = pc.coalesce(records.column("server"), records.column("raw"), pa.scalar("")).combine_chunks()
+def hash_partitions(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
+    """:func:`partition_for` of every value of the string array ``keys`` (no nulls), as an int32 array.
+
+    Hashes each distinct key once (Arrow's dictionary encoding), so the cost
+    follows the number of keys, not of rows.
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
     encoded = keys.dictionary_encode()
     per_key = np.array([partition_for(k, partitions) for k in encoded.dictionary.to_pylist()], dtype=np.int32)
     return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def assign_partitions(records: pa.Table, partitions: int) -> np.ndarray:
+    """Partition number of every row of a :data:`LOG_RECORD` table (int32 array)."""
+    return hash_partitions(pc.coalesce(records.column("server"), records.column("raw"), pa.scalar("")), partitions)
 
 
 @dataclass
