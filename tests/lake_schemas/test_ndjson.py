@@ -152,3 +152,21 @@ def test_long_inputs_with_sparse_errors_new_tag_keys_and_long_lines_match_the_pe
             line = line.replace(f"17636000{i:05d}", f'"2025-11-20T01:{i % 60:02d}:{i % 59:02d}.{i % 1000:03d}Z"', 1)
         lines.append(line.encode() + (b"\r" if roll > 0.99 else b""))
     assert_same(lines)
+
+
+@pytest.mark.parametrize("with_parse_error", [False, True])
+def test_two_objects_on_one_line_in_clean_blocks_are_one_reject_each(with_parse_error):
+    """Lines holding two objects are looked for only in blocks that do not read cleanly: a block whose only
+    anomaly is such a line (its whole read gives one row too many), or one with a parse error after it (the
+    streamed rows must not be matched to the wrong lines)."""
+    lines = [f'{{"ts": 17636000{i:05d}, "server": "s{i % 5}", "metric": "m", "value": {i}}}' for i in range(9000)]
+    lines[100] = lines[100] + lines[101]  # "}{"
+    lines[4000] = lines[4000] + " \t" + lines[4001]  # "} \t{"
+    lines[4500] = lines[4500].replace('"s0"', '"s}{0"')  # inside a string: one valid event
+    if with_parse_error:
+        lines[6000] = lines[6000].replace(', "server"', ' "server"')  # ends like an object, fails to parse
+    data = [line.encode() for line in lines]
+    assert_same(data)
+    result = records_from_lines(b"\n".join(data))
+    assert result.rejected == (3 if with_parse_error else 2)
+    assert result.records.num_rows == 9000
