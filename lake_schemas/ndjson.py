@@ -119,7 +119,7 @@ class LinesResult:
         return self.rows.num_rows - self.rows.column("reason").null_count
 
 
-def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES, use_threads: bool = True) -> LinesResult:
+def records_from_lines(data: bytes | bytearray, *, few_lines: int = FEW_LINES, use_threads: bool = True) -> LinesResult:
     """Validate newline-separated events in ``data`` into LOG_RECORD rows (module docstring); never raises for bad input.
 
     ``few_lines``: at most this many lines go to the per-line validator only
@@ -174,7 +174,7 @@ def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES, use_threads: 
             slow += _parse_lines(data, starts, ends, group, pieces, use_threads)
     if slow:
         slow_lines = np.array(sorted(slow), dtype=np.int64)
-        payloads = [data[starts[i] : ends[i]] for i in slow_lines]
+        payloads = [bytes(data[starts[i] : ends[i]]) for i in slow_lines]  # the importer's chunks are bytearrays
         pieces.append((slow_lines, to_log_records(payloads)))
     if not pieces:
         return LinesResult(LOG_RECORD.empty_table(), len(starts), int(blank.sum()))
@@ -184,7 +184,9 @@ def records_from_lines(data: bytes, *, few_lines: int = FEW_LINES, use_threads: 
     return LinesResult(rows, len(starts), int(blank.sum()), None if in_order else order)
 
 
-def _parse_lines(data: bytes, starts, ends, lines: np.ndarray, pieces: list, use_threads: bool) -> list[int]:
+def _parse_lines(
+    data: bytes | bytearray, starts, ends, lines: np.ndarray, pieces: list, use_threads: bool
+) -> list[int]:
     """Parse and check ``lines`` a block at a time into ``pieces``; return the lines to do one by one.
 
     Whole blocks in one read (with Arrow's threads if ``use_threads``)
@@ -226,7 +228,7 @@ def _leading_string_times(buffer: np.ndarray, starts: np.ndarray, length: np.nda
     return result
 
 
-def _lines_with_invalid_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+def _lines_with_invalid_utf8(data: bytes | bytearray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Indexes of the lines holding bytes that are not UTF-8: usually none, found with one decode of the block."""
     if data.isascii():  # the usual case, checked without decoding (a decode allocates the whole text)
         return np.zeros(0, dtype=np.int64)
@@ -244,7 +246,7 @@ def _lines_with_invalid_utf8(data: bytes, starts: np.ndarray, ends: np.ndarray) 
     return np.array(bad, dtype=np.int64)
 
 
-def _two_object_lines(data: bytes, starts, ends, block: np.ndarray) -> np.ndarray:
+def _two_object_lines(data: bytes | bytearray, starts, ends, block: np.ndarray) -> np.ndarray:
     """Per line of ``block`` (ascending line numbers), whether it closes an object and opens another
     (:data:`_TWO_OBJECTS`): usually two objects on one line, rarely ``}{`` inside a string."""
     if not len(block):
@@ -254,7 +256,7 @@ def _two_object_lines(data: bytes, starts, ends, block: np.ndarray) -> np.ndarra
     return np.isin(block, np.searchsorted(starts, positions, side="right") - 1)
 
 
-def _join(data: bytes, starts, ends, block: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
+def _join(data: bytes | bytearray, starts, ends, block: np.ndarray) -> tuple[pa.Buffer, np.ndarray]:
     """The lines ``block`` as one buffer, newline-separated, and the byte offset of each line in it.
 
     Runs of consecutive lines are sliced from ``data`` as they are (no copy
@@ -273,7 +275,9 @@ def _join(data: bytes, starts, ends, block: np.ndarray) -> tuple[pa.Buffer, np.n
     return pa.py_buffer(b"\n".join(pieces)), offsets
 
 
-def _read(data: bytes, starts, ends, block: np.ndarray, exact_rows: bool = True, use_threads: bool = False) -> pa.Table:
+def _read(
+    data: bytes | bytearray, starts, ends, block: np.ndarray, exact_rows: bool = True, use_threads: bool = False
+) -> pa.Table:
     """Parse the lines ``block`` with Arrow: with ``exact_rows`` as one block, so an error names its row in the
     call; else in blocks of :data:`FAST_BLOCK_BYTES`, on Arrow's threads if ``use_threads``."""
     joined, _ = _join(data, starts, ends, block)
@@ -291,7 +295,7 @@ def _error_row(error: Exception) -> int | None:
 
 
 def _parse_block(
-    data: bytes, starts, ends, block: np.ndarray, pieces: list, whole: bool, use_threads: bool
+    data: bytes | bytearray, starts, ends, block: np.ndarray, pieces: list, whole: bool, use_threads: bool
 ) -> tuple[list[int], bool]:
     """Parse and check the lines ``block``; append (line numbers, records) to ``pieces``.
 
@@ -341,7 +345,7 @@ def _dense_skip(block: np.ndarray, position: int, errors: list[int]) -> list[int
     return []
 
 
-def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+def _parse_stream(data: bytes | bytearray, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
     """Parse the lines ``block`` with Arrow's streaming JSON reader into ``parsed``; return the lines to do one by one.
 
     The reader parses :data:`STREAM_BLOCK_BYTES` at a time and yields each
@@ -408,7 +412,7 @@ def _parse_stream(data: bytes, starts, ends, block: np.ndarray, parsed: list) ->
     return slow
 
 
-def _parse(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+def _parse(data: bytes | bytearray, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
     """Parse the lines ``block`` into ``parsed`` (line numbers, table); return the lines to do one by one.
 
     Arrow parses a whole call before it reports an error, so after an error
@@ -454,7 +458,7 @@ def _parse(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[i
     return slow
 
 
-def _halve(data: bytes, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
+def _halve(data: bytes | bytearray, starts, ends, block: np.ndarray, parsed: list) -> list[int]:
     if len(block) <= SMALL_BLOCK:
         return block.tolist()
     half = len(block) // 2

@@ -79,12 +79,21 @@ def test_an_import_begun_by_a_version_with_blake2b_digests_resumes_without_dupli
     assert 0 < stats.duplicates < 400 and stats.accepted == 400
 
 
+@pytest.mark.parametrize("reuse", [False, True])
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 4096])
-def test_chunks_end_at_the_last_newline_before_each_multiple_of_the_chunk_size(chunk_bytes):
-    """Resuming an import relies on these boundaries: a chunk's number is its sequence."""
+def test_chunks_end_at_the_last_newline_before_each_multiple_of_the_chunk_size(chunk_bytes, reuse):
+    """Resuming an import relies on these boundaries: a chunk's number is its sequence. With ``reuse``, each
+    chunk's buffer is handed back once it was copied, as the importer does once a chunk is sent."""
     rng = random.Random(chunk_bytes)
     data = b"".join(b"x" * rng.randrange(0, 300) + b"\n" for _ in range(300)) + b"tail without newline"
-    chunks = list(file_import._chunks(io.BytesIO(data), chunk_bytes))
+    spare: list[bytearray] = []
+    chunks, buffers = [], []
+    for chunk in file_import._chunks(io.BytesIO(data), chunk_bytes, spare if reuse else None):
+        chunks.append(bytes(chunk))
+        if isinstance(chunk, bytearray):
+            spare.append(chunk)
+            buffers.append(chunk)
+    assert len(buffers) > 1 and all(buffer is buffers[0] for buffer in buffers) == reuse
     assert b"".join(chunks) == data
     ends = [sum(len(c) for c in chunks[: i + 1]) for i in range(len(chunks))]
     grid = [data.rfind(b"\n", 0, k) + 1 for k in range(chunk_bytes, len(data) + chunk_bytes, chunk_bytes)]
