@@ -264,16 +264,19 @@ class Producer:
         """
         records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
         assignment = self.route(records)
-        if len(owned := np.unique(assignment)) == 1 and order is None:
+        counts = np.bincount(assignment)
+        owned = np.flatnonzero(counts)
+        if len(owned) == 1 and order is None:
             return {int(owned[0]): records}
-        # One copy of the rows, grouped by partition (in order within each), then slices.
-        if order is None:
-            permutation = np.argsort(assignment, kind="stable")
-        else:
-            permutation = np.lexsort((order, assignment))
+        # One copy of the rows, grouped by partition (in order within each), then slices. Two stable sorts, 3x
+        # faster than a lexsort: by order (rows come in a few sorted runs, which timsort merges), then by partition
+        # as 16-bit keys (numpy sorts those stably with a radix sort).
+        permutation = np.arange(len(assignment)) if order is None else np.argsort(order, kind="stable")
+        keys = assignment[permutation]
+        permutation = permutation[np.argsort(keys.astype(np.uint16) if len(counts) <= 1 << 16 else keys, kind="stable")]
         grouped = records.take(pa.array(permutation))
-        bounds = np.searchsorted(assignment[permutation], owned, side="left").tolist() + [records.num_rows]
-        return {int(p): grouped.slice(bounds[i], bounds[i + 1] - bounds[i]) for i, p in enumerate(owned.tolist())}
+        starts = np.cumsum(counts) - counts
+        return {int(p): grouped.slice(int(starts[p]), int(counts[p])) for p in owned.tolist()}
 
     def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:
         """Buffer :data:`LOG_RECORD` rows (a table, or one :meth:`split` made); may flush full partitions first.

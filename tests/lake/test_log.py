@@ -186,6 +186,8 @@ def test_a_batch_split_by_partition_beforehand_is_appended_as_the_whole_batch_wo
             parts = split.split(batch)
             assert sum(part.num_rows for part in parts.values()) == batch.num_rows
             assert all(set(split.route(part)) == {p} for p, part in parts.items())
+            routes = split.route(batch)  # each partition's rows in the batch's order
+            assert all(part.equals(batch.filter(pa.array(routes == p))) for p, part in parts.items())
             shuffle = np.random.default_rng(start).permutation(batch.num_rows)  # rows out of order, with their order
             assert {p: t.to_pylist() for p, t in split.split(batch.take(shuffle), order=shuffle).items()} == {
                 p: t.to_pylist() for p, t in parts.items()
