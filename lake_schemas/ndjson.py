@@ -271,8 +271,11 @@ def _join(data: bytes | bytearray, starts, ends, block: np.ndarray) -> tuple[pa.
     offsets = base[run] + starts[block] - run_starts[run]
     if len(firsts) == 1:
         return pa.py_buffer(data).slice(int(run_starts[0]), int(run_ends[0] - run_starts[0])), offsets
-    pieces = [data[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist(), strict=True)]
-    return pa.py_buffer(b"\n".join(pieces)), offsets
+    with memoryview(data) as view:  # slices of a view are not copies: the join is the one copy
+        joined = b"\n".join(
+            [view[start:end] for start, end in zip(run_starts.tolist(), run_ends.tolist(), strict=True)]
+        )
+    return pa.py_buffer(joined), offsets
 
 
 def _read(
@@ -540,12 +543,13 @@ def _tags(column: pa.Array | None, ok: np.ndarray) -> pa.Array:
             where = np.flatnonzero(present & _valid(child))
             rows.append(where)
             fields.append(np.full(len(where), k, dtype=np.int64))
-            items.append(child.take(pa.array(where)))
+            items.append(child if len(where) == n else child.take(pa.array(where)))
     row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
     field = np.concatenate(fields) if fields else np.zeros(0, np.int64)
     item = pa.concat_arrays(items) if items else pa.array([], pa.string())
-    order = np.lexsort((field, row))  # map entries row by row, in the order of the object's fields
-    row, field, item = row[order], field[order], item.take(pa.array(order))
+    if len(items) > 1:  # map entries row by row, in the order of the object's fields: the order they were joined in
+        order = np.argsort(row, kind="stable")  # sorted runs, one per field: timsort merges them
+        row, field, item = row[order], field[order], item.take(pa.array(order))
     names = pa.array([column.type.field(i).name for i in range(column.type.num_fields)], pa.string())
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.bincount(row, minlength=n), out=offsets[1:])
@@ -559,7 +563,7 @@ def _check(table: pa.Table) -> tuple[np.ndarray, pa.Table]:
     ok = np.ones(n, dtype=bool)
     ms = _times(_column(table, "ts"), ok)
     server = _strings(_column(table, "server"), ok)
-    ok &= _per_value(server, servers_ok)
+    ok &= pc.fill_null(servers_ok(server), False).to_numpy(zero_copy_only=False)  # faster than per distinct value
     metric = _strings(_column(table, "metric"), ok)
     ok &= _per_value(metric, metrics_ok)
     value = _column(table, "value")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
-from metrics_lake.schemas.contract import EVENT_REASON_CODES, parse_payload, to_log_records
+from metrics_lake.schemas.contract import EVENT_REASON_CODES, MAX_SERVER_LEN, parse_payload, servers_ok, to_log_records
 
 GOOD = {"ts": "2026-11-21T10:00:00.250Z", "server": "web-01", "metric": "app.rpc.latency_ms", "value": 12}
 
@@ -79,3 +80,9 @@ def test_raw_text_cuts_long_payloads_once():
     assert raw_text(cut) == cut and raw_text(cut.encode()) == cut  # re-sent through a gateway: unchanged
     assert raw_text("x" * MAX_RAW_BYTES + "…[5 more bytes]") == "x" * MAX_RAW_BYTES + "…[5 more bytes]"
     assert raw_text("x" * (MAX_RAW_BYTES + 1) + "…[5 more bytes]").endswith("…[18 more bytes]")  # 1 + the old marker
+
+
+def test_the_vectorised_server_rule_counts_characters_not_bytes():
+    servers = ["", "a", "é" * MAX_SERVER_LEN, "é" * (MAX_SERVER_LEN + 1), "a" * MAX_SERVER_LEN, "a" * (MAX_SERVER_LEN + 1), None]
+    assert servers_ok(pa.array(servers)).to_pylist() == [False, True, True, False, True, False, None]
+    assert servers_ok(pa.array(["a", "é" * 100])).to_pylist() == [True, True]  # 200 bytes, 100 characters
