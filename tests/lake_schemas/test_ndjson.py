@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 
+from metrics_lake.schemas import ndjson
 from metrics_lake.schemas.contract import MAX_RAW_BYTES, to_log_records
 from metrics_lake.schemas.ndjson import MAX_BRACKETS, records_from_lines
 from tests.lake_schemas.test_contract import INVALID
@@ -170,3 +172,11 @@ def test_two_objects_on_one_line_in_clean_blocks_are_one_reject_each(with_parse_
     result = records_from_lines(b"\n".join(data))
     assert result.rejected == (3 if with_parse_error else 2)
     assert result.records.num_rows == 9000
+
+
+@pytest.mark.parametrize("size", [0, 1, 6, 7, 8, 14, 15, 50])
+def test_newlines_are_found_a_step_at_a_time_across_step_ends(size, monkeypatch):
+    monkeypatch.setattr(ndjson, "NEWLINE_STEP_BYTES", 7)
+    data = bytes(random.Random(size).choice(b"\nab") for _ in range(size))
+    found = ndjson._newlines(np.frombuffer(data, dtype=np.uint8))
+    assert found.tolist() == [i for i, byte in enumerate(data) if byte == 10]
