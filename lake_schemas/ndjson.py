@@ -30,7 +30,7 @@ the speed of Arrow's JSON reader:
    (two objects on one line, which Arrow reads as two rows) go line by line
    (looked for only then: the scan costs about 8 % of a clean block's parse),
    and the rest is streamed: the line an error names goes line by line and
-   the rest is parsed again, so each line is parsed at most three times.
+   the rest is parsed again, so each line is parsed at most twice.
    Should rows and lines still differ, the block is split in halves, and
    parts of at most :data:`SMALL_BLOCK` lines that still fail go line by line.
 4. The contract is checked on the Arrow columns (types, nulls, ranges, the
