@@ -30,9 +30,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 import pyarrow as pa
+import xxhash
 
 from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.producer import Producer, SequenceConflictError, Source
@@ -97,20 +99,31 @@ def import_id(path: str | Path) -> str:
     return f"import-{digest.hexdigest()}"
 
 
-def chunk_digest(chunk: bytes) -> str:
-    """The digest an import sends a chunk with: ``sha256:`` and the first 128 bits of its SHA-256, in hex.
+def chunk_digest(chunk: bytes | bytearray) -> str:
+    """The digest an import sends a chunk with: ``xxh3:`` and the chunk's 128-bit XXH3 hash (xxHash), in hex.
 
-    SHA-256 rather than BLAKE2b, which imports before this one used
-    (:func:`_legacy_chunk_digest`): OpenSSL's SHA-256 runs on the CPU's SHA
-    extensions where there are some, measured 2.8x BLAKE2b's speed here (990
-    against 353 MiB/s), and BLAKE2b was 6.8 % of an import's CPU time.
+    The digest tells a re-run's chunk from the one an earlier run sent with
+    the same number. No adversary picks those bytes, so a non-cryptographic
+    hash does, at 128 bits. XXH3 ran at 16 GB/s here against 1.2 GB/s for
+    SHA-256, the digest of the previous version (5 % of an import's CPU time,
+    measured). Imports begun by earlier versions resume with their digests
+    (:data:`_EARLIER_DIGESTS`).
     """
+    return "xxh3:" + xxhash.xxh3_128_hexdigest(chunk)
+
+
+def _sha256_digest(chunk: bytes | bytearray) -> str:
+    """The previous version's chunk digest: ``sha256:`` and the first 128 bits of the chunk's SHA-256, in hex."""
     return "sha256:" + hashlib.sha256(chunk).hexdigest()[:32]
 
 
-def _legacy_chunk_digest(chunk: bytes) -> str:
-    """The digest imports begun by earlier versions sent a chunk with (BLAKE2b, 128 bits, hex)."""
+def _blake2b_digest(chunk: bytes | bytearray) -> str:
+    """The chunk digest of the versions before that: BLAKE2b, 128 bits, in hex."""
     return hashlib.blake2b(chunk, digest_size=16).hexdigest()
+
+
+#: How earlier versions digested chunks, newest first: the chunk an import they began stopped at has one of these.
+_EARLIER_DIGESTS = (_sha256_digest, _blake2b_digest)
 
 
 def _validate(chunk: bytes | bytearray, split: Callable[..., dict[int, pa.Table]] | None) -> _Validated:
@@ -222,20 +235,20 @@ def import_jsonl(
     def send(validated: _Validated) -> None:
         nonlocal sent_chunks
         result = validated.result
-        try:
-            sent = producer.send(
-                validated.records, source=Source(source_id, sent_chunks, validated.digest, strict=False)
-            )
-        except SequenceConflictError:
-            try:  # the chunk a run begun by an earlier version stopped at: it digested chunks with BLAKE2b
-                legacy = Source(source_id, sent_chunks, _legacy_chunk_digest(validated.chunk), strict=False)
-                sent = producer.send(validated.records, source=legacy)
+        # The chunk a run begun by an earlier version stopped at carries that version's digest: tried in turn.
+        digests = chain([validated.digest], (earlier(validated.chunk) for earlier in _EARLIER_DIGESTS))
+        for digest in digests:
+            try:
+                sent = producer.send(validated.records, source=Source(source_id, sent_chunks, digest, strict=False))
+                break
             except SequenceConflictError:
-                raise InputError(
-                    f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
-                    f"chunk size); this run appended {stats.accepted + stats.rejected - stats.duplicates:,} new "
-                    "events, none twice. Resume it with that version, or import a copy of the rest of the file"
-                ) from None
+                continue
+        else:
+            raise InputError(
+                f"{path}: an earlier run of this import cut the file into other chunks (a version with another "
+                f"chunk size); this run appended {stats.accepted + stats.rejected - stats.duplicates:,} new "
+                "events, none twice. Resume it with that version, or import a copy of the rest of the file"
+            )
         sent_chunks += 1
         stats.lines += result.lines
         stats.blank += result.blank

@@ -51,7 +51,9 @@ def test_a_rerun_with_other_chunk_boundaries_stops_with_a_clear_error_and_append
     assert sorted(values) == [float(i) for i in range(400)]
 
 
-def test_an_import_begun_by_a_version_with_blake2b_digests_resumes_without_duplicates(log, tmp_path, monkeypatch):
+@pytest.mark.parametrize("earlier_digest", ["_sha256_digest", "_blake2b_digest"])
+def test_an_import_begun_by_an_earlier_version_resumes_without_duplicates(log, tmp_path, monkeypatch, earlier_digest):
+    """Earlier versions sent chunks with other digests (SHA-256, before that BLAKE2b)."""
     good = {"ts": 1_800_000_000_000, "server": "db-1", "metric": "app.queue.depth"}
     path = tmp_path / "events.jsonl"
     path.write_text("".join(json.dumps({**good, "value": i}) + "\n" for i in range(400)))
@@ -68,7 +70,7 @@ def test_an_import_begun_by_a_version_with_blake2b_digests_resumes_without_dupli
             CrashingProducer.sends += 1
             return super().send(records, source=source)
 
-    monkeypatch.setattr(file_import, "chunk_digest", file_import._legacy_chunk_digest)
+    monkeypatch.setattr(file_import, "chunk_digest", getattr(file_import, earlier_digest))
     with CrashingProducer(log, "metrics", partitions=1) as producer, pytest.raises(Crash):
         import_jsonl(producer, path, chunk_bytes=4096)
     monkeypatch.undo()
