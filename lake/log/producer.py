@@ -274,7 +274,7 @@ class Producer:
         permutation = np.arange(len(assignment)) if order is None else np.argsort(order, kind="stable")
         keys = assignment[permutation]
         permutation = permutation[np.argsort(keys.astype(np.uint16) if len(counts) <= 1 << 16 else keys, kind="stable")]
-        grouped = records.take(pa.array(permutation))
+        grouped = pc.take(records, pa.array(permutation), boundscheck=False)  # a permutation: in bounds
         starts = np.cumsum(counts) - counts
         return {int(p): grouped.slice(int(starts[p]), int(counts[p])) for p in owned.tolist()}
 
