@@ -127,6 +127,27 @@ def hash_partitions(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.nda
     return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
+def group_by_partition(table: pa.Table, assignment: np.ndarray, order: np.ndarray | None = None) -> dict[int, pa.Table]:
+    """The rows of ``table`` per partition (``assignment``: a non-negative int per row), ascending by partition.
+
+    Each partition's rows keep their order in ``table``, or follow ``order``
+    (a sort key per row, their line numbers say) if given. One copy of the
+    rows (none if they all go to one partition, in order), then slices.
+    """
+    counts = np.bincount(assignment)
+    owned = np.flatnonzero(counts)
+    if len(owned) == 1 and order is None:
+        return {int(owned[0]): table}
+    # Two stable sorts, 3x faster than a lexsort: by order (rows come in a few sorted runs, which timsort merges),
+    # then by partition as 16-bit keys (numpy sorts those stably with a radix sort).
+    permutation = np.arange(len(assignment)) if order is None else np.argsort(order, kind="stable")
+    keys = assignment[permutation]
+    permutation = permutation[np.argsort(keys.astype(np.uint16) if len(counts) <= 1 << 16 else keys, kind="stable")]
+    grouped = pc.take(table, pa.array(permutation), boundscheck=False)  # a permutation: in bounds
+    starts = np.cumsum(counts) - counts
+    return {int(p): grouped.slice(int(starts[p]), int(counts[p])) for p in owned.tolist()}
+
+
 def assign_partitions(records: pa.Table, partitions: int) -> np.ndarray:
     """Partition number of every row of a :data:`LOG_RECORD` table (int32 array)."""
     return hash_partitions(pc.coalesce(records.column("server"), records.column("raw"), pa.scalar("")), partitions)
@@ -263,20 +284,7 @@ class Producer:
         splits there too, so the thread that sends does not copy the rows.
         """
         records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
-        assignment = self.route(records)
-        counts = np.bincount(assignment)
-        owned = np.flatnonzero(counts)
-        if len(owned) == 1 and order is None:
-            return {int(owned[0]): records}
-        # One copy of the rows, grouped by partition (in order within each), then slices. Two stable sorts, 3x
-        # faster than a lexsort: by order (rows come in a few sorted runs, which timsort merges), then by partition
-        # as 16-bit keys (numpy sorts those stably with a radix sort).
-        permutation = np.arange(len(assignment)) if order is None else np.argsort(order, kind="stable")
-        keys = assignment[permutation]
-        permutation = permutation[np.argsort(keys.astype(np.uint16) if len(counts) <= 1 << 16 else keys, kind="stable")]
-        grouped = pc.take(records, pa.array(permutation), boundscheck=False)  # a permutation: in bounds
-        starts = np.cumsum(counts) - counts
-        return {int(p): grouped.slice(int(starts[p]), int(counts[p])) for p in owned.tolist()}
+        return group_by_partition(records, self.route(records), order)
 
     def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:
         """Buffer :data:`LOG_RECORD` rows (a table, or one :meth:`split` made); may flush full partitions first.

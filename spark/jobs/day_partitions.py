@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.producer import hash_partitions
+from metrics_lake.core.log.producer import group_by_partition, hash_partitions
 from metrics_lake.core.snapshots import read_data_files
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.core.tables import WrittenFile, ensure_table, maintenance_lease, retry_on_conflict, write_data_files
@@ -96,12 +96,8 @@ def compute_day_files(
     def map_task(index: int) -> Iterator[tuple[int, bytes]]:
         store = open_store(load_settings(root=root))
         states = to_states(read_data_files(store, list(groups[index].files), schema, columns, dictionary))
-        shuffle_partition = series_partitions(states, partitions)
-        order = np.argsort(shuffle_partition, kind="stable")  # one take, not a filter per partition
-        grouped = states.take(pa.array(order))
-        bounds = np.searchsorted(shuffle_partition[order], np.arange(partitions + 1))
-        for partition in np.flatnonzero(np.diff(bounds)).tolist():
-            yield partition, _to_ipc(grouped.slice(bounds[partition], bounds[partition + 1] - bounds[partition]))
+        for partition, part in group_by_partition(states, series_partitions(states, partitions)).items():
+            yield partition, _to_ipc(part)
 
     def reduce_task(records: Iterator[tuple[int, bytes]]) -> Iterator[tuple[list[WrittenFile], dict]]:
         parts = [pa.ipc.open_stream(payload).read_all() for _, payload in records]
