@@ -1,13 +1,13 @@
 """Import events from a JSON Lines file (optionally gzip-compressed), at the speed of Arrow's JSON reader.
 
 Each non-blank line is one event in the contract of
-:mod:`metrics_lake.schemas.contract`. Lines that break it are produced as
+:mod:`metrics_lake.lake_schemas.contract`. Lines that break it are produced as
 rejects and land in ``quarantine_events`` with the raw line and a reason;
 nothing is skipped except blank lines, which are counted.
 
 The file is read in chunks of :data:`CHUNK_BYTES` (a chunk ends at its last
 newline; the rest starts the next chunk), each validated vectorised by
-:func:`metrics_lake.schemas.ndjson.records_from_lines` on a small thread pool
+:func:`metrics_lake.lake_schemas.ndjson.records_from_lines` on a small thread pool
 (Arrow and numpy release the GIL), and produced in file order.
 
 An import is resumable and idempotent: it is an upstream producer of its
@@ -36,9 +36,9 @@ from pathlib import Path
 import pyarrow as pa
 import xxhash
 
-from metrics_lake.core.errors import InputError
-from metrics_lake.core.log.producer import Producer, SequenceConflictError, Source
-from metrics_lake.schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
+from metrics_lake.core.log.producer import Producer, Source
+from metrics_lake.lake_schemas.errors import InputError, SequenceConflictError
+from metrics_lake.lake_schemas.ndjson import MAX_LINE_BYTES, LinesResult, records_from_lines
 
 __all__ = ["CHUNK_BYTES", "ImportStats", "check_importable", "chunk_digest", "import_id", "import_jsonl"]
 
@@ -72,7 +72,7 @@ class ImportStats:
 
 
 def check_importable(path: str | Path) -> None:
-    """Raise :class:`~metrics_lake.core.errors.InputError` unless ``path`` is a readable regular file."""
+    """Raise :class:`~metrics_lake.lake_schemas.errors.InputError` unless ``path`` is a readable regular file."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"--from-file {path}: no such file")
@@ -215,7 +215,7 @@ def import_jsonl(
 
     ``producer``: a :class:`Producer`, or anything with its ``send(records,
     source=)`` (the gateway client). ``progress`` is called after each chunk. Raises
-    :class:`~metrics_lake.core.errors.InputError` if ``path`` is not a
+    :class:`~metrics_lake.lake_schemas.errors.InputError` if ``path`` is not a
     readable file, or if a ``.gz`` file is truncated or corrupt (saying how
     many lines before the damage were produced), or if an earlier run of
     the same import used other chunk boundaries. Bytes that are not UTF-8

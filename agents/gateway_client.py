@@ -47,6 +47,7 @@ import pyarrow as pa
 import requests
 
 from metrics_lake.core.log.producer import Sent, Source
+from metrics_lake.lake_schemas.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class SenderStats:
 
 
 def table_to_payloads(records: pa.Table) -> list[str]:
-    """:data:`metrics_lake.schemas.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text).
+    """:data:`metrics_lake.lake_schemas.log_records.LOG_RECORD` rows as event-contract JSON lines (rejected rows as their raw text).
 
     ``ts`` goes out as exact epoch milliseconds (from the int64 column, not
     via float seconds, which would round some values down by 1 ms).
@@ -133,7 +134,10 @@ class GatewaySender:
             os.replace(temp, path)
         agent_id = path.read_text().strip()
         if wanted is not None and agent_id != wanted:
-            raise ValueError(f"spool {self.spool} belongs to producer {agent_id!r}, not {wanted!r}")
+            raise ConfigError(
+                f"spool {self.spool} belongs to producer {agent_id!r}, not {wanted!r}; "
+                "give each agent its own LAKE_SPOOL_DIR"
+            )
         return agent_id
 
     def _spooled(self) -> list[Path]:
@@ -150,7 +154,7 @@ class GatewaySender:
         return len(self._spooled())
 
     def send(self, records: pa.Table, *, source: Source | None = None) -> Sent:
-        """Spool :data:`metrics_lake.schemas.LOG_RECORD` rows for sending (see the module docstring for ``source``).
+        """Spool :data:`metrics_lake.lake_schemas.log_records.LOG_RECORD` rows for sending (see the module docstring for ``source``).
 
         Returns a :class:`~metrics_lake.core.log.producer.Sent` without
         futures (delivery is asynchronous; :meth:`flush` waits for it),

@@ -13,7 +13,7 @@ Each (server, metric) series emits ``rate`` samples per second for
 
 The same seed always yields the same events (numpy ``default_rng``), so tests
 and benchmarks are reproducible. Output is an Arrow table in
-:data:`metrics_lake.schemas.LOG_RECORD` order by event time.
+:data:`metrics_lake.lake_schemas.log_records.LOG_RECORD` order by event time.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from metrics_lake.schemas import LOG_RECORD
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
 
 #: (metric name, shape) in the order ``--metrics N`` takes them.
 METRIC_CATALOG: list[tuple[str, str]] = [
@@ -73,9 +74,9 @@ class FleetSimulator:
     def __post_init__(self) -> None:
         for name in ("servers", "metrics", "seconds"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise InputError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.rate > 0:
-            raise ValueError(f"rate must be > 0 samples/s, got {self.rate}")
+            raise InputError(f"rate must be > 0 samples/s, got {self.rate}")
 
     @property
     def total_events(self) -> int:
@@ -186,4 +187,4 @@ def _series(shape: str, rng: np.random.Generator, t_sec: np.ndarray, s: int, k: 
     if shape == "walk":
         steps = rng.normal(0, 1.0, size=(s, k))
         return np.abs(rng.uniform(0, 20, size=(s, 1)) + np.cumsum(steps, axis=1))
-    raise ValueError(f"unknown series shape {shape!r}")
+    raise ValueError(f"unknown series shape {shape!r}")  # programming error

@@ -16,6 +16,8 @@ import os
 from rich.console import Console
 from rich.logging import RichHandler
 
+from metrics_lake.lake_schemas.tables import Table
+
 __all__ = ["configure_output", "err", "out", "print_batch"]
 
 #: Progress, summaries and errors (stderr).
@@ -24,11 +26,25 @@ err = Console(stderr=True)
 out = Console()
 
 #: Loggers that chatter at INFO in normal operation: shown only with --verbose.
-NOISY_LOGGERS = ("py4j", "great_expectations", "botocore", "urllib3", "filelock", "matplotlib", "airflow", "asyncio")
+NOISY_LOGGERS = (
+    "py4j",
+    "great_expectations",
+    "botocore",
+    "urllib3",
+    "filelock",
+    "matplotlib",
+    "airflow",
+    "asyncio",
+)
+#: Where the libraries' Python warnings (deprecations...) go once one of them turns on ``logging.captureWarnings``,
+#: as Great Expectations does on import: shown only with --verbose, they are the libraries' business, not the user's.
+WARNINGS_LOGGER = "py.warnings"
 
 
 def configure_output(*, verbose: bool = False) -> None:
     """Set up logging for one CLI run: our own INFO notices, third-party only from WARNING (all with ``verbose``).
+
+    Python warnings that a library routes to logging are shown only with ``verbose``.
 
     Also disables tqdm progress bars (Great Expectations draws one per
     expectation) through tqdm's ``TQDM_DISABLE`` variable unless ``verbose``.
@@ -42,6 +58,7 @@ def configure_output(*, verbose: bool = False) -> None:
     logging.getLogger("metrics_lake").setLevel(logging.INFO)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger(WARNINGS_LOGGER).setLevel(logging.INFO if verbose else logging.ERROR)
     if not verbose:
         os.environ.setdefault("TQDM_DISABLE", "1")
         # GX warns about its own usage statistics and analytics on every context; it sends nothing here.
@@ -49,14 +66,14 @@ def configure_output(*, verbose: bool = False) -> None:
 
 
 def print_batch(outcome) -> None:
-    """One line per committed speed-layer micro-batch (a :class:`~metrics_lake.core.speed_layer.BatchOutcome`)."""
+    """One line per committed speed-layer micro-batch (a :class:`~metrics_lake.core.speed.micro_batch.BatchOutcome`)."""
     import time
 
     rate = outcome.records / outcome.seconds if outcome.seconds else 0.0
     late = f", {outcome.late_events:,} later than the watermark" if outcome.late_events else ""
     err.print(
         f"[dim]{time.strftime('%H:%M:%S')}[/] batch: {outcome.records:,} records in {outcome.seconds:.1f} s "
-        f"({rate:,.0f}/s) -> {outcome.rows['bronze_events']:,} bronze, {outcome.rows['quarantine_events']:,} "
+        f"({rate:,.0f}/s) -> {outcome.rows[Table.BRONZE_EVENTS]:,} bronze, {outcome.rows[Table.QUARANTINE_EVENTS]:,} "
         f"quarantined, {outcome.windows_written:,} windows{late}",
         highlight=False,
         soft_wrap=True,

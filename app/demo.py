@@ -16,16 +16,19 @@ from __future__ import annotations
 import threading
 import time
 
+from rich import table as rich_table
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from metrics_lake.agents.host import HostAgent
 from metrics_lake.agents.simulator import FleetSimulator, send_in_real_time
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.log.producer import producer_for
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import summarize_tables
+from metrics_lake.core.tables.delta import summarize_tables
+from metrics_lake.lake_schemas.tables import Table
+
+WINDOWS = Table.METRIC_WINDOWS_1M
 
 #: One payload per kind of contract violation, sent once per demo run.
 MALFORMED_SAMPLES: list[str] = [
@@ -131,14 +134,14 @@ def run_demo(
         query.stop()
 
     console.rule("[bold]tables")
-    summary = Table("table", "version", "files", "rows")
+    summary = rich_table.Table("table", "version", "files", "rows")
     for s in summarize_tables(store):
         summary.add_row(s.name, str(s.version), str(s.files), f"{s.rows:,}")
     console.print(summary)
 
     cpu_query = (
         "SELECT window_start, count, round(avg, 1) AS avg, round(p95, 1) AS p95, round(max, 1) AS max "
-        f"FROM metric_windows_1m WHERE server = {_sql_literal(host.server)} "
+        f"FROM {WINDOWS} WHERE server = {_sql_literal(host.server)} "
         "AND metric = 'host.cpu.utilization' ORDER BY window_start DESC LIMIT 5"
     )
     console.rule(f"[bold]this machine's CPU ({host.server}), 1-minute windows")
@@ -151,10 +154,10 @@ def run_demo(
         "lake dashboard        # then open http://127.0.0.1:8050/ (stored queries, freshness, pipeline)\n"
         "lake tables\n"
         'lake sql "SELECT metric, count(*) AS windows, round(avg(p99), 2) AS avg_p99 '
-        'FROM metric_windows_1m GROUP BY metric ORDER BY metric"\n'
-        'lake sql "SELECT reason, raw FROM quarantine_events" --format json\n'
-        'lake sql "SELECT server, count(*) FROM bronze_events GROUP BY server ORDER BY 2 DESC LIMIT 5"\n'
-        'lake sql --version metric_windows_1m=1 "SELECT count(*) FROM metric_windows_1m"   # time travel\n'
+        f'FROM {WINDOWS} GROUP BY metric ORDER BY metric"\n'
+        f'lake sql "SELECT reason, raw FROM {Table.QUARANTINE_EVENTS}" --format json\n'
+        f'lake sql "SELECT server, count(*) FROM {Table.BRONZE_EVENTS} GROUP BY server ORDER BY 2 DESC LIMIT 5"\n'
+        f'lake sql --version {WINDOWS}=1 "SELECT count(*) FROM {WINDOWS}"   # time travel\n'
         "(inside the project's virtualenv: .venv/bin/lake, or python3 run.py lake ...)",
         soft_wrap=True,
         highlight=False,
@@ -170,7 +173,7 @@ def _serve_dashboard(settings: LakeSettings, port: int, console: Console) -> Non
     import signal
 
     from metrics_lake.app.dashboard import DashboardReader, serve
-    from metrics_lake.core.stored_queries import load_stored_queries
+    from metrics_lake.core.kernels.stored_queries import load_stored_queries
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

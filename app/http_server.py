@@ -7,6 +7,8 @@ import threading
 
 import uvicorn
 
+from metrics_lake.lake_schemas.errors import ServiceError
+
 __all__ = ["serve_asgi"]
 
 
@@ -20,8 +22,8 @@ def serve_asgi(
     app. uvicorn runs on its own thread (named ``name``) and event loop, so
     the caller keeps its signal handlers. ``options`` go to
     ``uvicorn.Config`` (access log off and the lake's logging kept unless
-    given). Raises ``OSError`` if the address is taken, ``RuntimeError`` if
-    the server stops by itself.
+    given). Raises ``OSError`` if the address is taken,
+    :class:`~metrics_lake.lake_schemas.errors.ServiceError` if the server stops by itself.
     """
     sockets = [_bound(host, p) for p in (port, *extra_ports)]
     sock = sockets[0]
@@ -37,7 +39,7 @@ def serve_asgi(
         while not stop.wait(0.5) and thread.is_alive():
             pass
         if not thread.is_alive() and not stop.is_set():
-            raise RuntimeError(f"the {name} server stopped unexpectedly (see the log above)")
+            raise ServiceError(f"the {name} server stopped unexpectedly (see the log above)")
     finally:
         server.should_exit = True
         thread.join()

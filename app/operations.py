@@ -17,18 +17,11 @@ import logging
 from dataclasses import asdict
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.errors import CheckFailedError
 from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.errors import ConsumerBehindRetentionError, QualityGateError
+from metrics_lake.lake_schemas.tables import Table
 
 log = logging.getLogger(__name__)
-
-
-class ConsumerBehindRetentionError(CheckFailedError):
-    """Retention removed log records that a consumer group had not read yet."""
-
-
-class QualityGateError(CheckFailedError):
-    """A critical data-quality expectation failed: downstream steps must not use the data."""
 
 
 def _spark(settings: LakeSettings, app: str):
@@ -58,7 +51,7 @@ def run_speed_layer_once(settings: LakeSettings) -> dict:
     """
     from metrics_lake.core.log.consumer_groups import lag_report
     from metrics_lake.core.log.log import SegmentLog
-    from metrics_lake.core.tables import summarize_tables
+    from metrics_lake.core.tables.delta import summarize_tables
     from metrics_lake.spark.jobs.stream_metrics import run_stream
 
     run_stream(_spark(settings, "lake-speed-layer"), settings, once=True)
@@ -86,8 +79,8 @@ def rollup_days(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Evaluate the stored queries for ``days`` into ``query_results`` (``lake queries``)."""
-    from metrics_lake.core.stored_queries import load_stored_queries
-    from metrics_lake.spark.jobs.stored_queries import evaluate_day
+    from metrics_lake.core.kernels.stored_queries import load_stored_queries
+    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
 
     queries = load_stored_queries()
     spark = _spark(settings, "lake-queries")
@@ -96,7 +89,7 @@ def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def compact_log(settings: LakeSettings) -> list[dict]:
     """Merge small segments of every topic (``lake compact --log-only``); one summary per partition."""
-    from metrics_lake.core.log import compaction
+    from metrics_lake.core.log import segment_compaction as compaction
     from metrics_lake.core.log.log import SegmentLog
 
     results = compaction.compact_log(
@@ -109,8 +102,8 @@ def compact_log(settings: LakeSettings) -> list[dict]:
 
 def compact_tables(settings: LakeSettings, tables: list[str] | None = None, z_order: bool = False) -> list[dict]:
     """Bin-pack (or Z-order) and checkpoint ``tables`` (default: all); one summary per table."""
-    from metrics_lake.core.table_compaction import compact_table
-    from metrics_lake.core.tables import list_tables
+    from metrics_lake.core.maintenance.table_compaction import compact_table
+    from metrics_lake.core.tables.delta import list_tables
 
     store = open_store(settings)
     results = []
@@ -141,7 +134,7 @@ def retain(settings: LakeSettings, apply: bool, now: dt.datetime | None = None) 
     deleting, so the run is loud but retention still holds) when a consumer
     group had unread records past retention.
     """
-    from metrics_lake.core.retention import apply_retention, plan_retention
+    from metrics_lake.core.maintenance.retention import apply_retention, plan_retention
 
     store = open_store(settings)
     now = now or dt.datetime.now(dt.UTC)
@@ -166,7 +159,7 @@ def replay_days(settings: LakeSettings, first: str, last: str) -> dict:
     Returns records read, rows written per table and rows already present.
     """
     from metrics_lake.core.log.log import SegmentLog
-    from metrics_lake.spark.jobs.replay import replay, replay_ranges
+    from metrics_lake.core.speed.replay import replay, replay_ranges
 
     start = dt.datetime.combine(dt.date.fromisoformat(first), dt.time(), dt.UTC)
     end = dt.datetime.combine(dt.date.fromisoformat(last) + dt.timedelta(days=1), dt.time(), dt.UTC)
@@ -198,7 +191,7 @@ def check_quality(settings: LakeSettings, day: str, tables: list[str]) -> dict:
     if report.critical_failures():
         raise QualityGateError(
             f"critical expectations failed for {day}; downstream steps stopped:\n{report.describe_failures()}\n"
-            f"failing rows: lake sql \"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success\"; "
+            f"failing rows: lake sql \"SELECT * FROM {Table.DQ_RESULTS} WHERE run_id = '{report.run_id}' AND NOT success\"; "
             f"report: {report.docs_index}"
         )
     return {"run_id": report.run_id, "tables": summary, "docs": str(report.docs_index)}

@@ -40,10 +40,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import LAKE, lake_env  # noqa: E402
 from gateway_throughput import drive, encode, free_port, start_gateway  # noqa: E402
 
-from metrics_lake.agents.gateway_client import table_to_payloads  # noqa: E402
-from metrics_lake.agents.simulator import FleetSimulator  # noqa: E402
-from metrics_lake.core.config import load_settings  # noqa: E402
-from metrics_lake.core.log.producer import producer_for  # noqa: E402
+from metrics_lake.agents.gateway_client import table_to_payloads
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import keys
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.producer import producer_for
+from metrics_lake.lake_schemas.tables import Table
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # 2025-11-20 00:53 UTC: one day, whatever the run's date
 TARGET_EVENTS_PER_SECOND = 20_000_000  # design brief: 10,000 servers x 2,000 metrics/s
@@ -114,7 +116,7 @@ def measure_spark(work: Path, workers: int, servers: int, metrics: int, seconds:
     finally:
         subprocess.run([LAKE, "infra", "spark", "down", *args], env=env, capture_output=True, check=False)
     root = Path(env["LAKE_ROOT"])
-    bronze = root / "tables" / "bronze_events"
+    bronze = root / keys.table_prefix(Table.BRONZE_EVENTS)
     bronze_bytes = _dir_bytes(bronze) - _dir_bytes(bronze / "_delta_log")
     events, stored = sim.total_events, sim.total_events + warm_up.total_events
     return {

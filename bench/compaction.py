@@ -25,13 +25,13 @@ from common import scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.compaction import compact_topic
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.log.segment_compaction import compact_topic
+from metrics_lake.core.maintenance.table_compaction import compact_table
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.table_compaction import compact_table
-from metrics_lake.core.tables import list_tables, open_table
+from metrics_lake.core.tables.delta import list_tables, open_table
 from metrics_lake.spark.jobs.stream_metrics import run_stream
 from metrics_lake.spark.session import build_session
 

@@ -28,13 +28,15 @@ from common import scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.dashboard import DashboardReader, serve
+from metrics_lake.core import keys
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import producer_for
-from metrics_lake.core.speed_layer import run_batch_in_process
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.stored_queries import parse_query
+from metrics_lake.lake_schemas.tables import Table
 
 DAY_MS = 86_400_000
 START_MS = 1_750_000_000_000 - 1_750_000_000_000 % DAY_MS  # a past UTC midnight
@@ -71,7 +73,7 @@ def main() -> None:
     )
     print(
         f"lake: {events:,} events ({args.servers:,} servers x 1,440 minutes) produced in {produced:.1f} s, "
-        f"streamed in {outcome.seconds:.1f} s; query_results rows {outcome.rows['query_results']:,}\n"
+        f"streamed in {outcome.seconds:.1f} s; {Table.QUERY_RESULTS} rows {outcome.rows[Table.QUERY_RESULTS]:,}\n"
     )
     now = (START_MS + DAY_MS) / 1000 + 3600
     params = {"from": START_MS, "to": START_MS + DAY_MS}
@@ -113,7 +115,7 @@ def peer(work: Path, name: str) -> None:
     import duckdb
     from deltalake import DeltaTable
 
-    files = DeltaTable(str(work / "lake" / "tables" / "query_results")).file_uris()
+    files = DeltaTable(str(work / "lake" / keys.table_prefix(Table.QUERY_RESULTS))).file_uris()
     began = time.perf_counter()
     rows = duckdb.sql(
         f"SELECT server, window_start, aggregate, value FROM read_parquet({files!r}) WHERE query = '{name}' "

@@ -20,6 +20,7 @@ from common import scratch_dir
 from recompute_day import DAY, fill_bronze  # the sibling benchmark (this directory is on sys.path)
 
 from metrics_lake.core.config import load_settings
+from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.quality.checkpoint import run_quality
 from metrics_lake.spark.jobs.day_partitions import read_days
 from metrics_lake.spark.jobs.recompute import recompute
@@ -32,7 +33,7 @@ def peer(spark, root: str) -> float:
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
-    bronze = read_days(spark, root, "bronze_events", [DAY])
+    bronze = read_days(spark, root, Table.BRONZE_EVENTS, [DAY])
     bronze.agg(
         *[F.sum(F.col(c).isNull().cast("int")).alias(f"null_{c}") for c in ("ts", "server", "metric", "value")],
         F.sum((F.isnan("value") | F.col("value").isin(float("inf"), float("-inf"))).cast("int")).alias("non_finite"),

@@ -39,10 +39,13 @@ import pyarrow.compute as pc
 from common import duckdb_windows_sql, scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import keys
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import commit_files, open_table, write_data_files
-from metrics_lake.schemas import BRONZE_EVENTS
+from metrics_lake.core.tables.commits import commit_files
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import open_table
+from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, Table
 from metrics_lake.spark.jobs.recompute import recompute
 from metrics_lake.spark.session import build_session
 
@@ -79,17 +82,17 @@ def fill_bronze(settings, day: dt.date, servers: int, metrics: int, rate: float,
                 "event_date": pc.cast(events.column("ts"), pa.date32()),
             }
         )
-        files = write_data_files(store, "bronze_events", rows)
-        commit_files(store, "bronze_events", [f.add_action() for f in files], app_id="bench", batch_id=total)
+        files = write_data_files(store, Table.BRONZE_EVENTS, rows)
+        commit_files(store, Table.BRONZE_EVENTS, [f.add_action() for f in files], app_id="bench", batch_id=total)
         total += n
     return total - first_offset
 
 
 def duckdb_peer(settings, day: dt.date, out: Path) -> float:
     """Seconds for DuckDB (2 threads) to compute the same windows from ``day``'s bronze files."""
-    table = open_table(open_store(settings), "bronze_events")
+    table = open_table(open_store(settings), Table.BRONZE_EVENTS)
     paths = [
-        f"{settings.root}/tables/bronze_events/{p}"
+        f"{settings.root}/{keys.table_key(Table.BRONZE_EVENTS, p)}"
         for p in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
         if f"event_date={day.isoformat()}/" in p
     ]

@@ -33,6 +33,8 @@ from common import BROKEN, LAKE, duckdb_windows_sql, lake_env, mib, run_measured
 from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import keys
+from metrics_lake.lake_schemas.tables import Table
 
 START_MS = 1_763_596_800_000  # 2025-11-20T00:00:00Z
 
@@ -93,9 +95,12 @@ def main() -> None:
             env = lake_env(work)
             produce = run_measured([LAKE, "produce", "--from-file", str(source)], env, cwd=work)
             stream = run_measured([LAKE, "stream", "--once"], env, cwd=work)
-            tables = work / "lakehouse" / "tables"
-            bronze = DeltaTable(str(tables / "bronze_events")).to_pyarrow_table(columns=["offset"]).num_rows
-            windows = DeltaTable(str(tables / "metric_windows_1m")).to_pyarrow_table(columns=["count"]).num_rows
+            lake = work / "lakehouse"
+            bronze = DeltaTable(str(lake / keys.table_prefix(Table.BRONZE_EVENTS))).to_pyarrow_table(columns=["offset"])
+            windows = DeltaTable(str(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M))).to_pyarrow_table(
+                columns=["count"]
+            )
+            bronze, windows = bronze.num_rows, windows.num_rows
             duck_seconds, duck_events, duck_windows = duckdb_peer(source, work / "duckdb")
             assert bronze == duck_events == total - invalid, (bronze, duck_events, total - invalid)
             assert windows == duck_windows, (windows, duck_windows)

@@ -7,7 +7,7 @@ lake (the library producer, segments rolled every 250 ms) while the speed
 layer runs:
 
 - **lake**: ``lake stream --trigger 1`` as its own process (Spark local[2]);
-- **peer**: the same speed layer (:func:`metrics_lake.core.speed_layer.run_batch_in_process`)
+- **peer**: the same speed layer (:func:`metrics_lake.core.speed.micro_batch.run_batch_in_process`)
   in this process on a 1-second trigger, without Spark.
 
 Every 0.5 s it reads how many records ``metric_windows_1m`` and
@@ -36,23 +36,26 @@ from common import LAKE, lake_env, mib
 from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import keys
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import producer_for
-from metrics_lake.core.speed_layer import CONSUMER, run_batch_in_process
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
+from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import LocalStore
-from metrics_lake.core.tables import committed_offsets
+from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.lake_schemas.tables import Table
 
 METRICS_PER_SERVER = 100
 
 
-TABLES = ("metric_windows_1m", "query_results")
+TABLES = (Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
 
 
 def table_records(root: Path, partitions: int, table: str) -> int:
     """Records ``table`` holds: the sum of its committed positions (0 before it exists)."""
-    path = root / "tables" / table
+    path = root / keys.table_prefix(table)
     if not (path / "_delta_log").exists():
         return 0
     marks = committed_offsets(DeltaTable(str(path)), CONSUMER, "metrics", range(partitions))
@@ -143,7 +146,7 @@ def run_lake(rate: int, seconds: int) -> dict:
             )
             threading.Thread(target=sample_rss, daemon=True).start()
             deadline = time.monotonic() + 180  # wait for Spark to be up: the first (empty) tables exist
-            while not (work / "lakehouse" / "tables" / "metric_windows_1m" / "_delta_log").exists():
+            while not (work / "lakehouse" / keys.table_key(Table.METRIC_WINDOWS_1M, "_delta_log")).exists():
                 if time.monotonic() > deadline or process[0].poll() is not None:
                     raise RuntimeError(process[0].stderr.read().decode()[-3000:])
                 time.sleep(0.2)

@@ -18,7 +18,16 @@ from __future__ import annotations
 from airflow.sdk import Param, dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, days_between
+from metrics_lake.app.orchestration import (
+    DEFAULT_ARGS,
+    QUERIES,
+    RECOMPUTE,
+    REPLAY,
+    ROLLUP,
+    START_DATE,
+    days_between,
+    outlets,
+)
 
 STEPS = ["replay", "recompute", "rollups", "queries"]
 
@@ -58,7 +67,7 @@ def lake_backfill():
         except ValueError as exc:
             raise AirflowFailException(f"bad range: {exc}") from None
 
-    @task(outlets=[TABLE_ASSETS["bronze_events"], TABLE_ASSETS["quarantine_events"]])
+    @task(outlets=outlets(REPLAY))
     def replay(days: list[str]) -> dict:
         """Replay the range's events from the log into bronze, skipping rows already present."""
         _skip_unless_chosen("replay")
@@ -69,7 +78,7 @@ def lake_backfill():
 
     @task(
         trigger_rule="none_failed",
-        outlets=[TABLE_ASSETS["metric_windows_1m"], TABLE_ASSETS["lambda_reconciliation"]],
+        outlets=outlets(RECOMPUTE),
     )
     def recompute(days: list[str]) -> list[dict]:
         """Rebuild the range's 1-minute windows from bronze."""
@@ -79,7 +88,7 @@ def lake_backfill():
 
         return recompute_days(load_settings(), days)
 
-    @task(trigger_rule="none_failed", outlets=[TABLE_ASSETS["metric_rollup_1h"], TABLE_ASSETS["metric_rollup_1d"]])
+    @task(trigger_rule="none_failed", outlets=outlets(ROLLUP))
     def rollups(days: list[str]) -> list[dict]:
         """Rebuild the range's rollups."""
         _skip_unless_chosen("rollups")
@@ -88,7 +97,7 @@ def lake_backfill():
 
         return rollup_days(load_settings(), days)
 
-    @task(trigger_rule="none_failed", outlets=[TABLE_ASSETS["query_results"]])
+    @task(trigger_rule="none_failed", outlets=outlets(QUERIES))
     def queries(days: list[str]) -> list[dict]:
         """Re-evaluate the stored queries for the range."""
         _skip_unless_chosen("queries")

@@ -1,22 +1,26 @@
 """Compaction after the nightly data lands: merge small log segments, bin-pack small Delta files, checkpoint.
 
-Scheduled on the ``query_results`` Asset, which the nightly DAG's last step
-updates, so it runs once the night's rewrites are done and the speed layer
-is the only writer left. Both compactions are safe while the stream writes
-(offsets and rows never change; Delta conflicts are retried), see
-``metrics_lake.core.log.compaction`` and ``metrics_lake.core.table_compaction``.
+Scheduled on the 1-day rollups and the stored query results together
+(Airflow's ``&`` of Assets: both updated since the last run). The rollups
+change only in the nightly and backfill runs, and the stored query results
+follow them as those runs' last step (the speed layer's micro-batches update
+the query results too, but never the rollups), so it runs once after each
+night, when its rewrites are done and the speed layer is the only writer
+left. Both compactions are safe while the stream writes (offsets and rows
+never change; Delta conflicts are retried), see
+``metrics_lake.core.log.segment_compaction`` and ``metrics_lake.core.maintenance.table_compaction``.
 """
 
 from __future__ import annotations
 
 from airflow.sdk import Param, dag, get_current_context, task
 
-from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, Table
 
 
 @dag(
     dag_id="lake_compaction",
-    schedule=[TABLE_ASSETS["query_results"]],
+    schedule=TABLE_ASSETS[Table.METRIC_ROLLUP_1D] & TABLE_ASSETS[Table.QUERY_RESULTS],
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,

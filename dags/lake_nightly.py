@@ -18,7 +18,17 @@ from __future__ import annotations
 from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS, previous_day
+from metrics_lake.app.orchestration import (
+    DEFAULT_ARGS,
+    QUALITY,
+    QUERIES,
+    RECOMPUTE,
+    ROLLUP,
+    START_DATE,
+    checked_tables,
+    outlets,
+    previous_day,
+)
 
 
 @dag(
@@ -37,7 +47,7 @@ def lake_nightly():
         """The UTC day before this run's logical date."""
         return previous_day(get_current_context()["logical_date"])
 
-    @task(outlets=[TABLE_ASSETS["metric_windows_1m"], TABLE_ASSETS["lambda_reconciliation"]])
+    @task(outlets=outlets(RECOMPUTE))
     def recompute(day: str) -> list[dict]:
         """Rebuild the day's 1-minute windows from bronze and reconcile them with the speed layer's."""
         from metrics_lake.app.operations import recompute_days
@@ -46,25 +56,26 @@ def lake_nightly():
         return recompute_days(load_settings(), [day])
 
     def gate(day: str, tables: list[str]) -> dict:
-        from metrics_lake.app.operations import QualityGateError, check_quality
+        from metrics_lake.app.operations import check_quality
         from metrics_lake.core.config import load_settings
+        from metrics_lake.lake_schemas.errors import QualityGateError
 
         try:
             return check_quality(load_settings(), day, tables)
         except QualityGateError as exc:
             raise AirflowFailException(str(exc)) from None  # bad data: retrying cannot fix it
 
-    @task(outlets=[TABLE_ASSETS["dq_results"]])
+    @task(outlets=outlets(QUALITY))
     def quality_gate(day: str) -> dict:
         """Validate the day's bronze, windows and reconciliation; stop the rollups on a critical failure."""
-        return gate(day, ["bronze_events", "metric_windows_1m", "lambda_reconciliation"])
+        return gate(day, checked_tables(RECOMPUTE))
 
-    @task(outlets=[TABLE_ASSETS["dq_results"]])
+    @task(outlets=outlets(QUALITY))
     def rollup_quality_gate(day: str) -> dict:
         """Validate the day's rollups; stop the stored queries on a critical failure."""
-        return gate(day, ["metric_rollup_1h", "metric_rollup_1d"])
+        return gate(day, checked_tables(ROLLUP, written_only=True))
 
-    @task(outlets=[TABLE_ASSETS["metric_rollup_1h"], TABLE_ASSETS["metric_rollup_1d"]])
+    @task(outlets=outlets(ROLLUP))
     def rollups(day: str) -> list[dict]:
         """Roll the day's windows up into 1-hour and 1-day rows by merging sketches."""
         from metrics_lake.app.operations import rollup_days
@@ -72,9 +83,9 @@ def lake_nightly():
 
         return rollup_days(load_settings(), [day])
 
-    @task(outlets=[TABLE_ASSETS["query_results"]])
+    @task(outlets=outlets(QUERIES))
     def stored_queries(day: str) -> list[dict]:
-        """Evaluate lake_schemas/stored_queries.toml for the day into query_results."""
+        """Evaluate lake_schemas/stored_queries.toml for the day into the stored query results."""
         from metrics_lake.app.operations import evaluate_queries
         from metrics_lake.core.config import load_settings
 

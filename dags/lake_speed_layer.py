@@ -14,7 +14,7 @@ import datetime as dt
 
 from airflow.sdk import dag, task
 
-from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSETS
+from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, STREAM, outlets
 
 
 @dag(
@@ -29,7 +29,7 @@ from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, TABLE_ASSET
     doc_md=__doc__,
 )
 def lake_speed_layer():
-    @task(outlets=[TABLE_ASSETS["bronze_events"], TABLE_ASSETS["quarantine_events"], TABLE_ASSETS["metric_windows_1m"]])
+    @task(outlets=outlets(STREAM))
     def micro_batches() -> dict:
         """Run the speed layer until it has caught up with the log; returns table versions and consumer lag."""
         from metrics_lake.app.operations import run_speed_layer_once

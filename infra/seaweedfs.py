@@ -34,15 +34,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrics_lake.core.errors import LakeError
+from metrics_lake.core import keys
 from metrics_lake.infra.processes import bind_error, pid_from_file, stop_process_group
 from metrics_lake.infra.seaweedfs_security import WEED_FLAGS, exposed_ports, write_security
+from metrics_lake.lake_schemas.errors import InfraError
 
 IDENTITIES = ("admin", "agent", "pipeline", "analyst")
-
-
-class InfraError(LakeError, RuntimeError):
-    """The local S3 server could not be started, found or stopped."""
 
 
 @dataclass(frozen=True)
@@ -92,22 +89,42 @@ class S3Server:
         return exposed_ports(self.master_port, self.volume_port, self.filer_port, self.s3_port)
 
 
+#: What each identity but ``admin`` may do: ``(verb, prefix)`` grants over the storage layout
+#: (:mod:`metrics_lake.core.keys`), the vocabulary in which :func:`metrics_lake.core.keys.grants`
+#: states what an operation needs. Least privileged first.
+GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "analyst": (("read", keys.TABLES_PREFIX), ("read", keys.QUALITY_PREFIX)),
+    "agent": (("read", keys.LOG_PREFIX), ("write", keys.LOG_PREFIX)),
+    "pipeline": (
+        ("read", keys.LOG_PREFIX),
+        ("write", keys.CONSUMERS_PREFIX),
+        ("read", keys.TABLES_PREFIX),
+        ("write", keys.TABLES_PREFIX),
+        ("read", keys.QUALITY_PREFIX),
+        ("write", keys.QUALITY_PREFIX),
+    ),
+}
+
+
 def identity_actions(bucket: str) -> dict[str, list[str]]:
-    """SeaweedFS actions per identity, scoped to ``bucket`` prefixes (see module docstring)."""
-    return {
-        "admin": ["Admin", "Read", "Write", "List", "Tagging"],
-        "agent": [f"Read:{bucket}/log/*", f"Write:{bucket}/log/*", f"List:{bucket}"],
-        "pipeline": [
-            f"Read:{bucket}/log/*",
-            f"Write:{bucket}/log/_consumers/*",
-            f"Read:{bucket}/tables/*",
-            f"Write:{bucket}/tables/*",
-            f"Read:{bucket}/quality/*",
-            f"Write:{bucket}/quality/*",
-            f"List:{bucket}",
-        ],
-        "analyst": [f"Read:{bucket}/tables/*", f"Read:{bucket}/quality/*", f"List:{bucket}"],
-    }
+    """SeaweedFS actions per identity, scoped to ``bucket`` prefixes (see module docstring and :data:`GRANTS`)."""
+    actions = {"admin": ["Admin", "Read", "Write", "List", "Tagging"]}
+    for identity, grants in GRANTS.items():
+        actions[identity] = [f"{verb.capitalize()}:{bucket}/{prefix}/*" for verb, prefix in grants] + [f"List:{bucket}"]
+    return actions
+
+
+def least_privileged_identity(needed: frozenset[tuple[str, str]]) -> str:
+    """The first identity of :data:`GRANTS` whose grants cover every ``(verb, prefix)`` of ``needed``, else ``admin``.
+
+    A grant on a prefix covers the keys under it (``write log`` covers ``write log/_consumers``).
+    """
+    for identity, grants in GRANTS.items():
+        if all(
+            any(verb == v and (prefix == p or prefix.startswith(f"{p}/")) for v, p in grants) for verb, prefix in needed
+        ):
+            return identity
+    return "admin"
 
 
 def credentials(server: S3Server) -> dict[str, tuple[str, str]]:

@@ -33,17 +33,13 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from metrics_lake.core.errors import LakeError
 from metrics_lake.infra.processes import pid_from_file, stop_process_group
+from metrics_lake.lake_schemas.errors import SparkClusterError
 
 __all__ = ["SparkCluster", "SparkClusterError", "cluster_state", "running_pids", "spark_home", "start", "stop"]
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-
-
-class SparkClusterError(LakeError, RuntimeError):
-    """The local Spark cluster could not be started, found or stopped."""
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,22 @@
-"""Contracts and schemas, declared once: the bottom layer of metrics-lake (imports nothing of ours).
+"""Contracts, declared once: the bottom layer of metrics-lake (imports nothing of ours).
 
+What every other layer agrees on: the shape of data, the names of things, the errors.
+
+- :mod:`.errors`: :class:`~.errors.LakeError` and every subclass with its exit code (the hierarchy is drawn there);
 - :mod:`.types`: UTC timestamp and tag types; :func:`spark_schema` derives Spark schemas;
 - :mod:`.log_records`: :data:`LOG_RECORD` (what a segment holds) and :data:`LOG_ROW` (with its position);
-- :mod:`.tables`: every Delta table's schema and facts in the registry :data:`TABLES`;
+- :mod:`.tables`: every Delta table's name (:class:`~.tables.Table`), schema and facts in the registry :data:`TABLES`;
+- :mod:`.operations`: what each operation (command, Airflow task, job) reads and writes;
 - :mod:`.contract`: the event contract and its validator (quarantine reasons);
-- ``stored_queries.toml``: the stored query declarations (parsed by ``metrics_lake.core.stored_queries``).
+  :mod:`.ndjson`: the same contract checked on whole blocks of JSON Lines, vectorised;
+- ``stored_queries.toml``: the stored query declarations shipped with the lake
+  (parsed by :mod:`metrics_lake.core.kernels.stored_queries`).
 """
 
 from __future__ import annotations
 
-from metrics_lake.schemas.log_records import LOG_RECORD, LOG_ROW
-from metrics_lake.schemas.tables import (
+from metrics_lake.lake_schemas.log_records import LOG_RECORD, LOG_ROW
+from metrics_lake.lake_schemas.tables import (
     BRONZE_EVENTS,
     DQ_RESULTS,
     LAMBDA_RECONCILIATION,
@@ -20,11 +26,12 @@ from metrics_lake.schemas.tables import (
     QUARANTINE_EVENTS,
     QUERY_RESULTS,
     TABLES,
+    Table,
     TableSpec,
     rollup_chain,
     table_spec,
 )
-from metrics_lake.schemas.types import TAGS, UTC_MS, UTC_US, spark_schema
+from metrics_lake.lake_schemas.types import TAGS, UTC_MS, UTC_US, spark_schema
 
 __all__ = [
     "BRONZE_EVENTS",
@@ -39,6 +46,7 @@ __all__ = [
     "QUERY_RESULTS",
     "TABLES",
     "TAGS",
+    "Table",
     "UTC_MS",
     "UTC_US",
     "TableSpec",

@@ -20,7 +20,7 @@ JSON nested deeper than Python's recursion limit, integers beyond Python's
 digit limit or a double's range, strings with lone surrogates (not UTF-8)
 and bytes that are not UTF-8 are reasons like any other. Epoch milliseconds
 from ISO-8601 strings are computed with integers (no float rounding).
-:mod:`metrics_lake.schemas.ndjson` checks whole blocks of JSON Lines the same
+:mod:`metrics_lake.lake_schemas.ndjson` checks whole blocks of JSON Lines the same
 way, vectorised, and comes here for every line it rejects.
 """
 
@@ -35,7 +35,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metrics_lake.schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.errors import ContractViolation
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
 
 METRIC_NAME = re.compile(r"[a-z0-9_.]{1,128}")
 MAX_SERVER_LEN = 128
@@ -67,16 +68,6 @@ PROTOCOL_REASON_CODES = (
     "unsupported",  # a well-formed point of a kind the lake does not store (e.g. a native histogram)
 )
 REASON_CODES = EVENT_REASON_CODES + PROTOCOL_REASON_CODES
-
-
-class ContractViolation(ValueError):
-    """An event breaks the contract; ``reason`` is ``"<code>: <detail>"``."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        assert code in REASON_CODES, code
-        super().__init__(f"{code}: {detail}")
-        self.code = code
-        self.reason = f"{code}: {detail}"
 
 
 def servers_ok(servers: pa.Array) -> pa.Array:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from metrics_lake.schemas.types import TAGS, UTC_MS
+from metrics_lake.lake_schemas.types import TAGS, UTC_MS
 
 __all__ = ["LOG_RECORD", "LOG_ROW"]
 

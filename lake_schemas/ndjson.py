@@ -1,8 +1,8 @@
 """JSON Lines in the event contract, checked a block at a time with Arrow: the importer's (and gateway's) fast path.
 
 :func:`records_from_lines` turns bytes holding one event per line into
-:data:`~metrics_lake.schemas.LOG_RECORD` rows, in line order, with exactly
-the outcome :func:`metrics_lake.schemas.contract.to_log_records` gives line
+:data:`~metrics_lake.lake_schemas.log_records.LOG_RECORD` rows, in line order, with exactly
+the outcome :func:`metrics_lake.lake_schemas.contract.to_log_records` gives line
 by line (the same accepted values, the same reasons and raw payloads), at
 the speed of Arrow's JSON reader:
 
@@ -50,9 +50,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from metrics_lake.schemas.contract import MAX_TS_MS, MIN_TS_MS, metrics_ok, servers_ok, to_log_records
-from metrics_lake.schemas.log_records import LOG_RECORD
-from metrics_lake.schemas.types import TAGS
+from metrics_lake.lake_schemas.contract import MAX_TS_MS, MIN_TS_MS, metrics_ok, servers_ok, to_log_records
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.types import TAGS
 
 __all__ = ["MAX_BRACKETS", "MAX_LINE_BYTES", "LinesResult", "records_from_lines"]
 

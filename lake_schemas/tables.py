@@ -1,23 +1,31 @@
-"""The table registry: every Delta table of the lake and its facts, declared once.
+"""The table registry: every Delta table of the lake, its name and its facts, declared once.
 
-Each :class:`TableSpec` holds what the rest of the lake derives from: the
-schema (pyarrow; Spark's via :func:`metrics_lake.schemas.types.spark_schema`),
+:class:`Table` names every table: code refers to a table as ``Table.BRONZE_EVENTS``,
+never by a string literal (``tests/lake_schemas/test_tables.py`` fails on a
+table-name literal anywhere else), so a table's name exists once. Each
+:class:`TableSpec` holds what the rest of the lake derives from: the
+schema (pyarrow; Spark's via :func:`metrics_lake.lake_schemas.types.spark_schema`),
 the partition columns, the key that is unique per row, the column holding the
 row's UTC day, the ``LakeSettings`` field with its retention, its window size
 (window and rollup tables), the table it is rolled up from, and whether a
 Great Expectations suite checks it. Retention, the Airflow assets, the
 quality suites and the window jobs read these facts from :data:`TABLES`
 instead of repeating them; ``tests/lake_schemas/test_tables.py`` checks that
-they cover the same tables.
+they cover the same tables. Which operation reads and writes which table is
+declared in :mod:`metrics_lake.lake_schemas.operations`.
+
+The module constants :data:`BRONZE_EVENTS` ... are the tables' pyarrow
+schemas; the names are the members of :class:`Table`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import pyarrow as pa
 
-from metrics_lake.schemas.types import TAGS, UTC_US
+from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
 __all__ = [
     "BRONZE_EVENTS",
@@ -29,10 +37,29 @@ __all__ = [
     "QUARANTINE_EVENTS",
     "QUERY_RESULTS",
     "TABLES",
+    "Table",
     "TableSpec",
     "rollup_chain",
     "table_spec",
 ]
+
+
+class Table(StrEnum):
+    """The name of every Delta table of the lake (``tables/<name>`` under the lake root).
+
+    Members are strings (``Table.BRONZE_EVENTS == "bronze_events"``), so they
+    go wherever a table name does: delta-rs, Spark options, SQL text, paths.
+    """
+
+    BRONZE_EVENTS = "bronze_events"
+    QUARANTINE_EVENTS = "quarantine_events"
+    METRIC_WINDOWS_1M = "metric_windows_1m"
+    LAMBDA_RECONCILIATION = "lambda_reconciliation"
+    METRIC_ROLLUP_1H = "metric_rollup_1h"
+    METRIC_ROLLUP_1D = "metric_rollup_1d"
+    QUERY_RESULTS = "query_results"
+    DQ_RESULTS = "dq_results"
+
 
 #: ``tables/bronze_events``: every valid event exactly once.
 BRONZE_EVENTS = pa.schema(
@@ -67,7 +94,7 @@ QUARANTINE_EVENTS = pa.schema(
 
 #: ``tables/metric_windows_1m``: one row per (metric, server, window_start) of
 #: a 1-minute event-time tumbling window. ``sketch`` is the window's values as
-#: a log-bucketed histogram (``metrics_lake.core.sketch``: the OpenTelemetry
+#: a log-bucketed histogram (``metrics_lake.core.kernels.sketch``: the OpenTelemetry
 #: exponential-histogram layout at scale 6, packed (key int32, count int64)
 #: pairs), mergeable across windows and servers by adding bucket counts;
 #: p50/p95/p99 are read from it within 0.54 % relative error, clamped to [min, max].
@@ -181,14 +208,14 @@ class TableSpec:
     ``quality_suite``: whether ``lake quality`` validates it.
     """
 
-    name: str
+    name: Table
     schema: pa.Schema
     partition_by: tuple[str, ...]
     key: tuple[str, ...]
     description: str
     retention_setting: str | None = None
     window_seconds: int | None = None
-    rollup_of: str | None = None
+    rollup_of: Table | None = None
     quality_suite: bool = False
 
     @property
@@ -205,11 +232,11 @@ class TableSpec:
 _WINDOW_KEY = ("event_date", "metric", "server", "window_start")
 
 #: Every table of the lake, by name.
-TABLES: dict[str, TableSpec] = {
+TABLES: dict[Table, TableSpec] = {
     spec.name: spec
     for spec in (
         TableSpec(
-            "bronze_events",
+            Table.BRONZE_EVENTS,
             BRONZE_EVENTS,
             ("event_date",),
             ("topic", "partition", "offset"),
@@ -218,7 +245,7 @@ TABLES: dict[str, TableSpec] = {
             quality_suite=True,
         ),
         TableSpec(
-            "quarantine_events",
+            Table.QUARANTINE_EVENTS,
             QUARANTINE_EVENTS,
             ("ingest_date",),
             ("topic", "partition", "offset"),
@@ -226,7 +253,7 @@ TABLES: dict[str, TableSpec] = {
             retention_setting="retention_bronze_days",
         ),
         TableSpec(
-            "metric_windows_1m",
+            Table.METRIC_WINDOWS_1M,
             METRIC_WINDOWS_1M,
             ("event_date",),
             _WINDOW_KEY,
@@ -236,7 +263,7 @@ TABLES: dict[str, TableSpec] = {
             quality_suite=True,
         ),
         TableSpec(
-            "lambda_reconciliation",
+            Table.LAMBDA_RECONCILIATION,
             LAMBDA_RECONCILIATION,
             ("event_date",),
             ("event_date", "metric"),
@@ -245,29 +272,29 @@ TABLES: dict[str, TableSpec] = {
             quality_suite=True,
         ),
         TableSpec(
-            "metric_rollup_1h",
+            Table.METRIC_ROLLUP_1H,
             METRIC_ROLLUP_1H,
             ("event_date",),
             _WINDOW_KEY,
             "1-hour rollups of the 1-minute windows (merged sketches)",
             retention_setting="retention_rollup_1h_days",
             window_seconds=3600,
-            rollup_of="metric_windows_1m",
+            rollup_of=Table.METRIC_WINDOWS_1M,
             quality_suite=True,
         ),
         TableSpec(
-            "metric_rollup_1d",
+            Table.METRIC_ROLLUP_1D,
             METRIC_ROLLUP_1D,
             ("event_date",),
             _WINDOW_KEY,
             "1-day rollups of the 1-hour rollups (merged sketches)",
             retention_setting="retention_rollup_1d_days",
             window_seconds=86_400,
-            rollup_of="metric_rollup_1h",
+            rollup_of=Table.METRIC_ROLLUP_1H,
             quality_suite=True,
         ),
         TableSpec(
-            "query_results",
+            Table.QUERY_RESULTS,
             QUERY_RESULTS,
             ("event_date",),
             ("event_date", "query", "server", "window_start", "aggregate"),
@@ -275,7 +302,7 @@ TABLES: dict[str, TableSpec] = {
             retention_setting="retention_windows_days",
         ),
         TableSpec(
-            "dq_results",
+            Table.DQ_RESULTS,
             DQ_RESULTS,
             ("event_date",),
             ("run_id", "table", "expectation", "column", "threshold"),
@@ -290,7 +317,7 @@ def table_spec(name: str) -> TableSpec:
     try:
         return TABLES[name]
     except KeyError:
-        raise KeyError(f"no declared table {name!r}; declared: {', '.join(TABLES)}") from None
+        raise KeyError(f"no declared table {str(name)!r}; declared: {', '.join(TABLES)}") from None
 
 
 def rollup_chain() -> list[TableSpec]:
@@ -301,7 +328,7 @@ def rollup_chain() -> list[TableSpec]:
     while pending:
         ready = [spec for spec in pending if spec.rollup_of in built]
         if not ready:
-            raise ValueError(f"rollup sources missing or cyclic: {[s.name for s in pending]}")
+            raise ValueError(f"rollup sources missing or cyclic: {[s.name for s in pending]}")  # programming error
         for spec in ready:
             ordered.append(spec)
             built.add(spec.name)

@@ -33,13 +33,16 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from metrics_lake.core import keys
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import ensure_table, list_tables, open_table, retry_on_conflict, write_data_files
+from metrics_lake.core.tables.commits import retry_on_conflict
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import ensure_table, list_tables, open_table
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.tables import TABLES, Table
 from metrics_lake.quality.suites import CRITICAL, SUITE_TABLES, build_suite, prepare
-from metrics_lake.schemas import TABLES
 
-DQ_RESULTS = "dq_results"
 _THRESHOLD_KEYS = ("min_value", "max_value", "value_set", "regex", "column_set", "or_equal")
 
 
@@ -215,13 +218,13 @@ def write_results(settings: LakeSettings, report: QualityReport, run_at: dt.date
     if not rows:
         return
     store = open_store(settings)
-    spec = TABLES[DQ_RESULTS]
-    files = write_data_files(store, DQ_RESULTS, pa.Table.from_pylist(rows, schema=spec.schema))
+    spec = TABLES[Table.DQ_RESULTS]
+    files = write_data_files(store, Table.DQ_RESULTS, pa.Table.from_pylist(rows, schema=spec.schema))
     retry_on_conflict(
-        lambda: ensure_table(store, DQ_RESULTS).create_write_transaction(
+        lambda: ensure_table(store, Table.DQ_RESULTS).create_write_transaction(
             [f.add_action() for f in files], mode="append", schema=spec.schema, partition_by=list(spec.partition_by)
         ),
-        "dq_results append",
+        f"{Table.DQ_RESULTS} append",
     )
 
 
@@ -233,12 +236,12 @@ def publish(settings: LakeSettings) -> None:
     site = settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
     for path in site.rglob("*"):
         if path.is_file():
-            store.replace(f"quality/docs/{path.relative_to(site)}", path.read_bytes())
+            store.replace(keys.quality_key(f"docs/{path.relative_to(site)}"), path.read_bytes())
     trend = settings.quality_path / "trend.html"
     if trend.exists():  # in the bucket the docs site sits at quality/docs/
         page = trend.read_text().replace("gx/uncommitted/data_docs/local_site/", "docs/")
-        store.replace("quality/trend.html", page.encode())
-        store.replace("quality/trend.png", (settings.quality_path / "trend.png").read_bytes())
+        store.replace(keys.quality_key("trend.html"), page.encode())
+        store.replace(keys.quality_key("trend.png"), (settings.quality_path / "trend.png").read_bytes())
 
 
 def run_quality(
@@ -262,7 +265,7 @@ def run_quality(
     chosen = tables or [t for t in SUITE_TABLES if t in existing]
     for table in chosen:
         if table not in SUITE_TABLES:
-            raise KeyError(f"no quality suite for table {table!r}; suites exist for {', '.join(SUITE_TABLES)}")
+            raise InputError(f"no quality suite for table {table!r}; suites exist for {', '.join(SUITE_TABLES)}")
     report = QualityReport(run_id=uuid.uuid4().hex, day=day)
     context = gx_context(settings)
     for table in chosen:
@@ -278,8 +281,8 @@ def run_quality(
             report.outcomes += [outcome(table, r) for r in validate(context, table, frame, suite)]
         finally:
             frame.unpersist()
-    if day == now.date() and (tables is None or "metric_windows_1m" in tables):
-        from metrics_lake.core.stored_queries import load_stored_queries
+    if day == now.date() and (tables is None or Table.METRIC_WINDOWS_1M in tables):
+        from metrics_lake.core.kernels.stored_queries import load_stored_queries
         from metrics_lake.quality.freshness import freshness_outcomes
 
         report.outcomes += freshness_outcomes(settings, load_stored_queries(), now)

@@ -21,10 +21,11 @@ import pyarrow.dataset as ds
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.speed_layer import newest_window_end
+from metrics_lake.core.kernels.stored_queries import StoredQuery
+from metrics_lake.core.speed.progress import newest_window_end
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.stored_queries import StoredQuery
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
+from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.quality.checkpoint import Outcome
 
 __all__ = ["EXPECTATION", "freshness_outcomes"]
@@ -41,11 +42,11 @@ def freshness_outcomes(settings: LakeSettings, queries: list[StoredQuery], now: 
     """
     store = open_store(settings)
     limit = settings.quality_freshness_lag_seconds
-    outcomes = [_outcome("metric_windows_1m", "window_end", _newest_window_end(store), now, limit)]
+    outcomes = [_outcome(Table.METRIC_WINDOWS_1M, "window_end", _newest_window_end(store), now, limit)]
     newest = _newest_query_windows(store, now)
     for query in queries:
         outcomes.append(
-            _outcome("query_results", f"window_end where query = {query.name}", newest.get(query.name), now, limit)
+            _outcome(Table.QUERY_RESULTS, f"window_end where query = {query.name}", newest.get(query.name), now, limit)
         )
     return outcomes
 
@@ -72,14 +73,14 @@ def _outcome(table: str, column: str, newest: dt.datetime | None, now: dt.dateti
 
 def _newest_window_end(store) -> dt.datetime | None:
     try:
-        return newest_window_end(open_table(store, "metric_windows_1m"))
+        return newest_window_end(open_table(store, Table.METRIC_WINDOWS_1M))
     except TableNotFoundError:
         return None
 
 
 def _newest_query_windows(store, now: dt.datetime) -> dict[str, dt.datetime]:
     try:
-        table = open_table(store, "query_results")
+        table = open_table(store, Table.QUERY_RESULTS)
     except TableNotFoundError:
         return {}
     days = pa.array([now.date() - dt.timedelta(days=d) for d in (-1, 0, 1)], pa.date32())

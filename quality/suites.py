@@ -30,7 +30,7 @@ import datetime as dt
 import statistics
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.schemas import TABLES
+from metrics_lake.lake_schemas.tables import TABLES, Table
 
 #: Tables with a suite (``quality_suite`` in the registry), and each one's window size in seconds (None: not a window table).
 SUITE_TABLES: dict[str, int | None] = {name: spec.window_seconds for name, spec in TABLES.items() if spec.quality_suite}
@@ -41,7 +41,7 @@ def prepare(frame, table: str):
     """Add the derived columns ``table``'s suite checks to a Spark DataFrame of its rows."""
     from pyspark.sql import functions as F
 
-    if table == "bronze_events":
+    if table == Table.BRONZE_EVENTS:
         return frame.withColumn(
             "value_is_finite", ~(F.isnan("value") | F.col("value").isin(float("inf"), float("-inf")))
         ).withColumn("ts_epoch_s", F.unix_timestamp("ts"))
@@ -56,7 +56,7 @@ def prepare(frame, table: str):
             .withColumn("window_end_epoch_s", F.unix_timestamp("window_end"))
             .withColumn("metric_family", family)
         )
-    if table == "lambda_reconciliation":
+    if table == Table.LAMBDA_RECONCILIATION:
         return frame.withColumn(
             "count_diff_ratio",
             F.abs(F.col("batch_count") - F.col("speed_count")) / F.greatest(F.col("batch_count"), F.lit(1)),
@@ -87,7 +87,7 @@ def build_suite(table: str, settings: LakeSettings, day: dt.date, now: dt.dateti
     suite = gx.ExpectationSuite(name=table)
     add = suite.add_expectation
     add(E.ExpectTableRowCountToBeBetween(min_value=0, severity=WARNING))  # records the row count for trends
-    if table == "bronze_events":
+    if table == Table.BRONZE_EVENTS:
         add(
             E.ExpectTableColumnsToMatchSet(
                 column_set=list(TABLES[table].schema.names) + ["value_is_finite", "ts_epoch_s"],

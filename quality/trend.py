@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import list_tables, open_table
+from metrics_lake.core.tables.delta import list_tables, open_table
+from metrics_lake.lake_schemas.tables import Table
 
 
 def write_trend(settings: LakeSettings) -> Path | None:
@@ -25,9 +26,9 @@ def write_trend(settings: LakeSettings) -> Path | None:
     import matplotlib.pyplot as plt
 
     store = open_store(settings)
-    if "dq_results" not in list_tables(store):
+    if Table.DQ_RESULTS not in list_tables(store):
         return None
-    results = open_table(store, "dq_results").to_pyarrow_table(
+    results = open_table(store, Table.DQ_RESULTS).to_pyarrow_table(
         columns=[
             "run_id",
             "run_at",
@@ -85,7 +86,7 @@ def write_trend(settings: LakeSettings) -> Path | None:
     (settings.quality_path / "trend.html").write_text(
         "<!doctype html><meta charset=utf-8><title>metrics-lake data quality</title>"
         "<h1>metrics-lake data quality</h1><p><a href='gx/uncommitted/data_docs/local_site/index.html'>GX data docs</a>"
-        ' · query details: <code>lake sql "SELECT * FROM dq_results WHERE NOT success"</code></p>'
+        f' · query details: <code>lake sql "SELECT * FROM {Table.DQ_RESULTS} WHERE NOT success"</code></p>'
         "<img src='trend.png' alt='pass rate and row counts per table'>"
         "<h2>Failures in the latest run</h2><table border=1 cellpadding=4>"
         "<tr><th>table</th><th>expectation</th><th>column</th><th>severity</th><th>observed</th><th>sample</th></tr>"

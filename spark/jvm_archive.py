@@ -70,6 +70,7 @@ def _representative_run(archive: Path) -> None:
 
     from metrics_lake.core.config import load_settings
     from metrics_lake.core.log.producer import producer_for
+    from metrics_lake.lake_schemas.tables import Table
     from metrics_lake.spark.jobs.sql_query import run_sql
     from metrics_lake.spark.jobs.stream_metrics import run_stream
     from metrics_lake.spark.session import build_session
@@ -86,7 +87,7 @@ def _representative_run(archive: Path) -> None:
             )
         spark = build_session(settings, "lake-jvm-archive", extra_java_options=f"-XX:ArchiveClassesAtExit={archive}")
         run_stream(spark, settings, once=True)
-        run_sql(spark, settings, "SELECT metric, count(*) FROM metric_windows_1m GROUP BY metric").collect()
+        run_sql(spark, settings, f"SELECT metric, count(*) FROM {Table.METRIC_WINDOWS_1M} GROUP BY metric").collect()
         spark.stop()
         gateway = SparkContext._gateway
         gateway.shutdown()

@@ -51,8 +51,8 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
     logging.getLogger("py4j").setLevel(logging.WARNING)
     from pyspark.sql import SparkSession
 
-    from metrics_lake.spark.readers.delta_reader import DeltaSnapshotDataSource
-    from metrics_lake.spark.sources.log_source import LogDataSource
+    from metrics_lake.spark.datasources.delta_reader import DeltaSnapshotDataSource
+    from metrics_lake.spark.datasources.log_source import LogDataSource
 
     spark = (
         SparkSession.builder.master(settings.spark_master)

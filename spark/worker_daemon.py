@@ -19,10 +19,10 @@ import pyarrow.dataset  # noqa: F401 - reads the tables' files
 import pyarrow.parquet  # noqa: F401
 from pyspark import daemon
 
-import metrics_lake.core.speed_layer  # noqa: F401
-import metrics_lake.core.windows  # noqa: F401
-import metrics_lake.spark.readers.delta_reader  # noqa: F401
-import metrics_lake.spark.sources.log_source  # noqa: F401
+import metrics_lake.core.kernels.windows  # noqa: F401
+import metrics_lake.core.speed.micro_batch  # noqa: F401
+import metrics_lake.spark.datasources.delta_reader  # noqa: F401
+import metrics_lake.spark.datasources.log_source  # noqa: F401
 
 if __name__ == "__main__":
     daemon.manager()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from metrics_lake.core.sketch import RELATIVE_ERROR
+from metrics_lake.core.kernels.sketch import RELATIVE_ERROR
 from metrics_lake.infra.processes import bind_error
 
 
@@ -35,7 +35,7 @@ def expected_windows(events: pa.Table) -> dict[tuple, dict]:
 def assert_quantile_within_bound(sorted_values: list[float], q: float, estimate: float) -> None:
     """The estimate of quantile ``q`` is within the sketch's relative error of the value of rank floor(q(n-1)).
 
-    That is the guarantee of :mod:`metrics_lake.core.sketch` (DDSketch's,
+    That is the guarantee of :mod:`metrics_lake.core.kernels.sketch` (DDSketch's,
     for the bucket holding that rank), checked against the exact values.
     """
     exact = sorted_values[math.floor(q * (len(sorted_values) - 1))]

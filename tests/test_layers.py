@@ -1,4 +1,4 @@
-"""Layers and the import namespace: the import contracts hold, nothing installed can collide, no folder shadows us."""
+"""Layers and the import namespace: import path = folder path, the contracts hold, nothing installed can collide."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import importlib.metadata
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -15,17 +16,25 @@ from deltalake import DeltaTable
 from tests.helpers import LAKE
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The design card's folders and what they install as (pyproject [tool.setuptools.package-dir]).
-FOLDERS = {
-    "lake_schemas": "metrics_lake/schemas",
-    "lake": "metrics_lake/core",
-    "agents": "metrics_lake/agents",
-    "spark": "metrics_lake/spark",
-    "infra": "metrics_lake/infra",
-    "quality": "metrics_lake/quality",
-    "app": "metrics_lake/app",
-}
-COLLIDING = ("agents", "spark", "quality", "infra", "lake", "lake_schemas", "app")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+#: The installed folders, bottom layer first: folder X/ is the package metrics_lake.X.
+FOLDERS = ("lake_schemas", "core", "agents", "spark", "infra", "quality", "app")
+COLLIDING = (*FOLDERS, "lake")
+
+
+def test_import_path_is_folder_path():
+    """Every mapping is metrics_lake.X -> X/, and every folder with an __init__.py under them is a listed package."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {f"metrics_lake.{folder}": folder for folder in FOLDERS}
+    on_disk = {
+        "metrics_lake." + str(init.parent.relative_to(ROOT)).replace("/", ".")
+        for folder in FOLDERS
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert set(setuptools["packages"]) == on_disk
+    for package in on_disk:
+        module = importlib.import_module(package)
+        assert Path(module.__file__).parent == ROOT / package.removeprefix("metrics_lake.").replace(".", "/")
 
 
 def test_import_contracts_hold():
@@ -70,14 +79,9 @@ def test_a_built_wheel_holds_every_module_under_metrics_lake_only(tmp_path):
     (wheel,) = tmp_path.glob("metrics_lake-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"metrics_lake"}
-    expected = {
-        f"{target}/{name.removeprefix(folder + '/')}"
-        for folder, target in FOLDERS.items()
-        for name in tracked
-        if name.startswith(folder + "/") and name.endswith(".py")
-    }
+    expected = {f"metrics_lake/{name}" for name in tracked if name.split("/")[0] in FOLDERS and name.endswith(".py")}
     assert expected <= names, sorted(expected - names)
-    assert {"metrics_lake/spark/log4j2.properties", "metrics_lake/schemas/stored_queries.toml"} <= names
+    assert {"metrics_lake/spark/log4j2.properties", "metrics_lake/lake_schemas/stored_queries.toml"} <= names
 
 
 @pytest.mark.spark
@@ -101,3 +105,23 @@ def test_stream_once_works_from_a_directory_with_folders_named_like_ours(tmp_pat
         assert result.returncode == 0, result.stderr[-3000:]
     bronze = DeltaTable(str(tmp_path / "lake" / "tables" / "bronze_events")).to_pyarrow_table(columns=["offset"])
     assert bronze.num_rows == 3 * 2 * 20
+
+
+def test_the_readme_lists_every_module_once():
+    """README "Layout": one line per module of the installed folders, under its folder, none missing or twice."""
+    section = (ROOT / "README.md").read_text().split("### Layout", 1)[1]
+    listing = section.split("Every module, once", 1)[1].split("```", 2)[1]
+    listed, folder = [], None
+    for line in listing.strip().splitlines():
+        words = line.split()
+        if words[0].endswith("/"):
+            folder, words = words[0], words[1:]
+        listed.append(f"{folder}{words[0]}")
+    tracked = subprocess.run(["git", "ls-files", *FOLDERS], cwd=ROOT, capture_output=True, text=True, check=True)
+    modules = [
+        name
+        for name in tracked.stdout.split()
+        if name.endswith(".py") and not name.endswith(("__init__.py", "_pb2.py"))
+    ]
+    assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
+    assert sorted(listed) == sorted(modules)

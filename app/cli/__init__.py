@@ -1,15 +1,19 @@
 """The ``lake`` command line: thin commands over library functions, and its one error boundary.
 
 Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
-:mod:`.batch`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.local`) and
-are registered on :data:`app` here. Configuration comes from ``LAKE_*``
+:mod:`.batch`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.dashboard`,
+:mod:`.local`; what they share in :mod:`.options`) and are registered on
+:data:`app` here. Configuration comes from ``LAKE_*``
 variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
 per-run choices.
 
 The error boundary is :class:`LakeGroup`, the class of :data:`app`: whatever
-a command raises is printed as one line (:func:`metrics_lake.app.errors.explain`)
-and turned into the exit code: 2 bad input, configuration or access; 1 a
-failed check; 130 interrupted; 70 a bug. ``--debug`` (or ``LAKE_DEBUG=1``)
+a command raises is printed as one line (:func:`metrics_lake.app.cli.boundary.explain`)
+and turned into the exit code of its :class:`~metrics_lake.lake_schemas.errors.LakeError`
+class (2 bad input, configuration or access; 1 a failed check; 75 another
+writer won, run again; 65 data not as the lake wrote it); 130 interrupted;
+70 a bug. An access error names what the command's operation needs of the
+store and the identity that has it. ``--debug`` (or ``LAKE_DEBUG=1``)
 lets the traceback through instead; ``--verbose`` shows third-party logs.
 :func:`main`, the ``lake`` console script, accepts both flags anywhere on the
 command line.
@@ -25,49 +29,68 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from metrics_lake.app.cli import analysis, batch, dashboard, ingest, maintenance, speed
+from metrics_lake.app.cli.boundary import explain, first_line, translate
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
 from metrics_lake.app.console import configure_output, err
-from metrics_lake.app.errors import EXIT_BUG, EXIT_INTERRUPTED, explain, first_line
-from metrics_lake.core.errors import AccessDeniedError
+from metrics_lake.core.keys import grants
+from metrics_lake.infra.seaweedfs import least_privileged_identity
+from metrics_lake.lake_schemas.errors import EXIT_BUG, EXIT_INTERRUPTED, AccessDeniedError
+from metrics_lake.lake_schemas.operations import (
+    ANALYSIS,
+    COMPACT,
+    CONSUMERS,
+    DEMO,
+    PRODUCE,
+    QUALITY,
+    QUERIES,
+    RECOMPUTE,
+    REPLAY,
+    RETAIN,
+    ROLLUP,
+    STREAM,
+    Operation,
+)
 
-__all__ = ["LakeGroup", "app", "main", "report"]
+__all__ = ["COMMAND_OPERATIONS", "LakeGroup", "app", "main", "report"]
 
-#: What each command needs from the object store, and the `lake infra` identity that has it (for access errors).
-NEEDS: dict[str, tuple[str, str]] = {
-    "produce": ("writes log/", "agent"),
-    "agent": ("writes log/", "agent"),
-    "gateway": ("writes log/", "agent"),
-    "stream": ("reads log/ and writes tables/", "pipeline"),
-    "replay": ("reads log/ and writes tables/", "pipeline"),
-    "consumers": ("reads log/", "pipeline"),
-    "recompute": ("reads and writes tables/", "pipeline"),
-    "rollup": ("reads and writes tables/", "pipeline"),
-    "queries": ("reads and writes tables/", "pipeline"),
-    "quality": ("reads and writes tables/ and quality/", "pipeline"),
-    "sql": ("reads tables/", "analyst"),
-    "tables": ("reads tables/", "analyst"),
-    "dashboard": ("reads tables/", "analyst"),
-    "compact": ("rewrites log/ and tables/", "admin"),
-    "retain": ("deletes from log/ and tables/", "admin"),
-    "demo": ("writes log/ and tables/", "admin"),
+#: The operation each command runs (:mod:`metrics_lake.lake_schemas.operations`), for the hint on access errors.
+COMMAND_OPERATIONS: dict[str, Operation] = {
+    "produce": PRODUCE,
+    "agent": PRODUCE,
+    "gateway": PRODUCE,
+    "stream": STREAM,
+    "replay": REPLAY,
+    "consumers": CONSUMERS,
+    "recompute": RECOMPUTE,
+    "rollup": ROLLUP,
+    "queries": QUERIES,
+    "quality": QUALITY,
+    "sql": ANALYSIS,
+    "tables": ANALYSIS,
+    "dashboard": ANALYSIS,
+    "compact": COMPACT,
+    "retain": RETAIN,
+    "demo": DEMO,
 }
 
 GLOBAL_FLAGS = ("--debug", "--verbose")
 
 
 def _access_hint(command: str | None) -> str:
-    if command not in NEEDS:
+    """What ``command`` needs of the store and the `lake infra` identity that has it, derived from its operation."""
+    if command not in COMMAND_OPERATIONS:
         return ""
-    what, identity = NEEDS[command]
+    needed = grants(COMMAND_OPERATIONS[command])
+    what = ", ".join(f"{verb} {prefix}/" for verb, prefix in sorted(needed, key=lambda g: (g[1], g[0])))
     return (
-        f"; `lake {command}` {what}: use credentials that may, e.g. with the local server "
-        f'eval "$(lake infra up --identity {identity})"'
+        f"; `lake {command}` needs {what}: use credentials that may, e.g. with the local server "
+        f'eval "$(lake infra up --identity {least_privileged_identity(needed)})"'
     )
 
 
 def report(exc: BaseException, command: str | None) -> int:
-    """Print ``exc`` as one line on stderr (see :func:`~metrics_lake.app.errors.explain`); returns the exit code."""
+    """Print ``exc`` as one line on stderr (see :func:`~metrics_lake.app.cli.boundary.explain`); returns the exit code."""
     explained = explain(exc)
     if explained is None:
         err.print(
@@ -77,7 +100,7 @@ def report(exc: BaseException, command: str | None) -> int:
         )
         return EXIT_BUG
     message, code = explained
-    if isinstance(exc, AccessDeniedError) or message.startswith("S3 denied access"):
+    if isinstance(translate(exc), AccessDeniedError):
         message += _access_hint(command)
     err.print(f"[red]error:[/] {escape(message)}", soft_wrap=True)
     return code

@@ -11,14 +11,15 @@ from typing import Annotated
 
 import pyarrow as pa
 import typer
+from rich import table as rich_table
 from rich.markup import escape
-from rich.table import Table
 from rich.text import Text
 
 from metrics_lake.app.cli.options import day, settings
 from metrics_lake.app.console import err, out
-from metrics_lake.core.errors import InputError
 from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["OutputFormat", "quality", "sql", "tables"]
 
@@ -49,7 +50,7 @@ def print_arrow(result: pa.Table, fmt: OutputFormat) -> None:
         writer.writeheader()
         writer.writerows(rows)
     else:
-        table = Table(*result.column_names, show_lines=False)
+        table = rich_table.Table(*result.column_names, show_lines=False)
         for row in rows:
             table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))
         out.print(table)
@@ -65,7 +66,7 @@ def sql(
     limit: Annotated[int, typer.Option(min=1, help="Most rows to print.")] = 1000,
 ) -> None:
     """Run Spark SQL over every table (bronze_events, quarantine_events, metric_windows_1m, ...)."""
-    from metrics_lake.core.tables import list_tables, open_table
+    from metrics_lake.core.tables.delta import list_tables, open_table
     from metrics_lake.spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
     from metrics_lake.spark.session import build_session
 
@@ -84,10 +85,10 @@ def sql(
 
 def tables() -> None:
     """List the lake's tables with their Delta version, active files, rows and size."""
-    from metrics_lake.core.tables import summarize_tables
+    from metrics_lake.core.tables.delta import summarize_tables
 
     summaries = summarize_tables(open_store(settings()))
-    table = Table("table", "version", "files", "rows", "MiB")
+    table = rich_table.Table("table", "version", "files", "rows", "MiB")
     for s in summaries:
         table.add_row(s.name, str(s.version), f"{s.files:,}", f"{s.rows:,}", f"{s.size_bytes / 2**20:.2f}")
     out.print(table)
@@ -101,7 +102,7 @@ def quality(
 
     Exits 1 when a critical expectation fails (the gate for rollups and stored queries).
     """
-    from metrics_lake.core.tables import list_tables, open_table
+    from metrics_lake.core.tables.delta import list_tables, open_table
     from metrics_lake.quality.checkpoint import run_quality
     from metrics_lake.quality.suites import SUITE_TABLES
     from metrics_lake.spark.session import build_session
@@ -116,7 +117,7 @@ def quality(
     err.print(f"checking {table or 'every table'} for {checked} with Great Expectations ...")
     spark = build_session(config, "lake-quality")
     report = run_quality(spark, config, checked, [table] if table else None)
-    view = Table("suite", "rows", "expectations", "passed", "failed", "worst failure")
+    view = rich_table.Table("suite", "rows", "expectations", "passed", "failed", "worst failure")
     for name, rows in report.rows.items():
         mine = [o for o in report.outcomes if o.table == name]
         failed = [o for o in mine if not o.success]
@@ -135,7 +136,7 @@ def quality(
         err.print(f"no rows on {checked} in the checked tables")
     err.print(f"checked in {report.seconds:.1f} s; report: {report.docs_index}", soft_wrap=True)
     err.print(f"trend: {config.quality_path / 'trend.html'}", soft_wrap=True)
-    query = f"SELECT * FROM dq_results WHERE run_id = '{report.run_id}' AND NOT success"
+    query = f"SELECT * FROM {Table.DQ_RESULTS} WHERE run_id = '{report.run_id}' AND NOT success"
     err.print(f'failing rows: lake sql "{query}"', soft_wrap=True, highlight=False)
     if report.critical_failures():
         err.print("[red]critical expectations failed:[/]\n" + escape(report.describe_failures()))

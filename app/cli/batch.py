@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich import table as rich_table
 
 from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
 from metrics_lake.app.console import err, out
+from metrics_lake.lake_schemas.operations import QUERIES, RECOMPUTE, ROLLUP
+from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["queries", "recompute", "rollup"]
 
@@ -21,8 +23,8 @@ def recompute(date: DateOption = None, from_day: FromOption = None, to_day: ToOp
 
     chosen = days(date, from_day, to_day)
     config = settings()
-    open_tables(config, "bronze_events", "metric_windows_1m", "lambda_reconciliation")
-    err.print(f"recomputing {len(chosen)} day(s) of metric_windows_1m from bronze_events ...")
+    open_tables(config, *RECOMPUTE.tables)
+    err.print(f"recomputing {len(chosen)} day(s) of {Table.METRIC_WINDOWS_1M} from {Table.BRONZE_EVENTS} ...")
     spark = build_session(config, "lake-recompute")
 
     def progress(result) -> None:
@@ -39,14 +41,13 @@ def recompute(date: DateOption = None, from_day: FromOption = None, to_day: ToOp
 
 def rollup(date: DateOption = None, from_day: FromOption = None, to_day: ToOption = None) -> None:
     """Downsample days of 1-minute windows into metric_rollup_1h and metric_rollup_1d (merged sketches)."""
-    from metrics_lake.spark.jobs.rollups import ROLLUPS
     from metrics_lake.spark.jobs.rollups import rollup as run_rollup
     from metrics_lake.spark.session import build_session
 
     chosen = days(date, from_day, to_day)
     config = settings()
-    open_tables(config, *{name for target, source, _ in ROLLUPS for name in (target, source)})
-    chain = " -> ".join([ROLLUPS[0][1], *(target for target, _, _ in ROLLUPS)])
+    open_tables(config, *ROLLUP.tables)
+    chain = " -> ".join([ROLLUP.reads[0], *ROLLUP.writes])
     err.print(f"rolling up {len(chosen)} day(s): {chain} ...")
     spark = build_session(config, "lake-rollup")
     run_rollup(spark, config, chosen, lambda r: err.print(f"{r.day}: {r.table}: {r.rows:,} rows ({r.seconds:.1f} s)"))
@@ -63,22 +64,22 @@ def queries(
     list_only: Annotated[bool, typer.Option("--list", help="Only parse and list the stored queries.")] = False,
 ) -> None:
     """Evaluate the stored queries (FROM … SELECT … WINDOW … COMPUTE …) for days into query_results."""
-    from metrics_lake.core.stored_queries import load_stored_queries
+    from metrics_lake.core.kernels.stored_queries import load_stored_queries
 
     declared = load_stored_queries(file)
     if list_only:
-        listing = Table("name", "query", "description")
+        listing = rich_table.Table("name", "query", "description")
         for query in declared:
             listing.add_row(query.name, query.text, query.description)
         out.print(listing)
         return
-    from metrics_lake.spark.jobs.stored_queries import evaluate_day
+    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
     from metrics_lake.spark.session import build_session
 
     chosen = days(date, from_day, to_day)
     config = settings()
-    open_tables(config, "metric_windows_1m", "query_results")
-    err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into query_results ...")
+    open_tables(config, *QUERIES.tables)
+    err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
     spark = build_session(config, "lake-queries")
     for day in chosen:
         result = evaluate_day(spark, config, declared, day)

@@ -24,7 +24,7 @@ def dashboard(
 ) -> None:
     """Serve the dashboard (one panel per stored query, freshness, pipeline) and its JSON API until Ctrl-C."""
     from metrics_lake.app.dashboard import DashboardReader, serve
-    from metrics_lake.core.stored_queries import load_stored_queries
+    from metrics_lake.core.kernels.stored_queries import load_stored_queries
 
     config = settings()
     reader = DashboardReader(config, load_stored_queries(file))

@@ -10,12 +10,13 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from metrics_lake.agents.allocator import keep_freed_memory
 from metrics_lake.app.cli.options import GatewayOption, partition_list, settings, stop_on_signals
 from metrics_lake.app.console import err
-from metrics_lake.core.allocator import keep_freed_memory
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.producer import producer_for
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["agent", "gateway", "produce"]
 
@@ -90,7 +91,7 @@ def produce(
             again = f"; {stats.duplicates:,} were already imported by an earlier run" if stats.duplicates else ""
             err.print(
                 f"imported {from_file}: {stats.accepted:,} events accepted, {stats.rejected:,} rejected "
-                f"(-> quarantine_events), {stats.blank:,} blank lines skipped{again}"
+                f"(-> {Table.QUARANTINE_EVENTS}), {stats.blank:,} blank lines skipped{again}"
             )
             return
         simulator = FleetSimulator(
@@ -166,7 +167,7 @@ def gateway(
     err.print(f"gateway: taking the leases of topic {config.topic!r} partitions {partitions or 'all'}...")
     try:
         ingest = Gateway(config, owned=owned, linger_ms=linger_ms, roll_bytes=roll_bytes)
-    except ValueError as exc:  # owned partitions out of range
+    except InputError as exc:  # owned partitions out of range
         raise InputError(f"--partitions {partitions}: {exc}") from None
 
     def ready(address) -> None:

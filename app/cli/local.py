@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from metrics_lake.app.console import err
-from metrics_lake.core.errors import InputError
+from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = ["airflow_standalone", "infra_app"]
 
@@ -75,7 +75,7 @@ def infra_status(
     data_dir: DataDir = Path(".lake-infra/seaweedfs"), s3_port: S3Port = 8333, master_port: MasterPort = 19333
 ) -> None:
     """Say whether the local S3 server runs and answers, and list its ports and who may use each; exit 1 if down."""
-    from rich.table import Table
+    from rich import table as rich_table
 
     from metrics_lake.infra.seaweedfs import running_pid, s3_answers
 
@@ -86,7 +86,7 @@ def infra_status(
         f"SeaweedFS {f'running (pid {pid})' if pid else 'not running'}; "
         f"S3 at {server.endpoint} {'answers' if answers else 'does not answer'}; data in {server.data_dir}"
     )
-    table = Table("port (127.0.0.1)", "listener", "who may use it")
+    table = rich_table.Table("port (127.0.0.1)", "listener", "who may use it")
     for port, listener, who in server.ports():
         table.add_row(str(port), listener, who)
     err.print(table)
@@ -155,7 +155,7 @@ def spark_status(
     data_dir: SparkDir = Path(".lake-infra/spark"), master_port: SparkPort = 7077, ui_port: SparkUiPort = 8080
 ) -> None:
     """Say whether the cluster runs, with its workers, cores and applications; exit 1 if the master is down."""
-    from rich.table import Table
+    from rich import table as rich_table
 
     from metrics_lake.infra.spark_cluster import cluster_state, running_pids
 
@@ -163,7 +163,7 @@ def spark_status(
     pids, state = running_pids(cluster), cluster_state(cluster)
     master = f"running (pid {pids['master']})" if "master" in pids else "not running"
     err.print(f"Spark master {master} at {cluster.url}, web UI {cluster.ui_url}; directory {cluster.data_dir}")
-    table = Table("worker", "state", "cores (used)", "memory MiB (used)", "web UI")
+    table = rich_table.Table("worker", "state", "cores (used)", "memory MiB (used)", "web UI")
     for worker in (state or {}).get("workers", []):
         table.add_row(
             worker.get("id", "?"),

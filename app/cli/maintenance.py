@@ -6,13 +6,13 @@ import datetime as dt
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich import table as rich_table
 
 from metrics_lake.app.cli.options import settings
 from metrics_lake.app.console import err, out
-from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = ["compact", "print_retention", "retain"]
 
@@ -29,14 +29,16 @@ def compact(
     tables_only: Annotated[bool, typer.Option("--tables-only", help="Compact only Delta tables.")] = False,
 ) -> None:
     """Compaction: merge small log segments (offsets unchanged) and bin-pack small Delta files, then checkpoint."""
-    from metrics_lake.core.log.compaction import compact_log
-    from metrics_lake.core.table_compaction import compact_table
-    from metrics_lake.core.tables import list_tables
+    from metrics_lake.core.log.segment_compaction import compact_log
+    from metrics_lake.core.maintenance.table_compaction import compact_table
+    from metrics_lake.core.tables.delta import list_tables
 
     config = settings()
     store = open_store(config)
     if not tables_only:
-        view = Table("topic", "partition", "segments", "after", "avg KiB", "after", "runs merged", "objects deleted")
+        view = rich_table.Table(
+            "topic", "partition", "segments", "after", "avg KiB", "after", "runs merged", "objects deleted"
+        )
         results = compact_log(
             SegmentLog(store),
             target_bytes=config.log_compaction_target_bytes,
@@ -61,7 +63,7 @@ def compact(
     unknown = sorted(set(chosen) - set(existing))
     if unknown:
         raise InputError(f"--tables: no such table(s) {', '.join(unknown)} (existing: {', '.join(existing)})")
-    view = Table("table", "files", "after", "avg KiB", "after", "partitions rewritten", "version", "seconds")
+    view = rich_table.Table("table", "files", "after", "avg KiB", "after", "partitions rewritten", "version", "seconds")
     for name in chosen:
         r = compact_table(
             store,
@@ -84,9 +86,9 @@ def compact(
 
 
 def print_retention(plan, applied: bool) -> None:
-    """Render a :class:`metrics_lake.core.retention.RetentionPlan` as tables on stdout, warnings on stderr."""
+    """Render a :class:`metrics_lake.core.maintenance.retention.RetentionPlan` as tables on stdout, warnings on stderr."""
     verb = "deleted" if applied else "would delete"
-    view = Table("topic", "partition", f"segments {verb}", "records", "MiB", "start offset", "new start")
+    view = rich_table.Table("topic", "partition", f"segments {verb}", "records", "MiB", "start offset", "new start")
     for p in plan.log:
         if p.segments:
             view.add_row(
@@ -99,7 +101,7 @@ def print_retention(plan, applied: bool) -> None:
                 f"{p.new_start:,}",
             )
     out.print(view if view.row_count else f"log: nothing past retention ({len(plan.log)} partitions checked)")
-    view = Table("table", "keeps from", f"days {verb}", "files", "rows", "MiB")
+    view = rich_table.Table("table", "keeps from", f"days {verb}", "files", "rows", "MiB")
     for t in plan.tables:
         days = f"{t.days[0]} .. {t.days[-1]} ({len(t.days)})" if t.days else "-"
         view.add_row(t.table, str(t.cutoff), days, f"{t.files:,}", f"{t.rows:,}", f"{t.size_bytes / 2**20:,.2f}")
@@ -121,7 +123,7 @@ def retain(
 
     Exits 1 when a consumer group has unread records past retention.
     """
-    from metrics_lake.core.retention import apply_retention, plan_retention
+    from metrics_lake.core.maintenance.retention import apply_retention, plan_retention
 
     config = settings()
     store = open_store(config)

@@ -1,6 +1,6 @@
 """What several ``lake`` commands share: settings loading, option types, parsers of days, times and partitions.
 
-Parsers raise :class:`~metrics_lake.core.errors.InputError` naming the
+Parsers raise :class:`~metrics_lake.lake_schemas.errors.InputError` naming the
 option and the expected form; the error boundary in
 :func:`metrics_lake.app.cli.main` prints it as one line with exit code 2.
 """
@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from metrics_lake.core.config import LakeSettings, load_settings
-from metrics_lake.core.errors import InputError
+from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = [
     "DateOption",
@@ -119,7 +119,7 @@ def open_tables(config: LakeSettings, *names: str):
     started.
     """
     from metrics_lake.core.storage import open_store
-    from metrics_lake.core.tables import ensure_table
+    from metrics_lake.core.tables.delta import ensure_table
 
     store = open_store(config)
     for name in names:

@@ -5,15 +5,16 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
+from rich import table as rich_table
 from rich.text import Text
 
 from metrics_lake.app.cli.options import partition_list, settings, stop_on_signals, time_ms
 from metrics_lake.app.console import err, out, print_batch
-from metrics_lake.core.errors import InputError
+from metrics_lake.core.keys import check_name
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.names import check_name
 from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["consumers", "replay", "stream"]
 
@@ -49,13 +50,13 @@ def replay(
     to_time: Annotated[str | None, typer.Option(help="Events before this time (ISO-8601 or epoch ms).")] = None,
     partitions: Annotated[str | None, typer.Option(help="Only these partitions, e.g. 0,2-3.")] = None,
     into: Annotated[
-        str | None, typer.Option(help="Write the range's events to this new table instead of bronze_events.")
+        str | None, typer.Option(help=f"Write the range's events to this new table instead of {Table.BRONZE_EVENTS}.")
     ] = None,
     topic: Annotated[str | None, typer.Option(help="Topic to replay (default LAKE_TOPIC).")] = None,
 ) -> None:
     """Re-read a range of the log through the bronze path; rows already in the table are skipped."""
-    from metrics_lake.spark.jobs.replay import replay as run_replay
-    from metrics_lake.spark.jobs.replay import replay_ranges
+    from metrics_lake.core.speed.replay import replay as run_replay
+    from metrics_lake.core.speed.replay import replay_ranges
 
     config = settings()
     topic = check_name("--topic", topic) if topic is not None else config.topic
@@ -102,7 +103,7 @@ def consumers(
     if not report:
         err.print("no consumer group has committed offsets yet (`lake stream` commits the group speed-layer)")
         return
-    view = Table("group", "topic", "partition", "committed", "log start", "log end", "lag")
+    view = rich_table.Table("group", "topic", "partition", "committed", "log start", "log end", "lag")
     for row in report:
         lag = Text(f"{row.lag:,}", style="red" if row.behind_retention else "")
         committed = "-" if row.committed is None else f"{row.committed:,}"

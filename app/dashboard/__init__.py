@@ -6,7 +6,7 @@ the page (Plotly's bundle served from the ``plotly`` package, so it works
 offline) and the API documented in the README.
 """
 
-from metrics_lake.app.dashboard.reader import DashboardReader, RangeError
+from metrics_lake.app.dashboard.reader import DashboardReader
 from metrics_lake.app.dashboard.server import build_app, serve
 
-__all__ = ["DashboardReader", "RangeError", "build_app", "serve"]
+__all__ = ["DashboardReader", "build_app", "serve"]

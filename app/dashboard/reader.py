@@ -39,16 +39,17 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.errors import LakeError
+from metrics_lake.core.kernels.stored_queries import StoredQuery, query_rows, window_states
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed_layer import newest_window_end, watermark_app_id
+from metrics_lake.core.speed.progress import newest_window_end, watermark_app_id
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.stored_queries import StoredQuery, query_rows, window_states
-from metrics_lake.core.tables import open_table
-from metrics_lake.core.windows import WINDOW_STATE, merge_states
+from metrics_lake.core.tables.delta import open_table
+from metrics_lake.lake_schemas.errors import LakeError, RangeError
+from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["CACHE_AFTER_SECONDS", "MAX_POINTS", "RANGES", "STEPS", "DashboardReader", "RangeError", "choose_step"]
+__all__ = ["CACHE_AFTER_SECONDS", "MAX_POINTS", "RANGES", "STEPS", "DashboardReader", "choose_step"]
 
 #: The range picker's choices, in seconds.
 RANGES = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "7d": 604_800, "30d": 2_592_000}
@@ -60,14 +61,6 @@ STEPS = (60, 300, 900, 3600, 21_600, 86_400)
 CACHE_AFTER_SECONDS = 600
 HOUR, DAY = 3600, 86_400
 _US = 1_000_000
-
-
-class RangeError(LakeError):
-    """A requested range or step is malformed; ``parameter`` names the query parameter at fault."""
-
-    def __init__(self, parameter: str, message: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
 
 
 def choose_step(query: StoredQuery, seconds: int, step: int | None = None) -> int:
@@ -229,7 +222,7 @@ class DashboardReader:
             & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
             & (ds.field("window_start") < pa.scalar(hi * _US, pa.timestamp("us", "UTC")))
         )
-        rows = self._scan("query_results", _days(lo, last), _EMPTY.column_names, condition)
+        rows = self._scan(Table.QUERY_RESULTS, _days(lo, last), _EMPTY.column_names, condition)
         return _EMPTY if rows is None else rows.cast(_EMPTY.schema)
 
     def _computed(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
@@ -252,13 +245,13 @@ class DashboardReader:
         )
         pieces, minute_days = [], days
         if hourly:
-            rolled = self._scan("metric_rollup_1h", days, WINDOW_STATE.names + ["event_date"], condition)
+            rolled = self._scan(Table.METRIC_ROLLUP_1H, days, WINDOW_STATE.names + ["event_date"], condition)
             if rolled is not None and rolled.num_rows:
                 have = set(pc.unique(rolled.column("event_date")).to_pylist())
                 pieces.append(rolled.drop_columns(["event_date"]))
                 minute_days = [d for d in days if d not in have]
         if minute_days:
-            minutes = self._scan("metric_windows_1m", minute_days, WINDOW_STATE.names, condition)
+            minutes = self._scan(Table.METRIC_WINDOWS_1M, minute_days, WINDOW_STATE.names, condition)
             if minutes is not None:
                 pieces.append(minutes)
         return pa.concat_tables(pieces).cast(WINDOW_STATE) if pieces else WINDOW_STATE.empty_table()
@@ -269,7 +262,7 @@ class DashboardReader:
         """How current the speed layer is: ``watermark`` (windows complete up to, epoch ms), ``newest_window_end``
         (epoch ms), ``lag_seconds`` (now minus the newest window's end), ``limit_seconds`` and ``stale``."""
         now = self.clock()
-        table = self.table("metric_windows_1m")
+        table = self.table(Table.METRIC_WINDOWS_1M)
         watermark = newest = None
         if table is not None:
             watermark = table.transaction_version(watermark_app_id(self.settings.topic))
@@ -307,7 +300,7 @@ class DashboardReader:
         step = next((s for s in STEPS if (hi_s - lo_s) / s <= 200), STEPS[-1])
         since = pa.scalar(lo_s * _US, pa.timestamp("us", "UTC"))
         condition = ds.field("ingested_at") >= since
-        table = self.table("quarantine_events")
+        table = self.table(Table.QUARANTINE_EVENTS)
         if table is None:
             return {"step": step, "series": []}
         days = pa.array(_days(lo_s, hi_s + 1), pa.date32())
@@ -329,12 +322,12 @@ class DashboardReader:
         return {"step": step, "series": [{"reason": k, "points": v} for k, v in series.items()]}
 
     def _latest_quality_run(self) -> dict | None:
-        table = self.table("dq_results")
+        table = self.table(Table.DQ_RESULTS)
         if table is None:
             return None
         today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
         days = [today - dt.timedelta(days=d) for d in range(-1, 31)]
-        rows = self._scan("dq_results", days, ["run_id", "run_at", "table", "success", "critical"])
+        rows = self._scan(Table.DQ_RESULTS, days, ["run_id", "run_at", "table", "success", "critical"])
         if rows is None or rows.num_rows == 0:
             return None
         latest = pc.max(rows.column("run_at")).as_py()

@@ -32,8 +32,9 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from metrics_lake.app.dashboard.reader import RANGES, DashboardReader, RangeError
+from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.http_server import serve_asgi
+from metrics_lake.lake_schemas.errors import RangeError
 
 __all__ = ["build_app", "parse_time", "serve"]
 

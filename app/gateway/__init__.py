@@ -17,7 +17,7 @@ HTTP API (all answers are JSON, except ``/metrics``):
     - ``400 {"accepted": n, "rejected": m, "errors": [{"index": i,
       "reason": "..."}]}``: the invalid events went to the log as rejects
       (and so to ``quarantine_events``, raw payload kept up to
-      :data:`~metrics_lake.schemas.contract.MAX_RAW_BYTES`); the valid ones
+      :data:`~metrics_lake.lake_schemas.contract.MAX_RAW_BYTES`); the valid ones
       are durable as for 200. Also ``400 {"error"}`` for a request that
       cannot be read (malformed headers, a corrupt or truncated compressed
       body): nothing of it was taken. Do not retry a 400.
@@ -44,7 +44,7 @@ requests by status, body-received-to-durable-ack latency, flush latency,
 segment sizes, buffered bytes).
 
 A gateway owns a set of partitions through their leases
-(:mod:`metrics_lake.core.log.lease`) and routes every event to one of them
+(:mod:`metrics_lake.core.leases`) and routes every event to one of them
 (CRC-32 of the server over the owned partitions), so several gateways can
 run side by side on disjoint partitions; retries are recognised per
 gateway's partitions, so an agent should keep sending to the same gateway.

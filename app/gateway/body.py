@@ -7,7 +7,7 @@ so a small compressed body cannot blow up in memory (a 40 KB gzip body that
 inflates to 40 MB is refused at the limit, never held whole).
 
 Events are then read by :func:`records_from_body`: NDJSON goes straight to
-:func:`metrics_lake.schemas.ndjson.records_from_lines` (Arrow's JSON reader,
+:func:`metrics_lake.lake_schemas.ndjson.records_from_lines` (Arrow's JSON reader,
 lines split on ``\\n`` only); a JSON array is parsed by :mod:`json` with
 guards and its elements are written out again as lines for the same path.
 Invalid UTF-8 is a reject (``invalid_json``) whatever the body's shape, as in
@@ -21,9 +21,9 @@ import zlib
 
 import pyarrow as pa
 
-from metrics_lake.schemas.contract import raw_text
-from metrics_lake.schemas.log_records import LOG_RECORD
-from metrics_lake.schemas.ndjson import records_from_lines
+from metrics_lake.lake_schemas.contract import raw_text
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.ndjson import records_from_lines
 
 __all__ = ["BodyDecoder", "BodyError", "records_from_body"]
 
@@ -113,7 +113,7 @@ def _keep_constant(token: str) -> float:
 
 
 def records_from_body(body: bytes, content_type: str) -> pa.Table:
-    """:data:`~metrics_lake.schemas.LOG_RECORD` rows for the events of one request body, in body order.
+    """:data:`~metrics_lake.lake_schemas.log_records.LOG_RECORD` rows for the events of one request body, in body order.
 
     The body is a JSON array when it starts with ``[`` (after whitespace)
     and ``content_type`` does not say NDJSON; otherwise NDJSON. An array

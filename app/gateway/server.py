@@ -39,7 +39,7 @@ from metrics_lake.app.gateway.endpoints import Endpoint, endpoints
 from metrics_lake.app.gateway.protocols import Decoded
 from metrics_lake.app.gateway.service import Accepted, Gateway
 from metrics_lake.app.http_server import serve_asgi
-from metrics_lake.core.log.producer import SequenceConflictError
+from metrics_lake.lake_schemas.errors import SequenceConflictError
 
 __all__ = ["HeaderDeadlineProtocol", "build_app", "serve"]
 

@@ -25,7 +25,8 @@ import pyarrow as pa
 from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.log.log import AppendResult
-from metrics_lake.core.log.producer import Producer, Sent, SequenceConflictError, Source, producer_for
+from metrics_lake.core.log.producer import Producer, Sent, Source, producer_for
+from metrics_lake.lake_schemas.errors import SequenceConflictError
 
 __all__ = ["Accepted", "Gateway", "GatewayMetrics", "Outcome", "body_digest", "events_answer"]
 
@@ -168,7 +169,7 @@ class Gateway:
 
         ``producer``: the request's (producer id, sequence), which makes a
         retry idempotent. Raises
-        :class:`~metrics_lake.core.log.producer.SequenceConflictError` if the
+        :class:`~metrics_lake.lake_schemas.errors.SequenceConflictError` if the
         sequence was used for another body (nothing is buffered then).
         """
         started = time.monotonic()

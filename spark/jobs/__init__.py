@@ -1,11 +1,11 @@
-"""Spark jobs: :mod:`.stream_metrics` (speed layer), :mod:`.recompute`, :mod:`.rollups`, :mod:`.stored_queries`, :mod:`.replay`, :mod:`.sql_query`; shared: :mod:`.day_partitions`."""
+"""Spark jobs, one per operation of :mod:`metrics_lake.lake_schemas.operations` that runs on Spark.
 
-__all__ = [
-    "day_partitions",
-    "recompute",
-    "replay",
-    "rollups",
-    "sql_query",
-    "stored_queries",
-    "stream_metrics",
-]
+- :mod:`.stream_metrics`: the speed layer (a streaming query, or ``--once``);
+- :mod:`.recompute`: the batch layer's day rebuild of the windows, and reconciliation;
+- :mod:`.rollups`: 1-hour and 1-day rollups;
+- :mod:`.evaluate_queries`: the stored queries over whole days;
+- :mod:`.sql_query`: Spark SQL over the tables;
+- :mod:`.day_partitions`: what the batch jobs share: a day rebuilt in two stages and replaced in one commit.
+"""
+
+__all__ = ["day_partitions", "evaluate_queries", "recompute", "rollups", "sql_query", "stream_metrics"]

@@ -6,10 +6,10 @@ tables partitioned by ``event_date``:
 1. :func:`compute_day_files`, map stage: one Spark task per ~128 MiB of
    the source day's files (and at least one per core, equal in size) reads
    them with pyarrow and turns them into *partial* window states
-   (:data:`metrics_lake.core.windows.WINDOW_STATE`), in Arrow;
+   (:data:`metrics_lake.core.kernels.windows.WINDOW_STATE`), in Arrow;
 2. :func:`compute_day_files`, reduce stage: Spark shuffles the states by
    ``(metric, server)``, so each series' partials meet in one task, which
-   merges them (:func:`~metrics_lake.core.windows.merge_states`), finalizes
+   merges them (:func:`~metrics_lake.core.kernels.windows.merge_states`), finalizes
    the rows and writes them as the target table's data files (invisible
    until committed), returning the files and per-metric totals;
 3. :func:`replace_day` commits the files as one Delta version that removes
@@ -18,7 +18,7 @@ tables partitioned by ``event_date``:
 
 Only states cross the shuffle (one row per window and task, not one per
 event), and the merge is exact whatever split Spark chose (see
-:mod:`metrics_lake.core.windows`).
+:mod:`metrics_lake.core.kernels.windows`).
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
+from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.log.producer import group_by_partition, hash_partitions
-from metrics_lake.core.snapshots import read_data_files
 from metrics_lake.core.storage import Store, open_store
-from metrics_lake.core.tables import WrittenFile, ensure_table, maintenance_lease, retry_on_conflict, write_data_files
-from metrics_lake.core.windows import WINDOW_STATE, merge_states
-from metrics_lake.schemas import TABLES
-from metrics_lake.spark.readers.delta_reader import group_files, table_files
+from metrics_lake.core.tables.commits import retry_on_conflict
+from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
+from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.core.tables.snapshots import read_data_files
+from metrics_lake.lake_schemas.tables import TABLES
+from metrics_lake.spark.datasources.delta_reader import group_files, table_files
 
 __all__ = ["compute_day_files", "read_days", "replace_day", "rows_written", "series_partitions"]
 
@@ -73,10 +76,10 @@ def compute_day_files(
     per core (:func:`group_files`), reads ``columns`` of its files with
     pyarrow (the string columns in ``dictionary`` dictionary-encoded, which
     the window code groups without hashing strings) and applies
-    ``to_states``, which returns :data:`~metrics_lake.core.windows.WINDOW_STATE`
+    ``to_states``, which returns :data:`~metrics_lake.core.kernels.windows.WINDOW_STATE`
     rows. Spark shuffles the states by ``(metric, server)`` into
     ``partitions`` reduce tasks, each of which merges its series' states
-    (:func:`~metrics_lake.core.windows.merge_states`), applies ``finalize``
+    (:func:`~metrics_lake.core.kernels.windows.merge_states`), applies ``finalize``
     (states -> ``target``'s rows) and writes the rows as ``target``'s data
     files, invisible until committed (:func:`replace_day`).
 
@@ -158,7 +161,7 @@ def replace_day(store: Store, table: str, day: dt.date, files: list[WrittenFile]
     ``DESCRIBE HISTORY``-style readers can tell recomputes from streaming
     writes. Holds the table's maintenance lease, so a compaction never
     rewrites the day meanwhile
-    (:func:`~metrics_lake.core.tables.maintenance_lease`); a commit lost to
+    (:func:`~metrics_lake.core.leases.maintenance_lease`); a commit lost to
     another concurrent writer (the speed layer) is re-planned and retried.
     """
     from deltalake import CommitProperties

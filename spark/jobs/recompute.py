@@ -4,7 +4,7 @@ For each UTC day:
 
 1. Spark tasks read that day's ``bronze_events`` files and compute the
    speed layer's window states with the same code
-   (:func:`metrics_lake.core.windows.aggregate_events`), with no watermark, so
+   (:func:`metrics_lake.core.kernels.windows.aggregate_events`), with no watermark, so
    events that arrived too late for the speed layer count; Spark shuffles
    the states by series and tasks merge and finalize them
    (:mod:`metrics_lake.spark.jobs.day_partitions`).
@@ -44,16 +44,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.windows import aggregate_events, finalize
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import ensure_table, open_table, write_data_files
-from metrics_lake.core.windows import aggregate_events, finalize
-from metrics_lake.schemas import TABLES
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.lake_schemas.operations import RECOMPUTE
+from metrics_lake.lake_schemas.tables import TABLES, Table
+from metrics_lake.spark.datasources.delta_reader import table_files
 from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
-from metrics_lake.spark.readers.delta_reader import table_files
 
-BRONZE = "bronze_events"
-WINDOWS = "metric_windows_1m"
-RECONCILIATION = "lambda_reconciliation"
+BRONZE, WINDOWS, RECONCILIATION = Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     """Recompute one UTC day; see the module docstring."""
     started = time.monotonic()
     store, root = open_store(settings), settings.root
-    for name in (BRONZE, WINDOWS, RECONCILIATION):
+    for name in RECOMPUTE.tables:
         ensure_table(store, name)
     on_day = [("event_date", "=", day)]
     previous = open_table(store, RECONCILIATION).to_pyarrow_table(filters=on_day).to_pylist()

@@ -3,9 +3,9 @@
 ``metric_rollup_1h`` is built from the day's ``metric_windows_1m`` rows and
 ``metric_rollup_1d`` from the day's ``metric_rollup_1h`` rows, per
 (metric, server, period): count and sum are summed, min and max taken, avg
-= sum / count, and the sketches merged (:func:`metrics_lake.core.windows.rewindow`),
+= sum / count, and the sketches merged (:func:`metrics_lake.core.kernels.windows.rewindow`),
 so p50/p95/p99 are quantiles of every event of the period within the
-sketch's relative error (:data:`metrics_lake.core.sketch.RELATIVE_ERROR`, 0.54 %),
+sketch's relative error (:data:`metrics_lake.core.kernels.sketch.RELATIVE_ERROR`, 0.54 %),
 not averages of per-minute percentiles, which have no error bound.
 
 Each day is replaced in one Delta commit per table (see
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.windows import WINDOW_STATE, finalize, rewindow
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import ensure_table
-from metrics_lake.core.windows import WINDOW_STATE, finalize, rewindow
-from metrics_lake.schemas import rollup_chain
+from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.lake_schemas.tables import rollup_chain
 from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 
 #: (target table, source table, period in seconds), finest first, from the table registry.

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.errors import InputError
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import list_tables
+from metrics_lake.core.tables.delta import list_tables
+from metrics_lake.lake_schemas.errors import InputError
 
 
 def referenced_tables(query: str, tables: list[str]) -> list[str]:
@@ -24,7 +24,7 @@ def referenced_tables(query: str, tables: list[str]) -> list[str]:
 def parse_versions(specs: list[str]) -> dict[str | None, int]:
     """Parse ``--version`` values: ``N`` (every referenced table) or ``TABLE=N``.
 
-    Raises :class:`~metrics_lake.core.errors.InputError` naming a malformed spec.
+    Raises :class:`~metrics_lake.lake_schemas.errors.InputError` naming a malformed spec.
     """
     versions: dict[str | None, int] = {}
     for spec in specs:
@@ -38,7 +38,7 @@ def parse_versions(specs: list[str]) -> dict[str | None, int]:
 def register_views(spark, settings: LakeSettings, query: str, versions: dict[str | None, int]) -> list[str]:
     """Create a temp view per table ``query`` references; returns their names.
 
-    Raises :class:`~metrics_lake.core.errors.InputError` if ``--version`` names a table that does not exist.
+    Raises :class:`~metrics_lake.lake_schemas.errors.InputError` if ``--version`` names a table that does not exist.
     """
     existing = list_tables(open_store(settings))
     unknown = sorted(name for name in versions if name is not None and name not in existing)

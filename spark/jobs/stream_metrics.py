@@ -1,18 +1,18 @@
 """The speed layer on Spark: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once.
 
 One Structured Streaming query over the ``lakelog`` source runs the speed
-layer of :mod:`metrics_lake.core.speed_layer` in ``foreachBatch``:
+layer of :mod:`metrics_lake.core.speed.micro_batch` in ``foreachBatch``:
 
 1. the driver reads each table's committed positions and plans the batch
-   (:func:`~metrics_lake.core.speed_layer.plan_batch`): chunks of the log
+   (:func:`~metrics_lake.core.speed.micro_batch.plan_batch`): chunks of the log
    from the lowest position up to the batch's ends;
 2. Spark runs one task per chunk (an RDD job); a task reads its segments
    with pyarrow, writes the bronze and quarantine Parquet files and computes
    the chunk's 1-minute window states, all in Arrow
-   (:func:`~metrics_lake.core.speed_layer.process_chunk`), and returns the
+   (:func:`~metrics_lake.core.speed.micro_batch.process_chunk`), and returns the
    file list and the states, so events never cross into the JVM;
 3. the driver commits each table with its new positions
-   (:func:`~metrics_lake.core.speed_layer.commit_batch`).
+   (:func:`~metrics_lake.core.speed.micro_batch.commit_batch`).
 
 The log is read once per batch for all three tables. Spark's checkpoint
 (``LAKE_CHECKPOINT_DIR``) is a cache of how far batches went: deleting it, or
@@ -32,20 +32,21 @@ from collections.abc import Callable
 
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
-from metrics_lake.core.log.log import SegmentLog, TopicNotFoundError
-from metrics_lake.core.speed_layer import (
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed.micro_batch import (
     BatchOutcome,
     BatchPlan,
     ChunkResult,
     commit_batch,
     plan_batch,
     process_chunk,
-    starting_offsets,
 )
+from metrics_lake.core.speed.progress import starting_offsets
 from metrics_lake.core.storage import Store, open_store
-from metrics_lake.core.tables import ensure_table
-from metrics_lake.schemas import TABLES
-from metrics_lake.spark.sources.log_source import limit_offsets
+from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.lake_schemas.errors import TopicNotFoundError
+from metrics_lake.lake_schemas.tables import TABLES
+from metrics_lake.spark.datasources.log_source import limit_offsets
 
 __all__ = ["catch_up", "prepare_lake", "run_batch", "run_stream", "start_stream"]
 
@@ -71,9 +72,9 @@ def prepare_lake(settings: LakeSettings) -> Store:
 
 
 def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list[ChunkResult]:
-    """Run :func:`~metrics_lake.core.speed_layer.process_chunk` for every chunk of ``plan``, one Spark task each.
+    """Run :func:`~metrics_lake.core.speed.micro_batch.process_chunk` for every chunk of ``plan``, one Spark task each.
 
-    An RDD job: each task's :class:`~metrics_lake.core.speed_layer.ChunkResult`
+    An RDD job: each task's :class:`~metrics_lake.core.speed.micro_batch.ChunkResult`
     (its Arrow window states included) comes back pickled, without Spark
     SQL's planning of every batch or a conversion into the JVM's rows (a
     ``mapInArrow`` job did both).
@@ -136,7 +137,7 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     """Process what the log holds now, in micro-batches of at most ``settings.max_records_per_batch``; returns batches run.
 
     The batches are the streaming query's (:func:`run_batch`), bounded the
-    same way (:func:`~metrics_lake.spark.sources.log_source.limit_offsets`)
+    same way (:func:`~metrics_lake.spark.datasources.log_source.limit_offsets`)
     from the lowest position the tables hold up to the log's end offsets
     when it starts. Exactly once holds as for the query: each table commits
     its records with its positions, and a batch plans from those positions,

@@ -11,9 +11,9 @@ import pytest
 
 from metrics_lake.agents import file_import
 from metrics_lake.agents.file_import import import_jsonl
-from metrics_lake.core.errors import InputError
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.lake_schemas.errors import InputError
 
 
 def test_import_counts_and_keeps_every_line(log, tmp_path):

@@ -9,7 +9,7 @@ import psutil
 from metrics_lake.agents.host import HostAgent
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.schemas.contract import validate_event
+from metrics_lake.lake_schemas.contract import validate_event
 
 
 def test_sample_has_every_metric_family_and_passes_the_contract():

@@ -21,10 +21,10 @@ from deltalake import DeltaTable
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed_layer import run_batch_in_process
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import table_uri
-from metrics_lake.schemas.contract import raw_text
+from metrics_lake.core.tables.delta import table_uri
+from metrics_lake.lake_schemas.contract import raw_text
 from tests.app.gateway_process import running_gateway
 from tests.fuzz_events import START_MS, FuzzEvents
 from tests.helpers import LAKE

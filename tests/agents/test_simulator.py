@@ -7,8 +7,8 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.schemas import LOG_RECORD
-from metrics_lake.schemas.contract import METRIC_NAME
+from metrics_lake.lake_schemas.contract import METRIC_NAME
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
 
 
 def series(table, metric: str, server: str) -> np.ndarray:

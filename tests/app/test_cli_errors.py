@@ -18,9 +18,9 @@ import pytest
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.tables import ensure_table
+from metrics_lake.core.tables.delta import ensure_table
 from metrics_lake.infra.seaweedfs import settings_env, store_as
-from metrics_lake.schemas import TABLES
+from metrics_lake.lake_schemas.tables import TABLES
 from tests.helpers import LAKE
 
 DAY = "2026-11-20"

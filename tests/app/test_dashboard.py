@@ -9,10 +9,10 @@ import pytest
 from starlette.testclient import TestClient
 
 from metrics_lake.app.dashboard import DashboardReader, build_app
+from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed_layer import run_batch_in_process
-from metrics_lake.core.stored_queries import parse_query
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from tests.helpers import expected_query_results
 
 HOUR_MS = 3_600_000

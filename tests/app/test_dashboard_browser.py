@@ -22,7 +22,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from metrics_lake.core.stored_queries import load_stored_queries
+from metrics_lake.core.kernels.stored_queries import load_stored_queries
 from tests.app.test_dashboard import HOUR_MS, START_MS, ingest, make_events
 from tests.helpers import LAKE, expected_query_results
 

@@ -15,7 +15,7 @@ from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import open_store
-from metrics_lake.schemas.contract import to_log_records
+from metrics_lake.lake_schemas.contract import to_log_records
 
 EVENT = {"ts": 1_800_000_000_000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5}
 

@@ -32,9 +32,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed_layer import run_batch_in_process
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import table_uri
+from metrics_lake.core.tables.delta import table_uri
 from tests.app.gateway_process import fan_out, running_gateway
 from tests.fuzz_events import FuzzEvents, Lines
 

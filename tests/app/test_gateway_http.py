@@ -12,7 +12,7 @@ import requests
 
 from metrics_lake.agents.gateway_client import DEAD_LETTER_DIR, GatewaySender
 from metrics_lake.core.log.producer import partition_for
-from metrics_lake.schemas.contract import MAX_RAW_BYTES
+from metrics_lake.lake_schemas.contract import MAX_RAW_BYTES
 from tests.app.test_gateway import EVENT, log_rows
 
 

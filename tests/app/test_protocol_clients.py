@@ -21,9 +21,9 @@ from collections import defaultdict
 import pytest
 import requests
 
-from metrics_lake.core.sketch import RELATIVE_ERROR
-from metrics_lake.core.tables import open_table
-from metrics_lake.core.windows import QUANTILES
+from metrics_lake.core.kernels.sketch import RELATIVE_ERROR
+from metrics_lake.core.kernels.windows import QUANTILES
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.stream_metrics import run_stream
 from tests.helpers import free_port_pair
 

@@ -28,8 +28,8 @@ from metrics_lake.app.gateway.protocols.histograms import (
 )
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
-from metrics_lake.core.sketch import RELATIVE_ERROR
-from metrics_lake.schemas.contract import PROTOCOL_REASON_CODES
+from metrics_lake.core.kernels.sketch import RELATIVE_ERROR
+from metrics_lake.lake_schemas.contract import PROTOCOL_REASON_CODES
 from tests.app.test_gateway_http import stored
 
 T_MS = 1_763_600_000_000

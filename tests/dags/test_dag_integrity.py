@@ -68,9 +68,32 @@ print(len(bag.dags))
 
 def test_every_table_of_the_registry_is_an_asset(dagbag):
     from metrics_lake.app.orchestration import TABLE_ASSETS
-    from metrics_lake.schemas import TABLES
+    from metrics_lake.lake_schemas.tables import TABLES
 
     assert set(TABLE_ASSETS) == set(TABLES)
     assert {name: asset.uri for name, asset in TABLE_ASSETS.items()} == {n: s.asset_uri for n, s in TABLES.items()}
     used = {asset.name for dag in dagbag.dags.values() for task in dag.tasks for asset in task.outlets}
     assert used <= set(TABLES)  # DAGs publish only registry tables
+
+
+def test_each_task_s_outlets_are_the_tables_its_operation_writes(dagbag):
+    """Outlets come from lake_schemas/operations.py: a task updates exactly the Assets of what its step commits."""
+    from metrics_lake.lake_schemas.operations import QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM
+
+    expected = {
+        ("lake_speed_layer", "micro_batches"): STREAM,
+        ("lake_nightly", "recompute"): RECOMPUTE,
+        ("lake_nightly", "quality_gate"): QUALITY,
+        ("lake_nightly", "rollups"): ROLLUP,
+        ("lake_nightly", "rollup_quality_gate"): QUALITY,
+        ("lake_nightly", "stored_queries"): QUERIES,
+        ("lake_backfill", "replay"): REPLAY,
+        ("lake_backfill", "recompute"): RECOMPUTE,
+        ("lake_backfill", "rollups"): ROLLUP,
+        ("lake_backfill", "queries"): QUERIES,
+    }
+    for (dag_id, task_id), operation in expected.items():
+        outlets = [asset.name for asset in dagbag.get_dag(dag_id).get_task(task_id).outlets]
+        assert outlets == list(operation.writes), (dag_id, task_id)
+    # Compaction follows the nightly (rollups and query results both landed), not every speed-layer batch.
+    assert "metric_rollup_1d" in str(dagbag.get_dag("lake_compaction").timetable.asset_condition)

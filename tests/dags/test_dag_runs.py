@@ -13,9 +13,11 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.tables import commit_files, open_table, write_data_files
+from metrics_lake.core.tables.commits import commit_files
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import open_table
+from tests.core.maintenance.test_retention import AGES, NOW, kept_ages, land_days
 from tests.dags.conftest import returned, task_states
-from tests.lake.test_retention import AGES, NOW, kept_ages, land_days
 from tests.spark.test_rollups import DAY, START_MS, land_in_bronze, raw_values
 from tests.spark.test_stream_metrics import table_rows
 
@@ -129,8 +131,8 @@ def test_compaction_merges_segments_and_files_without_changing_data(dagbag, lake
 
 def land_rows(events: pa.Table, batch: int) -> pa.Table:
     """Bronze rows of ``events`` at offsets of batch ``batch`` (distinct positions per batch)."""
-    from metrics_lake.core.speed_layer import split_log_rows
-    from metrics_lake.schemas import LOG_ROW
+    from metrics_lake.core.speed.micro_batch import split_log_rows
+    from metrics_lake.lake_schemas.log_records import LOG_ROW
 
     n = events.num_rows
     rows = pa.table(

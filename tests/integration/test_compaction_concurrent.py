@@ -22,11 +22,11 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.log.compaction import compact_topic
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.table_compaction import compact_table
-from metrics_lake.core.tables import list_tables, open_table
+from metrics_lake.core.log.segment_compaction import compact_topic
+from metrics_lake.core.maintenance.table_compaction import compact_table
+from metrics_lake.core.tables.delta import list_tables, open_table
 from tests.helpers import LAKE, positions
 from tests.integration.test_kill_restart import lake_env
 from tests.spark.test_stream_metrics import check_windows

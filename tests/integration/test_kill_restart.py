@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.stored_queries import load_stored_queries
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.stored_queries import load_stored_queries
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
 from tests.helpers import assert_query_results, expected_windows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

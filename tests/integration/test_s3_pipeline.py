@@ -17,9 +17,9 @@ import pytest
 
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.infra.seaweedfs import settings_env, store_as
-from metrics_lake.schemas import TABLES
+from metrics_lake.lake_schemas.tables import TABLES
 from tests.helpers import LAKE, positions
 from tests.spark.test_stream_metrics import INVALID, check_windows, produced_rows, table_rows
 

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.infra.seaweedfs import settings_env, store_as
 from tests.helpers import LAKE
 from tests.quality.test_quality import DAY, bad_windows, land

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from metrics_lake.core.errors import AccessDeniedError
 from metrics_lake.core.storage import ObjectExistsError, VersionConflictError, content_version
 from metrics_lake.infra.seaweedfs import store_as
+from metrics_lake.lake_schemas.errors import AccessDeniedError
 from tests.helpers import LAKE, free_port_pair
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]

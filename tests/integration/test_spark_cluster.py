@@ -29,7 +29,7 @@ from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.infra.seaweedfs import settings_env
 from tests.helpers import LAKE, free_port_block
 from tests.spark.test_stream_metrics import INVALID, START_MS, check_windows, produced_rows, table_rows

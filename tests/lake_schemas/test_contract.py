@@ -7,7 +7,13 @@ import json
 import pyarrow as pa
 import pytest
 
-from metrics_lake.schemas.contract import EVENT_REASON_CODES, MAX_SERVER_LEN, parse_payload, servers_ok, to_log_records
+from metrics_lake.lake_schemas.contract import (
+    EVENT_REASON_CODES,
+    MAX_SERVER_LEN,
+    parse_payload,
+    servers_ok,
+    to_log_records,
+)
 
 GOOD = {"ts": "2026-11-21T10:00:00.250Z", "server": "web-01", "metric": "app.rpc.latency_ms", "value": 12}
 
@@ -71,7 +77,7 @@ def test_non_utf8_bytes_are_quarantined_escaped():
 
 
 def test_raw_text_cuts_long_payloads_once():
-    from metrics_lake.schemas.contract import MAX_RAW_BYTES, raw_text
+    from metrics_lake.lake_schemas.contract import MAX_RAW_BYTES, raw_text
 
     payload = b'{"server": "' + "é".encode() * MAX_RAW_BYTES + b'"}'
     cut = raw_text(payload)

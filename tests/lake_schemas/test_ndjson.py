@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from metrics_lake.schemas import ndjson
-from metrics_lake.schemas.contract import MAX_RAW_BYTES, to_log_records
-from metrics_lake.schemas.ndjson import MAX_BRACKETS, records_from_lines
+from metrics_lake.lake_schemas import ndjson
+from metrics_lake.lake_schemas.contract import MAX_RAW_BYTES, to_log_records
+from metrics_lake.lake_schemas.ndjson import MAX_BRACKETS, records_from_lines
 from tests.lake_schemas.test_contract import INVALID
 
 GOOD = [

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from metrics_lake.core.config import LakeSettings, load_settings
-from metrics_lake.core.retention import TABLE_RETENTION
-from metrics_lake.schemas import TABLES, rollup_chain, table_spec
+from metrics_lake.core.maintenance.retention import TABLE_RETENTION
+from metrics_lake.lake_schemas.tables import TABLES, rollup_chain, table_spec
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))

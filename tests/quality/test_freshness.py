@@ -6,10 +6,10 @@ import datetime as dt
 import json
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed_layer import run_batch_in_process
-from metrics_lake.core.stored_queries import parse_query
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.quality.freshness import EXPECTATION, freshness_outcomes
 
 START_MS = 1_750_000_000_000 - 1_750_000_000_000 % 60_000

@@ -10,10 +10,12 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.tables import commit_files, open_table, write_data_files
+from metrics_lake.core.tables.commits import commit_files
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import open_table
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
 from metrics_lake.quality.checkpoint import gx_context, outcome, run_quality, validate
 from metrics_lake.quality.suites import build_suite, prepare
-from metrics_lake.schemas import METRIC_WINDOWS_1M
 from metrics_lake.spark.jobs.recompute import recompute
 from metrics_lake.spark.jobs.rollups import rollup
 from tests.dags.test_dag_runs import land_rows

@@ -9,7 +9,7 @@ import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.tables import open_table
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.recompute import recompute
 from metrics_lake.spark.jobs.stream_metrics import run_stream
 from tests.spark.test_stream_metrics import START_MS, check_windows, produced_rows, table_rows

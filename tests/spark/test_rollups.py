@@ -11,13 +11,14 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.speed_layer import split_log_rows
-from metrics_lake.core.stored_queries import load_stored_queries, parse_query
-from metrics_lake.core.tables import commit_files, write_data_files
-from metrics_lake.schemas import LOG_ROW
+from metrics_lake.core.kernels.stored_queries import load_stored_queries, parse_query
+from metrics_lake.core.speed.micro_batch import split_log_rows
+from metrics_lake.core.tables.commits import commit_files
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.lake_schemas.log_records import LOG_ROW
+from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
 from metrics_lake.spark.jobs.recompute import recompute
 from metrics_lake.spark.jobs.rollups import rollup
-from metrics_lake.spark.jobs.stored_queries import evaluate_day
 from tests.helpers import assert_quantile_within_bound
 from tests.spark.test_stream_metrics import table_rows
 

@@ -11,17 +11,17 @@ import pyarrow as pa
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.windows import QUANTILES
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.tables import open_table
-from metrics_lake.core.windows import QUANTILES
+from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.stream_metrics import catch_up, run_stream, start_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
 from tests.lake_schemas.test_contract import INVALID as CONTRACT_CASES
 
 pytestmark = pytest.mark.spark
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a minute boundary (2025-11-20), in the past: event
-# times beyond append time + clock skew do not move the watermark (metrics_lake.core.speed_layer)
+# times beyond append time + clock skew do not move the watermark (metrics_lake.core.speed.micro_batch)
 
 #: One payload per quarantine reason code, with the code expected.
 INVALID = dict(CONTRACT_CASES)

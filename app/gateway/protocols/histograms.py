@@ -25,7 +25,7 @@ representative to the bucket's ends:
   threshold).
 
 The window sketch then adds its own relative error
-(:data:`metrics_lake.core.sketch.RELATIVE_ERROR`, 0.54 %) to the representative.
+(:data:`metrics_lake.core.kernels.sketch.RELATIVE_ERROR`, 0.54 %) to the representative.
 
 **Volume cap.** A point with more than :data:`MAX_SAMPLES_PER_POINT` new
 observations is expanded to that many samples, each bucket's count scaled

@@ -19,7 +19,7 @@ Syntax per InfluxDB's reference
   without one, the gateway's receive time is used (as InfluxDB does).
 
 Each field becomes an event: **metric** ``<measurement>.<field key>``
-through :mod:`metrics_lake.schemas.metric_names` (``cpu,host=a
+through :mod:`metrics_lake.app.gateway.protocols.metric_names` (``cpu,host=a
 usage_idle=99`` gives ``cpu.usage_idle``), **server** the ``host`` tag
 (Telegraf's default), else the ``server`` tag (none: quarantined as
 ``missing_field: server``), **tags** every tag. A line that does not parse
@@ -32,8 +32,9 @@ import re
 import time
 
 from metrics_lake.app.gateway.protocols import Decoded
-from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
-from metrics_lake.schemas.points import PointsBuilder
+from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
+from metrics_lake.app.gateway.protocols.points import PointsBuilder
+from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = ["PRECISIONS", "LineError", "decode", "precision_divisor"]
 
@@ -63,13 +64,13 @@ class LineError(ValueError):
 
 
 def precision_divisor(precision: str | None) -> int:
-    """Nanoseconds per timestamp unit for a ``precision`` parameter (default ns); ``ValueError`` if unknown."""
+    """Nanoseconds per timestamp unit for a ``precision`` parameter (default ns); :class:`InputError` if unknown."""
     if precision in (None, ""):
         return 1
     try:
         return PRECISIONS[precision]
     except KeyError:
-        raise ValueError(f"precision {precision[:20]!r} is not one of {', '.join(PRECISIONS)}") from None
+        raise InputError(f"precision {precision[:20]!r} is not one of {', '.join(PRECISIONS)}") from None
 
 
 def decode(body: bytes, precision: int = 1, now_ms: int | None = None) -> Decoded:

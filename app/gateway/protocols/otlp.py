@@ -6,7 +6,7 @@ Decoded with the ``opentelemetry-proto`` package's messages
 - **server**: the resource attribute ``host.name``, else
   ``service.instance.id``, else ``service.name`` (none: the points are
   quarantined as ``missing_field: server``);
-- **metric**: the metric's name through :mod:`metrics_lake.schemas.metric_names`;
+- **metric**: the metric's name through :mod:`metrics_lake.app.gateway.protocols.metric_names`;
 - **tags**: the resource's attributes, then the point's (a point attribute
   wins over a resource one of the same key); values that are not strings
   are written as text (``true``, ``42``, ``0.5``, JSON for arrays and maps,
@@ -56,9 +56,9 @@ from metrics_lake.app.gateway.protocols.histograms import (
     explicit_representatives,
     exponential_value,
 )
+from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
+from metrics_lake.app.gateway.protocols.points import PointsBuilder, Tags
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
-from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
-from metrics_lake.schemas.points import PointsBuilder, Tags
 
 __all__ = ["JSON_TYPE", "PROTOBUF_TYPE", "decode", "response_body"]
 

@@ -6,7 +6,7 @@ the body is a protobuf ``prometheus.WriteRequest`` (messages in
 *block* format (not framed), decompressed with ``cramjam``. Per time series:
 
 - **metric**: the ``__name__`` label through
-  :mod:`metrics_lake.schemas.metric_names` (``job:rate5m:sum`` becomes
+  :mod:`metrics_lake.app.gateway.protocols.metric_names` (``job:rate5m:sum`` becomes
   ``job_rate5m_sum`` with the original in the tag ``original_name``);
 - **server**: the ``instance`` label (none: quarantined as
   ``missing_field: server``);
@@ -34,11 +34,11 @@ import cramjam
 from google.protobuf.message import DecodeError
 
 from metrics_lake.app.gateway.protocols import Decoded
+from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
+from metrics_lake.app.gateway.protocols.points import PointsBuilder, Tags
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
-from metrics_lake.schemas.metric_names import ORIGINAL_NAME_TAG, metric_name
-from metrics_lake.schemas.points import PointsBuilder, Tags
 
-__all__ = ["SnappyTooLarge", "decode", "snappy_length"]
+__all__ = ["SnappyError", "SnappyTooLarge", "decode", "snappy_length"]
 
 #: The bits of Prometheus's stale marker (``value.StaleNaN`` in prometheus/model).
 STALE_NAN_BITS = 0x7FF0000000000002
@@ -47,12 +47,16 @@ _STALE = struct.pack("<Q", STALE_NAN_BITS)
 SERIES_CACHE = 100_000
 
 
-class SnappyTooLarge(ValueError):
+class SnappyError(ValueError):
+    """The body is not a snappy block (no length preamble): the body is answered as unreadable."""
+
+
+class SnappyTooLarge(SnappyError):
     """The body's declared uncompressed length is over the limit (answered 413 before decompressing)."""
 
 
 def snappy_length(body: bytes) -> int:
-    """The uncompressed length a snappy block declares (its leading varint); ``ValueError`` if there is none."""
+    """The uncompressed length a snappy block declares (its leading varint); :class:`SnappyError` if there is none."""
     length, shift = 0, 0
     for i, byte in enumerate(body[:10]):
         length |= (byte & 0x7F) << shift
@@ -61,7 +65,7 @@ def snappy_length(body: bytes) -> int:
         shift += 7
         if i == 4:  # snappy's preamble is at most 5 bytes (lengths below 2**32)
             break
-    raise ValueError("no snappy length preamble")
+    raise SnappyError("no snappy length preamble")
 
 
 class Decoder:

@@ -1,0 +1,167 @@
+"""Data points decoded from another protocol (OTLP, remote-write, line protocol) into checked log records.
+
+A decoder feeds a :class:`PointsBuilder` the points of one request in
+order: each point names a *series* (server, metric, tags), registered once
+with :meth:`PointsBuilder.series`, and carries a time (epoch ms) and a value;
+what the decoder itself cannot read (a line that does not parse, a point
+with no server) goes in as :meth:`PointsBuilder.reject` with a reason.
+:meth:`PointsBuilder.records` then checks the points against the event
+contract (:mod:`metrics_lake.lake_schemas.contract`) vectorised, per series for
+the names and per point for the time range and a finite value, and returns
+:data:`~metrics_lake.lake_schemas.log_records.LOG_RECORD` rows in input order. A point the
+contract rejects gets the reason the JSON path would give
+(:func:`~metrics_lake.lake_schemas.contract.validate_event`) and, as raw payload,
+the text the decoder gave for it or else the point as a JSON object of the
+contract's fields, so the quarantine shows what arrived.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.lake_schemas.contract import (
+    MAX_TS_MS,
+    MIN_TS_MS,
+    REASON_CODES,
+    metrics_ok,
+    raw_text,
+    servers_ok,
+    validate_event,
+)
+from metrics_lake.lake_schemas.errors import ContractViolation
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.types import TAGS
+
+__all__ = ["PointsBuilder", "Tags"]
+
+#: A series' tags: (key, value) string pairs, in the order the protocol gave them.
+Tags = tuple[tuple[str, str], ...]
+
+
+class PointsBuilder:
+    """The points and rejects of one request, in arrival order, turned into LOG_RECORD rows by :meth:`records`.
+
+    Strings (servers, metrics, tags) must be valid Unicode, as protobuf's
+    decoding and a strict UTF-8 decode guarantee. Not thread-safe: one
+    builder per request.
+    """
+
+    def __init__(self) -> None:
+        self._series: dict[tuple[str | None, str | None, Tags], int] = {}
+        self._series_list: list[tuple[str | None, str | None, Tags]] = []
+        self._index: list[int] = []
+        self._ts: list[int] = []
+        self._value: list[float] = []
+        self._raw: dict[int, str] = {}
+        self._rejects: list[tuple[int, str, str]] = []  # (points before it, raw, reason)
+
+    @property
+    def points(self) -> int:
+        """Points added so far (rejects not counted)."""
+        return len(self._ts)
+
+    @property
+    def rejects(self) -> int:
+        """Rejects added so far by :meth:`reject`."""
+        return len(self._rejects)
+
+    def series(self, server: str | None, metric: str | None, tags: Tags) -> int:
+        """The id of the series (server, metric, tags), registered on first use; a ``None`` name fails the check."""
+        key = (server, metric, tags)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = len(self._series_list)
+            self._series_list.append(key)
+        return found
+
+    def add(self, series: int, ts_ms: int, value: float, raw: str | None = None) -> None:
+        """One point of ``series`` at ``ts_ms`` (epoch milliseconds); ``raw``: its original text, if it has one."""
+        if raw is not None:
+            self._raw[len(self._ts)] = raw
+        self._index.append(series)
+        self._ts.append(ts_ms)
+        self._value.append(value)
+
+    def reject(self, raw: str | bytes, code: str, detail: str) -> None:
+        """Something the decoder could not turn into points: quarantined with ``"<code>: <detail>"`` and ``raw``.
+
+        ``code`` is one of :data:`~metrics_lake.lake_schemas.contract.REASON_CODES`.
+        """
+        if code not in REASON_CODES:
+            raise ValueError(f"{code!r} is not a reason code of the contract")  # programming error
+        self._rejects.append((len(self._ts), raw_text(raw), ContractViolation(code, detail).reason))
+
+    def records(self) -> pa.Table:
+        """LOG_RECORD rows of every point and reject, in the order they were added; never raises for bad points."""
+        n = len(self._ts)
+        index = np.asarray(self._index, dtype=np.int64)
+        ts = np.asarray(self._ts, dtype=np.int64) if n else np.zeros(0, np.int64)
+        value = np.asarray(self._value, dtype=np.float64)
+        servers, metrics, tags = zip(*self._series_list, strict=True) if self._series_list else ((), (), ())
+        servers, metrics = pa.array(servers, pa.string()), pa.array(metrics, pa.string())
+        ok = (ts >= MIN_TS_MS) & (ts < MAX_TS_MS) & np.isfinite(value)
+        if len(servers):
+            ok &= _series_ok(servers, metrics)[index]
+        kept = np.flatnonzero(ok)
+        take = pa.array(index[kept])
+        accepted = pa.table(
+            {
+                "ts": pa.array(ts[kept], pa.int64()).cast(LOG_RECORD.field("ts").type),
+                "server": servers.take(take),
+                "metric": metrics.take(take),
+                "value": pa.array(value[kept], pa.float64()),
+                "tags": _tags_array(tags).take(take),
+                "raw": pa.nulls(len(kept), pa.string()),
+                "reason": pa.nulls(len(kept), pa.string()),
+            },
+            schema=LOG_RECORD,
+        )
+        failed = np.flatnonzero(~ok)
+        if not len(failed) and not self._rejects:
+            return accepted
+        raws, reasons = [], []
+        for i in failed.tolist():
+            server, metric, point_tags = self._series_list[index[i]]
+            event = {"ts": int(ts[i]), "server": server, "metric": metric, "value": float(value[i])}
+            event["tags"] = dict(point_tags) if point_tags else None
+            raws.append(self._raw.get(i) or raw_text(json.dumps(event, allow_nan=True)))
+            reasons.append(_reason(event))
+        for _, raw, reason in self._rejects:
+            raws.append(raw)
+            reasons.append(reason)
+        refused = pa.table(
+            {
+                **{name: pa.nulls(len(raws), LOG_RECORD.field(name).type) for name in LOG_RECORD.names[:5]},
+                "raw": pa.array(raws, pa.string()),
+                "reason": pa.array(reasons, pa.string()),
+            },
+            schema=LOG_RECORD,
+        )
+        # Points keep their slot 2*i+1; a reject made after m points goes before point m (slot 2*m).
+        slots = np.concatenate([2 * kept + 1, 2 * failed + 1, [2 * m for m, _, _ in self._rejects]])
+        return pa.concat_tables([accepted, refused]).take(pa.array(np.argsort(slots, kind="stable")))
+
+
+def _tags_array(tags: tuple[Tags, ...]) -> pa.Array:
+    """A TAGS array of one entry per series; each distinct tag set converted once (series share resource tags)."""
+    distinct: dict[Tags, int] = {}
+    index = [distinct.setdefault(t, len(distinct)) for t in tags]
+    return pa.array([list(t) or None for t in distinct], TAGS).take(pa.array(index, pa.int32()))
+
+
+def _series_ok(servers: pa.Array, metrics: pa.Array) -> np.ndarray:
+    """Per series: the contract's server and metric-name rules (a null name fails)."""
+    return pc.fill_null(pc.and_(servers_ok(servers), metrics_ok(metrics)), False).to_numpy(zero_copy_only=False)
+
+
+def _reason(event: dict) -> str:
+    """The contract's reason for rejecting ``event`` (a point that failed the vectorised check)."""
+    try:
+        validate_event(event)
+    except ContractViolation as violation:
+        return violation.reason
+    raise AssertionError(f"point failed the vectorised check but passes the contract: {event!r}")

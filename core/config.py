@@ -1,0 +1,209 @@
+"""The one typed settings object of metrics-lake.
+
+Values come from, highest priority first: keyword arguments, ``LAKE_*``
+environment variables, a ``lake.toml`` in the working directory, then the
+defaults below. A bad value fails at start with the variable's name (pydantic
+reports the field; :func:`load_settings` turns it into ``LAKE_<FIELD>``).
+Secrets are :class:`pydantic.SecretStr` so they never print.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from metrics_lake.core.keys import NAME_PATTERN
+from metrics_lake.lake_schemas.errors import ConfigError
+from metrics_lake.lake_schemas.tables import Table
+
+__all__ = ["LakeSettings", "load_settings"]
+
+
+class LakeSettings(BaseSettings):
+    """Configuration for every lake command (see DESIGN.md §4, Configuration)."""
+
+    model_config = SettingsConfigDict(env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True)
+
+    root: str = Field(
+        "./lakehouse",
+        description="Where the lake lives: a local directory or s3://bucket/prefix.",
+    )
+    s3_endpoint: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS); unset for AWS.")
+    s3_access_key: SecretStr | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_region: str = "us-east-1"
+    checkpoint_dir: str = Field(
+        "./lakehouse/_checkpoints",
+        description="Spark streaming checkpoints. Always a local or shared file system path, "
+        "never s3:// (Spark checkpoints go through Hadoop's FileSystem).",
+    )
+    spark_master: str = "local[*]"
+    spark_driver_java_options: str = Field(
+        "-XX:TieredStopAtLevel=1",
+        description="Extra JVM options of the Spark driver. The default compiles with HotSpot's C1 only: "
+        "the driver JVM mostly plans and moves Arrow batches (Python workers compute), so C2's "
+        "compile threads cost more than they return on few cores (see spark/session.py). Empty: Java's defaults.",
+    )
+    topic: str = Field(
+        "metrics", pattern=NAME_PATTERN, description="Log topic: a lower-case letter, then [a-z0-9_], 64 at most."
+    )
+    partitions: int = Field(4, ge=1, le=1024, description="Partitions of a newly created topic.")
+    segment_roll_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Producer flushes a partition once its buffer holds this many bytes."
+    )
+    segment_roll_ms: int = Field(
+        1000, ge=10, description="Producer flushes a partition buffer at the latest after this many ms."
+    )
+    watermark_seconds: int = Field(120, ge=0, description="Event-time lateness the speed layer waits for.")
+    max_records_per_batch: int = Field(
+        1_000_000, ge=1, description="Most log records one micro-batch reads (Spark read limit)."
+    )
+    trigger_seconds: float = Field(5.0, gt=0, description="Micro-batch interval of `lake stream`.")
+    shuffle_partitions: int = Field(
+        4, ge=1, description="spark.sql.shuffle.partitions for new streaming checkpoints (fixed once a query has run)."
+    )
+    lease_ttl_seconds: float = Field(
+        10.0, ge=1, description="Partition lease time-to-live; a dead writer's partitions are free after this."
+    )
+    gateway_host: str = Field("127.0.0.1", description="Address `lake gateway` listens on.")
+    gateway_port: int = Field(8787, ge=0, le=65535, description="Port `lake gateway` listens on (0: any free port).")
+    gateway_buffer_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Gateway answers 429 once this many bytes await a durable flush."
+    )
+    gateway_ack_timeout_seconds: float = Field(
+        10.0, gt=0, description="Gateway answers 503 if a batch is not durable within this time."
+    )
+    gateway_max_body_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="Gateway answers 413 to a request body over this many bytes, as received or decompressed.",
+    )
+    gateway_request_timeout_seconds: float = Field(
+        30.0, gt=0, description="A request's headers, then its body, must arrive within this time (else 408/close)."
+    )
+    gateway_idle_timeout_seconds: float = Field(
+        15.0, ge=1, description="Gateway closes a keep-alive connection idle for this long."
+    )
+    gateway_max_connections: int = Field(
+        1000, ge=1, description="Open connections the gateway serves at once; above it new requests get 503."
+    )
+    retention_log_days: float = Field(7.0, gt=0, description="Log segments are deleted this many days after append.")
+    retention_bronze_days: int = Field(
+        7,
+        ge=1,
+        description=f"Days of {Table.BRONZE_EVENTS} and {Table.QUARANTINE_EVENTS} kept (by event/ingest date).",
+    )
+    retention_windows_days: int = Field(
+        30,
+        ge=1,
+        description=f"Days of {Table.METRIC_WINDOWS_1M}, {Table.LAMBDA_RECONCILIATION} and {Table.QUERY_RESULTS} kept.",
+    )
+    retention_rollup_1h_days: int = Field(365, ge=1, description=f"Days of {Table.METRIC_ROLLUP_1H} kept.")
+    retention_rollup_1d_days: int | None = Field(
+        None, ge=1, description=f"Days of {Table.METRIC_ROLLUP_1D} kept (unset: forever)."
+    )
+    vacuum_retention_hours: int = Field(
+        168,
+        ge=1,
+        description="VACUUM deletes data files unreferenced for this long; time travel reaches back this far "
+        "(Delta's default delta.deletedFileRetentionDuration, 7 days). Keep it above the longest query or stream batch.",
+    )
+    segment_delete_delay_seconds: float = Field(
+        300.0, ge=0, description="Log segments replaced by compaction or retention are deleted after this delay."
+    )
+    log_compaction_target_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Log compaction merges small segments up to this size."
+    )
+    table_compaction_target_bytes: int = Field(
+        128 * 1024 * 1024, ge=1024 * 1024, description="Delta compaction (OPTIMIZE) target file size."
+    )
+    quality_dir: str | None = Field(
+        None,
+        description="Local directory of the GX project, data docs and trend plot "
+        "(default: <root>/quality for a local lake, ./.lake-quality for S3, whose docs are also copied to quality/).",
+    )
+    quality_keep_runs: int = Field(30, ge=1, description="Validation results (and data docs pages) kept per suite.")
+    quality_clock_skew_seconds: int = Field(300, ge=0, description="Event times up to this far in the future pass.")
+    quality_freshness_lag_seconds: int = Field(900, ge=0, description="Today's newest window must be at most this old.")
+    quality_volume_band: float = Field(
+        0.5, gt=0, description="A day's row count must lie within this fraction of the trailing 7-day median."
+    )
+    quality_reconciliation_tolerance: float = Field(
+        0.01, ge=0, description="Largest relative speed vs batch count difference per metric and day."
+    )
+    spool_dir: str = Field(
+        "./.lake-spool", description="Local disk buffer where agents keep batches the gateway has not acknowledged."
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _check_root(cls, value: str) -> str:
+        if "://" in value and not value.startswith("s3://"):
+            raise ConfigError(f"{value!r} is not a supported root; use a local path or s3://bucket/prefix")
+        return value.rstrip("/") or "/"
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _check_checkpoint_dir(cls, value: str) -> str:
+        if "://" in value:
+            raise ConfigError("must be a local or shared file system path (Spark checkpoints use Hadoop's FileSystem)")
+        return value
+
+    @property
+    def is_s3(self) -> bool:
+        """True when the lake lives in S3-compatible object storage."""
+        return self.root.startswith("s3://")
+
+    @property
+    def quality_path(self) -> Path:
+        """The local directory of the data-quality project (see ``quality_dir``)."""
+        if self.quality_dir:
+            return Path(self.quality_dir).expanduser().resolve()
+        return Path(".lake-quality").resolve() if self.is_s3 else Path(self.root).expanduser().resolve() / "quality"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The checkpoint directory as an absolute local path."""
+        return Path(self.checkpoint_dir).expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Environment overrides ``lake.toml``; explicit arguments override both."""
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def load_settings(**overrides) -> LakeSettings:
+    """Build :class:`LakeSettings`, turning validation errors into :class:`ConfigError`.
+
+    ``overrides`` with value ``None`` are ignored, so CLI flags can pass
+    through unset options. Raises :class:`ConfigError` naming each bad
+    ``LAKE_*`` variable and why it is bad (one line, problems separated by
+    ``;``), or saying that ``lake.toml`` is not valid TOML.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return LakeSettings(**given)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            shown = "<hidden>" if "key" in field else repr(error.get("input"))  # secrets never print
+            problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {shown})")
+        raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"lake.toml in {Path.cwd()} is not valid TOML: {exc}") from None

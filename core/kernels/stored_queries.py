@@ -1,0 +1,353 @@
+"""Stored queries: the grammar, its parser, and their evaluation over 1-minute window states (Arrow).
+
+The declarations ship in ``lake_schemas/stored_queries.toml``.
+
+The query language is the APM one::
+
+    FROM <servers> SELECT <metric> WINDOW <duration> [EVERY <slide>]
+        COMPUTE <aggregate>[, <aggregate>...] [PER SERVER]
+
+- ``<servers>``: ``*`` for every server, or a comma-separated list of names
+  and shell-style globs (``web-*,db-1``);
+- ``<metric>``: one metric name of the event contract;
+- ``<duration>`` / ``<slide>``: ``<n>m``, ``<n>h`` or ``<n>d``, whole minutes
+  (the finest stored resolution is the 1-minute window), at most one day.
+  Without ``EVERY`` the window is tumbling; with it, hopping (a window of
+  ``duration`` starting every ``slide``; ``slide`` <= ``duration``);
+- ``<aggregate>``: ``count``, ``sum``, ``min``, ``max``, ``avg`` or
+  ``percentile(p)`` with 0 < p < 100 (percent), e.g. ``percentile(99.9)``;
+- by default one fleet-wide row per window and aggregate (the servers'
+  sketches merged, so a fleet p99 is the p99 of every matching event within
+  the sketch's relative error, as with Datadog's distributions);
+  ``PER SERVER`` gives a row per server, and the fleet-wide row too.
+
+Keywords are case-insensitive. :func:`load_stored_queries` raises
+:class:`StoredQueryError` naming the query and what is wrong with it.
+
+Evaluation (:func:`query_states`, then :func:`query_rows` after merging) is
+engine-independent: a query window holds exactly the 1-minute windows that
+start inside it, so its state is the merge of theirs, and count, sum, min
+and max are exact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.core.kernels import sketch
+from metrics_lake.core.kernels.windows import WINDOW_STATE
+from metrics_lake.lake_schemas.contract import METRIC_NAME
+from metrics_lake.lake_schemas.errors import StoredQueryError
+from metrics_lake.lake_schemas.tables import QUERY_RESULTS
+from metrics_lake.lake_schemas.types import UTC_US
+
+#: The declarations shipped with the lake (package data of ``metrics_lake.lake_schemas``).
+DEFAULT_FILE = Path(str(resources.files("metrics_lake.lake_schemas").joinpath("stored_queries.toml")))
+MINUTE_S, DAY_S = 60, 86_400
+_UNITS = {"m": 60, "h": 3600, "d": 86_400}
+_QUERY = re.compile(
+    r"^\s*FROM\s+(?P<servers>\S+)\s+SELECT\s+(?P<metric>\S+)\s+WINDOW\s+(?P<duration>\S+)"
+    r"(?:\s+EVERY\s+(?P<slide>\S+))?\s+COMPUTE\s+(?P<aggregates>.+?)(?P<per_server>\s+PER\s+SERVER)?\s*$",
+    re.IGNORECASE,
+)
+_SIMPLE = ("count", "sum", "min", "max", "avg")
+_PERCENTILE = re.compile(r"^percentile\(\s*(?P<p>[0-9]+(?:\.[0-9]+)?)\s*\)$", re.IGNORECASE)
+_NAME = re.compile(r"[a-z0-9_]{1,64}")
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One ``COMPUTE`` item: ``kind`` is count/sum/min/max/avg/percentile; ``quantile`` in (0, 1) for percentiles."""
+
+    kind: str
+    quantile: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The ``aggregate`` column value: ``p99``, ``p99.9``, or the kind."""
+        if self.quantile is None:
+            return self.kind
+        return f"p{self.quantile * 100:g}"
+
+
+@dataclass(frozen=True)
+class StoredQuery:
+    """A parsed stored query; durations in seconds; ``servers`` are names or globs (``("*",)`` = all)."""
+
+    name: str
+    text: str
+    servers: tuple[str, ...]
+    metric: str
+    duration_s: int
+    slide_s: int
+    aggregates: tuple[Aggregate, ...]
+    per_server: bool
+    description: str = ""
+
+    @property
+    def hopping(self) -> bool:
+        """True when windows overlap (``EVERY`` shorter than the window)."""
+        return self.slide_s < self.duration_s
+
+
+def _seconds(name: str, what: str, text: str) -> int:
+    match = re.fullmatch(r"([0-9]+)([mhd])", text.lower())
+    if not match:
+        raise StoredQueryError(f"stored query {name!r}: {what} {text!r} is not <n>m, <n>h or <n>d")
+    seconds = int(match[1]) * _UNITS[match[2]]
+    if not MINUTE_S <= seconds <= DAY_S:
+        raise StoredQueryError(f"stored query {name!r}: {what} {text!r} must be between 1m and 1d")
+    return seconds
+
+
+def _aggregate(name: str, text: str) -> Aggregate:
+    text = text.strip()
+    if text.lower() in _SIMPLE:
+        return Aggregate(text.lower())
+    match = _PERCENTILE.match(text)
+    if match:
+        percent = float(match["p"])
+        if 0 < percent < 100:
+            return Aggregate("percentile", percent / 100)
+    raise StoredQueryError(
+        f"stored query {name!r}: cannot compute {text!r}; use count, sum, min, max, avg or percentile(p), 0 < p < 100"
+    )
+
+
+def parse_query(name: str, text: str, description: str = "") -> StoredQuery:
+    """Parse one query text (grammar in the module docstring); raises :class:`StoredQueryError`."""
+    if not _NAME.fullmatch(name):
+        raise StoredQueryError(f"stored query name {name!r} must match [a-z0-9_]{{1,64}}")
+    match = _QUERY.match(text)
+    if not match:
+        raise StoredQueryError(
+            f"stored query {name!r}: expected 'FROM <servers> SELECT <metric> WINDOW <duration> "
+            f"[EVERY <slide>] COMPUTE <aggregates> [PER SERVER]', got {text!r}"
+        )
+    metric = match["metric"]
+    if not METRIC_NAME.fullmatch(metric):
+        raise StoredQueryError(f"stored query {name!r}: {metric!r} is not a metric name ([a-z0-9_.]{{1,128}})")
+    duration = _seconds(name, "WINDOW", match["duration"])
+    slide = _seconds(name, "EVERY", match["slide"]) if match["slide"] else duration
+    if slide > duration:
+        raise StoredQueryError(
+            f"stored query {name!r}: EVERY {match['slide']} is longer than WINDOW {match['duration']}"
+        )
+    aggregates = tuple(_aggregate(name, item) for item in match["aggregates"].split(","))
+    labels = [a.label for a in aggregates]
+    if len(set(labels)) != len(labels):
+        raise StoredQueryError(f"stored query {name!r}: an aggregate is listed twice in {labels}")
+    servers = tuple(s for s in match["servers"].split(",") if s)
+    return StoredQuery(
+        name, text.strip(), servers, metric, duration, slide, aggregates, bool(match["per_server"]), description
+    )
+
+
+def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
+    """Parse every ``[[queries]]`` entry (keys ``name``, ``query``, optional ``description``) of ``path``.
+
+    ``path`` defaults to :data:`DEFAULT_FILE`. Raises :class:`StoredQueryError`
+    for a missing or malformed file, a bad query, or a duplicate name.
+    """
+    path = Path(path or DEFAULT_FILE)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise StoredQueryError(f"stored queries file {path} does not exist") from None
+    except IsADirectoryError:
+        raise StoredQueryError(f"stored queries file {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise StoredQueryError(f"stored queries file {path} is not UTF-8 text: {exc.reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise StoredQueryError(f"stored queries file {path}: {exc}") from None
+    queries = []
+    for i, entry in enumerate(doc.get("queries", [])):
+        missing = {"name", "query"} - set(entry)
+        if missing:
+            raise StoredQueryError(f"{path}: queries[{i}] lacks {sorted(missing)}")
+        queries.append(parse_query(entry["name"], entry["query"], entry.get("description", "")))
+    names = [q.name for q in queries]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise StoredQueryError(f"{path}: stored query names used twice: {duplicates}")
+    return queries
+
+
+def server_pattern(servers: tuple[str, ...]) -> str | None:
+    """A regular expression (RE2 and Java compatible) matching any of ``servers`` (names or globs); None for all."""
+    if "*" in servers:
+        return None
+    alternatives = ["".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in s) for s in servers]
+    return "^(?:" + "|".join(alternatives) + ")$"
+
+
+def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Table:
+    """Window states of ``query``'s windows ending in ``day`` (UTC), from 1-minute window rows.
+
+    ``windows`` has the :data:`~metrics_lake.core.kernels.windows.WINDOW_STATE`
+    columns of ``metric_windows_1m`` rows covering days ``day - 1`` and
+    ``day``. Each minute goes to every query window that contains it (one
+    for tumbling, ``WINDOW / EVERY`` for hopping); the result is keyed by
+    ``metric`` = the query's *name*, ``server`` (null for the fleet-wide
+    row, the only one unless ``PER SERVER``) and the query window's start, ready for
+    :func:`~metrics_lake.core.kernels.windows.merge_states` and :func:`query_rows`.
+    """
+    start = dt.datetime.combine(day, dt.time(), dt.UTC)
+    start_us = int(start.timestamp() * 1_000_000)
+    end_us = start_us + DAY_S * 1_000_000
+    return _states(
+        windows,
+        query,
+        start_us - query.duration_s * 1_000_000,
+        end_us,
+        lambda window_start, window_end: (window_end > start_us) & (window_end <= end_us),
+    )
+
+
+def affected_windows(query: StoredQuery, minutes_us: np.ndarray) -> np.ndarray:
+    """Starts (epoch µs, sorted, unique) of ``query``'s windows holding any of the 1-minute windows ``minutes_us``."""
+    if len(minutes_us) == 0:
+        return np.zeros(0, np.int64)
+    slide_us = query.slide_s * 1_000_000
+    first = minutes_us - np.mod(minutes_us, slide_us)
+    hops = -(-query.duration_s // query.slide_s)
+    starts = np.concatenate([first - k * slide_us for k in range(hops)])
+    inside = starts + query.duration_s * 1_000_000 > np.tile(minutes_us, hops)
+    return np.unique(starts[inside])
+
+
+def window_states(windows: pa.Table, query: StoredQuery, starts_us: np.ndarray) -> pa.Table:
+    """Window states of ``query``'s windows starting at ``starts_us`` (epoch µs), like :func:`query_states`.
+
+    ``windows`` must hold every 1-minute row of those windows (the range
+    ``[min(starts), max(starts) + WINDOW)`` of the query's metric).
+    """
+    if len(starts_us) == 0:
+        return WINDOW_STATE.empty_table()
+    wanted = np.asarray(starts_us, dtype=np.int64)
+    return _states(
+        windows,
+        query,
+        int(wanted.min()),
+        int(wanted.max()) + query.duration_s * 1_000_000,
+        lambda window_start, window_end: np.isin(window_start, wanted),
+    )
+
+
+def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen) -> pa.Table:
+    """States of the query windows that ``chosen(window_start, window_end)`` (µs arrays) keeps, from the minutes
+    of ``windows`` in ``[lo_us, hi_us)``."""
+    duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
+    minute = pc.cast(windows.column("window_start"), pa.int64())
+    keep = pc.and_(
+        pc.equal(windows.column("metric"), query.metric),
+        pc.and_(pc.greater_equal(minute, lo_us), pc.less(minute, hi_us)),
+    )
+    pattern = server_pattern(query.servers)
+    if pattern is not None:
+        keep = pc.and_(keep, pc.match_substring_regex(windows.column("server"), pattern))
+    rows = windows.filter(keep)
+    minutes = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+    first = minutes - np.mod(minutes, slide_us)  # latest window start at or before the minute
+    hops = -(-query.duration_s // query.slide_s)
+    pieces = []
+    for k in range(hops):
+        window_start = first - k * slide_us
+        window_end = window_start + duration_us
+        inside = (window_end > minutes) & chosen(window_start, window_end)
+        if not inside.any():
+            continue
+        picked = rows.filter(pa.array(inside))
+        # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
+        for server in [picked.column("server"), None] if query.per_server else [None]:
+            pieces.append(
+                pa.table(
+                    {
+                        "metric": pa.array([query.name] * picked.num_rows, pa.string()),
+                        "server": server if server is not None else pa.nulls(picked.num_rows, pa.string()),
+                        "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
+                        **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
+                    }
+                )
+            )
+    if not pieces:
+        return WINDOW_STATE.empty_table()
+    return pa.concat_tables(pieces).cast(WINDOW_STATE)
+
+
+def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date | None, computed_at: dt.datetime) -> pa.Table:
+    """``query_results`` rows (long format) from merged states of :func:`query_states` for ``day``.
+
+    With ``day`` None (live evaluation) each row's ``event_date`` is the day
+    its window's last minute falls in.
+    """
+    by_name = {q.name: q for q in queries}
+    row, keys, counts = sketch.explode(states.column("sketch"))
+    row, keys, counts = sketch.merge_buckets(row, keys, counts)
+    names = states.column("metric")
+    percentiles = sorted({a.quantile for q in queries for a in q.aggregates if a.quantile is not None})
+    estimates = sketch.quantiles(
+        states.num_rows,
+        row,
+        keys,
+        counts,
+        percentiles,
+        low=states.column("min").to_numpy(zero_copy_only=False),
+        high=states.column("max").to_numpy(zero_copy_only=False),
+    )
+    column = {q: i for i, q in enumerate(percentiles)}
+    simple = {
+        "count": states.column("count").cast(pa.float64()).to_numpy(zero_copy_only=False),
+        "sum": states.column("sum").to_numpy(zero_copy_only=False),
+        "min": states.column("min").to_numpy(zero_copy_only=False),
+        "max": states.column("max").to_numpy(zero_copy_only=False),
+    }
+    simple["avg"] = simple["sum"] / simple["count"]
+    pieces = []
+    for name in pc.unique(names).to_pylist():
+        query = by_name[name]
+        mask = pc.equal(names, name).to_numpy(zero_copy_only=False)
+        chosen = states.filter(pa.array(mask))
+        start = chosen.column("window_start")
+        for aggregate in query.aggregates:
+            values = (
+                estimates[mask, column[aggregate.quantile]]
+                if aggregate.kind == "percentile"
+                else simple[aggregate.kind][mask]
+            )
+            n = chosen.num_rows
+            pieces.append(
+                pa.table(
+                    {
+                        "query": pa.array([name] * n, pa.string()),
+                        "metric": pa.array([query.metric] * n, pa.string()),
+                        "server": chosen.column("server"),
+                        "window_start": start,
+                        "window_end": pc.add(start, pa.scalar(dt.timedelta(seconds=query.duration_s))),
+                        "aggregate": pa.array([aggregate.label] * n, pa.string()),
+                        "value": pa.array(values, pa.float64()),
+                        "computed_at": pa.array([computed_at] * n, UTC_US),
+                        "event_date": pa.array([day] * n, pa.date32())
+                        if day is not None
+                        else _last_minute_day(start, query.duration_s),
+                    }
+                )
+            )
+    if not pieces:
+        return QUERY_RESULTS.empty_table()
+    return pa.concat_tables(pieces).select(QUERY_RESULTS.names).cast(QUERY_RESULTS)
+
+
+def _last_minute_day(window_start: pa.ChunkedArray | pa.Array, duration_s: int) -> pa.Array:
+    """The UTC day of each window's last minute (``event_date`` of ``query_results``)."""
+    last_us = pc.add(pc.cast(window_start, pa.int64()), (duration_s - MINUTE_S) * 1_000_000)
+    return pc.cast(pc.cast(last_us, UTC_US), pa.date32())

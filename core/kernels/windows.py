@@ -1,0 +1,264 @@
+"""Tumbling-window aggregates over Arrow data: the one window code of the speed layer, recompute, rollups, queries.
+
+A *window state* (:data:`WINDOW_STATE`) is one row per ``(metric, server,
+window_start)`` with ``count, sum, min, max`` and a :mod:`~metrics_lake.core.kernels.sketch`
+of the values. States are mergeable: :func:`merge_states` combines rows with
+the same key (counts and sums added, min and max taken, sketches merged), so
+partial states from any split of the events — Spark tasks, micro-batches,
+the rows already in a table — merge to the state of all the events, exactly
+(count, min, max; the sum up to floating-point addition order; the sketch's
+bucket counts exactly). :func:`rewindow` moves states to a coarser window
+(rollups); :func:`finalize` adds ``window_end``, ``avg`` and the quantiles to
+give a row of ``metric_windows_1m`` and the rollup tables.
+
+Everything is vectorised with numpy over dictionary codes; no Python loop
+runs per event or per window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.core.kernels import sketch
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
+from metrics_lake.lake_schemas.types import UTC_US
+
+__all__ = [
+    "QUANTILES",
+    "WINDOW_STATE",
+    "aggregate_events",
+    "empty_state",
+    "finalize",
+    "merge_states",
+    "rewindow",
+    "states_of",
+]
+
+#: The quantiles every window row carries, as (column, q).
+QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+
+#: One partial or complete window; ``window_start`` is a UTC instant (µs), ``sketch`` an encoded sketch.
+WINDOW_STATE = pa.schema(
+    [
+        pa.field("metric", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("window_start", UTC_US),
+        pa.field("count", pa.int64()),
+        pa.field("sum", pa.float64()),
+        pa.field("min", pa.float64()),
+        pa.field("max", pa.float64()),
+        pa.field("sketch", pa.binary()),
+    ]
+)
+
+_US_PER_MS = 1000
+
+
+def empty_state() -> pa.Table:
+    """A window-state table with no rows."""
+    return WINDOW_STATE.empty_table()
+
+
+def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An int64 code per row of a string (or dictionary) column, below ``2**31``: equal strings, equal codes; nulls their own."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.unify_dictionaries() if pa.types.is_dictionary(column.type) else column
+        column = column.combine_chunks()
+    # Columns read with ``read_dictionary`` already carry the codes; others are hashed.
+    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    if encoded.null_count:
+        return np.where(np.asarray(encoded.is_valid()), codes, len(encoded.dictionary)).astype(np.int64)
+    return codes.astype(np.int64)
+
+
+def _ranks(values: np.ndarray, domain: int | None = None) -> tuple[np.ndarray, int]:
+    """(rank of each value among the distinct values, number of distinct values) of an int64 array.
+
+    Hashes the values (Arrow's dictionary encoding) and sorts only the
+    distinct ones: for millions of rows with far fewer distinct keys this is
+    several times faster than sorting the rows. If every value is known to
+    lie in ``[0, domain)`` and the domain is not much larger than the array,
+    marks the values present in a table of the domain and counts instead
+    (the same ranks; 4x faster for 6.9 M (series, window) keys of a day).
+    """
+    if domain is not None and domain <= 2 * len(values) + 65_536:
+        present = np.zeros(domain, np.bool_)
+        present[values] = True
+        rank = np.cumsum(present, dtype=np.int64)
+        return rank[values] - 1, int(rank[-1]) if domain else 0
+    encoded = pc.dictionary_encode(pa.array(values, pa.int64()))
+    distinct = encoded.dictionary.to_numpy()
+    rank = np.empty(len(distinct), np.int64)
+    rank[np.argsort(distinct)] = np.arange(len(distinct), dtype=np.int64)
+    return rank[encoded.indices.to_numpy(zero_copy_only=False)], len(distinct)
+
+
+def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Group rows by key (metric, server, window start): ``(group of each row, groups, first row of each group)``.
+
+    Groups are numbered in key order (metric code, server code, start), so a
+    series' windows are adjacent and in time order.
+    """
+    series, series_count = _ranks(_codes(metric) << 32 | _codes(server))
+    window, windows = _ranks(start_us)
+    # Keys are dense: series * windows + window < series count * windows, at most the row count squared.
+    group, groups = _ranks(series * windows + window, series_count * windows)
+    first = np.full(groups, len(group), np.int64)
+    np.minimum.at(first, group, np.arange(len(group), dtype=np.int64))
+    return group, groups, first
+
+
+def _state_table(metric, server, start_us, count, total, low, high, row, keys, counts, groups: int) -> pa.Table:
+    return pa.table(
+        [
+            metric.cast(pa.string()),  # a no-op for strings; decodes dictionary-encoded reads
+            server.cast(pa.string()),
+            pa.array(start_us, pa.int64()).cast(UTC_US),
+            pa.array(count, pa.int64()),
+            pa.array(total, pa.float64()),
+            pa.array(low, pa.float64()),
+            pa.array(high, pa.float64()),
+            sketch.implode(groups, row, keys, counts),
+        ],
+        schema=WINDOW_STATE,
+    )
+
+
+def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
+    """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64).
+
+    ``window_start`` = ``ts`` floored to a multiple of ``window_seconds``
+    since the epoch (UTC), so windows align across processes and days.
+    Values must be finite (the event contract guarantees it).
+    """
+    if events.num_rows == 0:
+        return empty_state()
+    window_us = window_seconds * 1_000_000
+    ts_us = events.column("ts").cast(UTC_US).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    start_us = ts_us - np.mod(ts_us, window_us)
+    values = events.column("value").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    group, groups, first = _group(events.column("metric"), events.column("server"), start_us)
+    row, bucket_keys, bucket_counts = sketch.merge_buckets(
+        group, sketch.bucket_keys(values), np.ones(len(values), np.int64)
+    )
+    return _state_table(
+        events.column("metric").take(first),
+        events.column("server").take(first),
+        start_us[first],
+        np.bincount(group, minlength=groups),
+        np.bincount(group, weights=values, minlength=groups),  # adds in row order, as a sequential sum would
+        _reduce_at(np.minimum, np.inf, group, groups, values),
+        _reduce_at(np.maximum, -np.inf, group, groups, values),
+        row,
+        bucket_keys,
+        bucket_counts,
+        groups,
+    )
+
+
+def _reduce_at(ufunc: np.ufunc, identity: float, group: np.ndarray, groups: int, values: np.ndarray) -> np.ndarray:
+    """``ufunc`` (np.minimum or np.maximum) of ``values`` per group."""
+    out = np.full(groups, identity)
+    ufunc.at(out, group, values)
+    return out
+
+
+def _conform(states: pa.Table) -> pa.Table:
+    """``states`` cast to :data:`WINDOW_STATE`, keeping dictionary-encoded ``metric``/``server`` as they are."""
+    states = states.select(WINDOW_STATE.names)
+    target = [
+        states.schema.field(f.name) if pa.types.is_dictionary(states.schema.field(f.name).type) else f
+        for f in WINDOW_STATE
+    ]
+    return states.cast(pa.schema(target)).unify_dictionaries().combine_chunks()
+
+
+def merge_states(states: pa.Table) -> pa.Table:
+    """Combine rows of :data:`WINDOW_STATE` with equal ``(metric, server, window_start)`` into one each."""
+    if states.num_rows == 0:
+        return empty_state()
+    states = _conform(states)
+    start_us = states.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    group, groups, first = _group(states.column("metric"), states.column("server"), start_us)
+    if groups == states.num_rows:  # nothing to combine: keep the rows, in key order
+        order = np.empty(groups, np.int64)
+        order[group] = np.arange(groups, dtype=np.int64)
+        return states.take(pa.array(order)).cast(WINDOW_STATE)  # dictionary-encoded strings decoded
+    row, keys, counts = sketch.explode(states.column("sketch"))
+    row, keys, counts = sketch.merge_buckets(group[row], keys, counts)
+
+    def column(name: str) -> np.ndarray:
+        return states.column(name).to_numpy(zero_copy_only=False)
+
+    return _state_table(
+        states.column("metric").take(first),
+        states.column("server").take(first),
+        start_us[first],
+        np.bincount(group, weights=column("count"), minlength=groups).astype(np.int64),
+        np.bincount(group, weights=column("sum"), minlength=groups),
+        _reduce_at(np.minimum, np.inf, group, groups, column("min")),
+        _reduce_at(np.maximum, -np.inf, group, groups, column("max")),
+        row,
+        keys,
+        counts,
+        groups,
+    )
+
+
+def rewindow(states: pa.Table, window_seconds: int) -> pa.Table:
+    """States moved to ``window_seconds`` windows (a multiple of theirs) and merged: a rollup."""
+    if states.num_rows == 0:
+        return empty_state()
+    window_us = window_seconds * 1_000_000
+    start_us = states.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    coarse = pa.array(start_us - np.mod(start_us, window_us), pa.int64()).cast(UTC_US)
+    return merge_states(states.set_column(states.schema.get_field_index("window_start"), "window_start", coarse))
+
+
+def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | None = None) -> pa.Table:
+    """Rows of ``metric_windows_1m`` (and the rollups) from merged states: end, avg, p50/p95/p99, day.
+
+    ``updated_at`` defaults to now (UTC). Quantiles come from the sketch
+    within :data:`~metrics_lake.core.kernels.sketch.RELATIVE_ERROR` of the exact
+    values (see :mod:`~metrics_lake.core.kernels.sketch`).
+    """
+    updated_at = updated_at or dt.datetime.now(dt.UTC)
+    n = states.num_rows
+    row, keys, counts = sketch.explode(states.column("sketch"))
+    estimates = sketch.quantiles(
+        n,
+        row,
+        keys,
+        counts,
+        [q for _, q in QUANTILES],
+        low=states.column("min").to_numpy(zero_copy_only=False),
+        high=states.column("max").to_numpy(zero_copy_only=False),
+    )
+    start = states.column("window_start")
+    end = pc.add(start, pa.scalar(dt.timedelta(seconds=window_seconds)))
+    columns = {
+        "metric": states.column("metric"),
+        "server": states.column("server"),
+        "window_start": start,
+        "window_end": end,
+        "count": states.column("count"),
+        "sum": states.column("sum"),
+        "min": states.column("min"),
+        "max": states.column("max"),
+        "avg": pc.divide(states.column("sum"), pc.cast(states.column("count"), pa.float64())),
+        **{name: pa.array(estimates[:, i]) for i, (name, _) in enumerate(QUANTILES)},
+        "sketch": states.column("sketch"),
+        "updated_at": pa.array(np.full(n, int(updated_at.timestamp() * 1_000_000), np.int64)).cast(UTC_US),
+        "event_date": pc.cast(start, pa.date32()),
+    }
+    return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
+
+
+def states_of(rows: pa.Table) -> pa.Table:
+    """The :data:`WINDOW_STATE` columns of window-table rows (to merge new events into them)."""
+    return rows.select(WINDOW_STATE.names).cast(WINDOW_STATE)

@@ -1,0 +1,181 @@
+"""The lake's storage layout: every object key under the lake root is built here, from names checked here.
+
+Keys are ``/``-separated paths relative to ``LAKE_ROOT`` (a local directory
+or ``s3://bucket/prefix``)::
+
+    log/<topic>/topic.json                        topic_key: partition count, created once
+    log/<topic>/<partition>/lease.json            lease_key: the writer's lease
+    log/<topic>/<partition>/index.json            index_key: the partition index
+    log/<topic>/<partition>/<segment>.parquet     partition_key: immutable segments
+    log/_consumers/<group>/<topic>.json           consumer_offsets_key: a consumer group's offsets
+    tables/<name>/                                table_prefix: a Delta table (_delta_log/ and data files)
+    tables/_leases/<name>.json                    table_lease_key: a table's maintenance lease
+    quality/<path>                                quality_key: data docs and the trend plot
+
+The four prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
+:data:`TABLES_PREFIX` and :data:`QUALITY_PREFIX` are the units the
+object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
+:func:`grants` says which of them an operation
+(:mod:`metrics_lake.lake_schemas.operations`) needs.
+
+Names that become part of a key (topics, tables) must match
+:data:`NAME_PATTERN`: a lower-case letter followed by at most 63 lower-case
+letters, digits and underscores, so a name can never leave its folder
+(``..``, ``a/x``, an absolute path) or collide with a hidden, temporary or
+reserved object (a leading ``.`` or ``_``: ``_consumers``, ``_leases``,
+``_delta_log``); it is also a valid SQL identifier without quoting.
+"""
+
+from __future__ import annotations
+
+import re
+
+from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.operations import LogAccess, Operation
+
+__all__ = [
+    "CONSUMERS_PREFIX",
+    "LOG_PREFIX",
+    "NAME_PATTERN",
+    "QUALITY_PREFIX",
+    "TABLES_PREFIX",
+    "check_group",
+    "check_name",
+    "consumer_group_prefix",
+    "consumer_offsets_key",
+    "grants",
+    "index_key",
+    "is_group",
+    "is_name",
+    "lease_key",
+    "partition_key",
+    "partition_prefix",
+    "quality_key",
+    "table_key",
+    "table_lease_key",
+    "table_prefix",
+    "topic_key",
+]
+
+#: The segment log.
+LOG_PREFIX = "log"
+#: Consumer groups' committed offsets (inside the log's prefix, granted apart from it).
+CONSUMERS_PREFIX = f"{LOG_PREFIX}/_consumers"
+#: Delta tables.
+TABLES_PREFIX = "tables"
+#: Data-quality reports copied from the local GX project (for an S3 lake).
+QUALITY_PREFIX = "quality"
+
+#: Topic and table names (also the pattern of ``LAKE_TOPIC``).
+NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
+_NAME = re.compile(NAME_PATTERN)
+#: Consumer group names (Kafka allows more; these stay safe as a key part).
+_GROUP = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TABLE_LEASES = f"{TABLES_PREFIX}/_leases"
+
+
+def is_name(name: object) -> bool:
+    """Whether ``name`` is a valid topic or table name (:data:`NAME_PATTERN`)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def check_name(what: str, name: str) -> str:
+    """Return ``name`` if it matches :data:`NAME_PATTERN`; else raise :class:`InputError`.
+
+    ``what`` says where the name came from in the message (``"--into"``, ``"topic"``...).
+    """
+    if not is_name(name):
+        raise InputError(
+            f"{what} {name!r} is not a valid name: use a lower-case letter, then up to 63 lower-case letters, "
+            f"digits or underscores (e.g. bronze_copy)"
+        )
+    return name
+
+
+def is_group(group: object) -> bool:
+    """Whether ``group`` is a valid consumer group name: 1-64 letters, digits, ``_``, ``.``, ``-``."""
+    return isinstance(group, str) and _GROUP.fullmatch(group) is not None
+
+
+def check_group(group: str) -> str:
+    """Return consumer group name ``group`` if :func:`is_group`; else raise :class:`InputError`."""
+    if not is_group(group):
+        raise InputError(f"consumer group {group!r}: use 1-64 letters, digits, '_', '.', '-'")
+    return group
+
+
+def topic_key(topic: str) -> str:
+    """``log/<topic>/topic.json``: the topic's partition count."""
+    return f"{LOG_PREFIX}/{check_name('topic', topic)}/topic.json"
+
+
+def partition_prefix(topic: str, partition: int) -> str:
+    """``log/<topic>/<partition>``: the prefix of one partition's objects."""
+    return f"{LOG_PREFIX}/{check_name('topic', topic)}/{int(partition)}"
+
+
+def partition_key(topic: str, partition: int, name: str) -> str:
+    """``log/<topic>/<partition>/<name>``: one object of a partition (a segment, its index, its lease)."""
+    return f"{partition_prefix(topic, partition)}/{name}"
+
+
+def lease_key(topic: str, partition: int) -> str:
+    """``log/<topic>/<partition>/lease.json``: the partition writer's lease."""
+    return partition_key(topic, partition, "lease.json")
+
+
+def index_key(topic: str, partition: int) -> str:
+    """``log/<topic>/<partition>/index.json``: the partition index."""
+    return partition_key(topic, partition, "index.json")
+
+
+def consumer_group_prefix(group: str) -> str:
+    """``log/_consumers/<group>``: a consumer group's offsets, one object per topic."""
+    return f"{CONSUMERS_PREFIX}/{check_group(group)}"
+
+
+def consumer_offsets_key(group: str, topic: str) -> str:
+    """``log/_consumers/<group>/<topic>.json``: ``group``'s committed offsets in ``topic``."""
+    return f"{consumer_group_prefix(group)}/{check_name('topic', topic)}.json"
+
+
+def table_prefix(name: str) -> str:
+    """``tables/<name>``: a Delta table's folder."""
+    return f"{TABLES_PREFIX}/{check_name('table', name)}"
+
+
+def table_key(name: str, relative: str) -> str:
+    """``tables/<name>/<relative>``: an object of a table (a data file, ``_delta_log``)."""
+    return f"{table_prefix(name)}/{relative}"
+
+
+def table_lease_key(name: str) -> str:
+    """``tables/_leases/<name>.json``: the table's maintenance lease (compaction, day rewrites)."""
+    return f"{_TABLE_LEASES}/{check_name('table', name)}.json"
+
+
+def quality_key(relative: str) -> str:
+    """``quality/<relative>``: a published data-quality report file."""
+    return f"{QUALITY_PREFIX}/{relative}"
+
+
+def grants(operation: Operation) -> frozenset[tuple[str, str]]:
+    """The ``(verb, prefix)`` pairs ``operation`` needs of the store, verb ``"read"`` or ``"write"``.
+
+    A log reader writes its consumer offsets; a table writer reads the table
+    first (snapshots, positions); a log writer reads the index and leases.
+    """
+    needed: set[tuple[str, str]] = set()
+    if operation.log is LogAccess.INSPECT:
+        needed.add(("read", LOG_PREFIX))
+    elif operation.log is LogAccess.READ:
+        needed |= {("read", LOG_PREFIX), ("write", CONSUMERS_PREFIX)}
+    elif operation.log in (LogAccess.WRITE, LogAccess.REWRITE):
+        needed |= {("read", LOG_PREFIX), ("write", LOG_PREFIX)}
+    if operation.reads or operation.writes:
+        needed.add(("read", TABLES_PREFIX))
+    if operation.writes:
+        needed.add(("write", TABLES_PREFIX))
+    if operation.reports:
+        needed |= {("read", QUALITY_PREFIX), ("write", QUALITY_PREFIX)}
+    return frozenset(needed)

@@ -1,0 +1,220 @@
+"""Log compaction: merge runs of small segments into larger ones without changing any offset.
+
+Object-storage logs flush often to keep acks fast, so they end up with many
+small objects (the common pain of WarpStream, KIP-1150 and friends). For each
+partition, compaction
+
+1. plans runs of consecutive segments, each smaller than the target, whose
+   sizes add up to at most ``target_bytes`` (a run needs two or more);
+2. writes each run's records as one new segment object named
+   ``<base>-<end>.parquet`` (never colliding with an appended segment),
+   keeping every record's offset (its row position) and append time
+   (``parts``, see :class:`metrics_lake.core.log.segment.SegmentInfo`);
+3. swaps the runs into the index with one compare-and-swap, retiring the old
+   objects; on a conflict (a producer appended) it re-reads the index and
+   re-applies the same runs, which are unchanged because committed segments
+   are immutable;
+4. deletes objects retired more than ``delete_delay_ms`` ago, so a consumer
+   that read the previous index can still finish reading them.
+
+Concurrent readers therefore see either the old segments or the merged one,
+with identical rows and offsets. It needs no lease: it never appends and
+never moves the log end offset, and the lease holder re-applies an append
+that lost a swap to it (:meth:`metrics_lake.core.log.log.PartitionWriter._recover`).
+Run one compactor per topic at a time (the Airflow DAG has
+``max_active_runs=1``); two at once waste work but lose nothing, since the
+second one's runs are no longer in the index and are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from metrics_lake.core import keys
+from metrics_lake.core.log.index import PartitionIndex, RunChangedError, purge_retired
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.segment import (
+    SegmentInfo,
+    compacted_segment_name,
+    decode_segment,
+    encode_segment,
+    read_segment_info,
+)
+from metrics_lake.core.storage import ObjectExistsError, VersionConflictError
+from metrics_lake.lake_schemas.errors import ConflictError, IntegrityError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TARGET_BYTES = 8 * 1024 * 1024
+DEFAULT_DELETE_DELAY_MS = 5 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class PartitionCompaction:
+    """What compacting one partition did: segment counts and bytes before/after, objects deleted."""
+
+    topic: str
+    partition: int
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    runs: int
+    deleted: int
+
+
+def plan_runs(segments: list[SegmentInfo], target_bytes: int) -> list[list[SegmentInfo]]:
+    """Runs of >= 2 consecutive segments, each below ``target_bytes``, totalling at most ``target_bytes``."""
+    runs, current, size = [], [], 0
+    for info in segments:
+        if info.size_bytes >= target_bytes or size + info.size_bytes > target_bytes:
+            if len(current) > 1:
+                runs.append(current)
+            current, size = [], 0
+        if info.size_bytes < target_bytes:
+            current.append(info)
+            size += info.size_bytes
+    if len(current) > 1:
+        runs.append(current)
+    return runs
+
+
+def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo]) -> SegmentInfo:
+    """Write ``run``'s records as one compacted segment object; returns its info.
+
+    Raises :class:`~metrics_lake.lake_schemas.errors.IntegrityError` if the run's segments do not hold
+    exactly their offsets' records, :class:`~metrics_lake.lake_schemas.errors.ConflictError` if
+    another compaction wrote a different object under the merged name.
+    """
+    tables = []
+    for info in run:
+        with log_.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
+            tables.append(decode_segment(source))
+    records = pa.concat_tables(tables)
+    base, end = run[0].base_offset, run[-1].end_offset
+    if records.num_rows != end - base:
+        raise IntegrityError(
+            f"{keys.partition_prefix(topic, partition)}: segments [{base}, {end}) hold {records.num_rows} records, "
+            f"not {end - base}; nothing was compacted"
+        )
+    producers: dict[str, int] = {}
+    digests: dict[str, str] = {}
+    for info in run:  # in offset order, so the last segment naming a producer has its highest sequence
+        producers.update(info.producers)
+        digests.update(info.digests)
+    parts = [part for info in run for part in (info.parts or [[info.base_offset, info.appended_at]])]
+    name = compacted_segment_name(base, end)
+    data, merged = encode_segment(
+        records,
+        base_offset=base,
+        appended_at=max(info.appended_at for info in run),
+        epoch=max(info.epoch for info in run),
+        producers=producers,
+        digests=digests,
+        object_name=name,
+        parts=parts,
+    )
+    try:
+        log_.store.create(keys.partition_key(topic, partition, name), data)
+    except ObjectExistsError:  # left by a compaction that crashed before its index swap: reuse it if it matches
+        stored = log_.store.read(keys.partition_key(topic, partition, name))
+        existing = read_segment_info(pa.BufferReader(stored), len(stored))
+        if (existing.base_offset, existing.end_offset, existing.parts) != (base, end, parts):
+            raise ConflictError(
+                f"{keys.partition_key(topic, partition, name)} exists and is not this run's compacted segment "
+                "(another compaction of the partition?); run the compaction again"
+            ) from None
+        return existing
+    return merged
+
+
+def compact_partition(
+    log_: SegmentLog,
+    topic: str,
+    partition: int,
+    *,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    delete_delay_ms: int = DEFAULT_DELETE_DELAY_MS,
+    max_attempts: int = 20,
+) -> PartitionCompaction:
+    """Compact one partition (module docstring).
+
+    Raises :class:`~metrics_lake.lake_schemas.errors.ConflictError` if the index changed
+    ``max_attempts`` times while the merged segments were swapped in (nothing is lost: the
+    merged objects are retired by the next run).
+    """
+    index = log_.index(topic, partition)
+    segments_before, bytes_before = len(index.segments), sum(s.size_bytes for s in index.segments)
+    runs = plan_runs(index.segments, target_bytes)
+    merged = [(run, _merge(log_, topic, partition, run)) for run in runs]
+    for _ in range(max_attempts):
+        if not _apply(index, merged):
+            break
+        try:
+            index.save(log_.store, topic, partition)
+            break
+        except VersionConflictError:
+            index = log_.index(topic, partition)
+    else:
+        raise ConflictError(
+            f"{keys.partition_prefix(topic, partition)}: the index changed {max_attempts} times during compaction "
+            "(producers appending fast); run the compaction again"
+        )
+    deleted = purge_retired(log_.store, topic, partition, delay_ms=delete_delay_ms, now_ms=int(time.time() * 1000))
+    after = log_.index(topic, partition)
+    return PartitionCompaction(
+        topic,
+        partition,
+        segments_before,
+        len(after.segments),
+        bytes_before,
+        sum(s.size_bytes for s in after.segments),
+        len(runs),
+        len(deleted),
+    )
+
+
+def _apply(index: PartitionIndex, merged: list[tuple[list[SegmentInfo], SegmentInfo]]) -> bool:
+    """Swap each still-present run for its merged segment in ``index``; returns whether ``index`` changed.
+
+    A run no longer in the index (retention dropped it, or another compactor
+    merged it) is skipped, and its merged object retired unless the index
+    names it (the other compactor wrote the same object).
+    """
+    now = int(time.time() * 1000)
+    changed = False
+    for run, segment in merged:
+        try:
+            index.replace_run(run, segment, now)
+        except RunChangedError:
+            log.info("run [%d, %d) changed since planning; skipped", run[0].base_offset, run[-1].end_offset)
+            if segment.name not in {info.name for info in index.segments}:
+                index.retired.append({"name": segment.name, "at": now})
+        changed = True
+    return changed
+
+
+def compact_topic(
+    log_: SegmentLog,
+    topic: str,
+    *,
+    target_bytes: int = DEFAULT_TARGET_BYTES,
+    delete_delay_ms: int = DEFAULT_DELETE_DELAY_MS,
+) -> list[PartitionCompaction]:
+    """Compact every partition of ``topic``; raises :class:`metrics_lake.lake_schemas.errors.TopicNotFoundError` if it does not exist."""
+    return [
+        compact_partition(log_, topic, p, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
+        for p in range(log_.partitions(topic))
+    ]
+
+
+def compact_log(log_: SegmentLog, *, target_bytes: int, delete_delay_ms: int) -> list[PartitionCompaction]:
+    """Compact every partition of every topic in the log; one result per partition."""
+    results = []
+    for topic in log_.topics():
+        results += compact_topic(log_, topic, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
+    return results

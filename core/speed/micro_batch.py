@@ -1,0 +1,553 @@
+"""The speed layer's work on one micro-batch, whatever schedules it: plan, process chunks, commit.
+
+A micro-batch reads the log up to ``ends`` (per partition, the next offset)
+into four tables: ``bronze_events`` (valid events), ``quarantine_events``
+(rejects, with their reasons), ``metric_windows_1m`` (1-minute window
+states) and ``query_results`` (the stored queries, live: every query window
+holding a minute the batch touched is evaluated again from the windows
+table and replaced, so late events within the watermark update it too). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
+:func:`plan_batch` and :func:`commit_batch` on the driver, :func:`process_chunk`
+in the tasks.
+
+**Exactly once, held by the tables.** Each table records the log position
+it holds, per partition, as a Delta ``txn`` action committed in the same
+version as its data (:func:`metrics_lake.core.tables.commits.offset_transactions`).
+A batch reads every table's position first and processes, for each table,
+only the records from that position up to ``ends``; it then commits data and
+new positions atomically. So whatever the engine's checkpoint says — lost,
+older, or from another lake — no record enters a table twice or is skipped:
+a batch replayed after a crash finds its positions committed and commits
+nothing, a batch after a lost checkpoint starts where the tables are. The
+three tables commit separately (Delta has no multi-table transactions); one
+that a crash left behind simply catches up in the next batch. A query window
+is evaluated from the windows table as committed, so evaluating it again
+(a replayed batch) gives the same rows: ``query_results`` is exact as long
+as it is evaluated after every batch of windows it depends on, which its own
+positions guarantee.
+
+**Watermark.** Windows leave out events older than the *watermark*: the
+newest event time the windows hold minus ``watermark_seconds`` (Spark's
+``withWatermark`` semantics), never moving back. The windows table records
+it in the same commit as a ``txn`` action too, so a replayed batch uses the
+watermark it used the first time, and maintenance knows which days the
+speed layer may still rewrite (:mod:`metrics_lake.core.speed.progress` reads
+both back for everyone else). An event's time
+counts for the watermark only up to its append time plus a clock skew, so one
+event from an agent with a clock in the year 2099 cannot close every window.
+Late events are in bronze; the nightly recompute counts them.
+
+**Window files.** Upserting windows rewrites the files holding the windows a
+batch touched (one commit: remove the old files, add the new ones, record
+positions). Rewritten rows are laid out so that later batches touch little:
+windows that the new watermark has closed go to one *sealed* file per day
+(never touched by the speed layer again), open windows to one file per
+window.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import Transaction
+
+from metrics_lake.core.kernels.stored_queries import (
+    StoredQuery,
+    affected_windows,
+    load_stored_queries,
+    query_rows,
+    window_states,
+)
+from metrics_lake.core.kernels.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
+from metrics_lake.core.log.consumer import read_range, start_offsets
+from metrics_lake.core.log.consumer_groups import commit_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed.progress import CONSUMER, WINDOW_SECONDS, watermark_app_id
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.commits import (
+    commit_changes,
+    committed_offsets,
+    offset_transactions,
+    remove_action,
+    retry_on_conflict,
+)
+from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
+from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
+from metrics_lake.lake_schemas.errors import ConcurrentWriterError
+from metrics_lake.lake_schemas.operations import STREAM
+from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
+
+__all__ = [
+    "SPEED_TABLES",
+    "BatchOutcome",
+    "BatchPlan",
+    "Chunk",
+    "ChunkResult",
+    "commit_batch",
+    "plan_batch",
+    "process_chunk",
+    "run_batch_in_process",
+    "split_log_rows",
+]
+
+log = logging.getLogger(__name__)
+
+BRONZE, QUARANTINE, WINDOWS, QUERIES = (
+    Table.BRONZE_EVENTS,
+    Table.QUARANTINE_EVENTS,
+    Table.METRIC_WINDOWS_1M,
+    Table.QUERY_RESULTS,
+)
+#: The tables a micro-batch writes, in commit order (query results are evaluated from the committed windows).
+SPEED_TABLES = STREAM.writes
+
+
+def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Split log rows (:data:`~metrics_lake.lake_schemas.log_records.LOG_ROW`) into (bronze rows, quarantine rows).
+
+    ``event_date`` is the UTC date of the event time; ``ingest_date`` the
+    UTC date the record was appended to the log.
+    """
+    rejected = pc.is_valid(rows.column("reason"))
+    valid = rows.filter(pc.invert(rejected))
+    bad = rows.filter(rejected)
+    bronze = valid.append_column("event_date", pc.cast(valid.column("ts"), pa.date32()))
+    quarantine = bad.append_column("ingest_date", pc.cast(bad.column("ingested_at"), pa.date32()))
+    return (
+        bronze.select(BRONZE_EVENTS.names).cast(BRONZE_EVENTS),
+        quarantine.select(QUARANTINE_EVENTS.names).cast(QUARANTINE_EVENTS),
+    )
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Offsets ``[start, end)`` of one log partition: one task's input."""
+
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one micro-batch does (see the module docstring).
+
+    ``ends``: per partition, the next offset the batch reads up to;
+    ``marks``: per table and partition, the next offset the table holds
+    (where its records start); ``watermark_ms``: events older than this
+    are left out of windows (``None`` before the first batch); ``chunks``:
+    the ranges to read.
+    """
+
+    topic: str
+    ends: dict[int, int]
+    marks: dict[str, dict[int, int]]
+    watermark_ms: int | None
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def records(self) -> int:
+        """Log records the batch reads."""
+        return sum(c.end - c.start for c in self.chunks)
+
+    def advances(self, table: str) -> dict[int, int]:
+        """The partitions whose position ``table`` moves forward in this batch, with their new positions."""
+        return {p: end for p, end in self.ends.items() if end > self.marks[table][p]}
+
+
+@dataclass
+class ChunkResult:
+    """What a task made of one chunk: data files written (not yet committed), window states, counts.
+
+    ``event_time_max_ms``: newest event time of the chunk's valid events for
+    the windows (clamped to append time plus the clock skew); ``counts``:
+    rows per table, plus ``late`` (valid events older than the watermark);
+    ``touched``: per metric, the 1-minute windows (start, epoch µs) of the
+    events that ``query_results`` has not yet seen.
+    """
+
+    files: list[WrittenFile] = field(default_factory=list)
+    states: pa.Table = field(default_factory=WINDOW_STATE.empty_table)
+    event_time_max_ms: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    touched: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds.
+
+    A table that already held the batch's positions (a replayed batch) counts 0 rows.
+    """
+
+    records: int
+    rows: dict[str, int]
+    windows_written: int
+    late_events: int
+    watermark_ms: int | None
+    seconds: float
+
+
+def plan_batch(
+    store: Store, topic: str, ends: dict[int, int], *, watermark_seconds: int, chunk_records: int
+) -> BatchPlan:
+    """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``.
+
+    A position below the log's start offset (retention removed records a
+    table never got; ``lake consumers`` reports it) starts at the log start.
+    """
+    first = start_offsets(SegmentLog(store), topic)
+    marks: dict[str, dict[int, int]] = {}
+    for name in SPEED_TABLES:
+        committed = committed_offsets(ensure_table(store, name), CONSUMER, topic, ends)
+        marks[name] = {}
+        for p in ends:
+            mark = committed[p] or 0
+            if mark < first[p]:
+                if committed[p] is not None:
+                    log.warning(
+                        "%s: records %d..%d of %s/%d were removed by retention before it read them",
+                        name,
+                        mark,
+                        first[p],
+                        topic,
+                        p,
+                    )
+                mark = first[p]
+            marks[name][p] = mark
+    chunks = []
+    for p, end in sorted(ends.items()):
+        start = min(marks[name][p] for name in SPEED_TABLES)
+        chunks += [Chunk(p, lo, min(lo + chunk_records, end)) for lo in range(start, end, chunk_records)]
+    watermark = ensure_table(store, WINDOWS).transaction_version(watermark_app_id(topic))
+    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks))
+
+
+def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
+    """Read one chunk and write what each table still needs of it: bronze and quarantine files, window states.
+
+    Files are written but not committed (invisible until :func:`commit_batch`);
+    a failed or retried task leaves only files that VACUUM removes.
+    """
+    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
+    bronze, quarantine = split_log_rows(rows)
+    p = chunk.partition
+
+    def new_for(table: str, data: pa.Table) -> pa.Table:
+        return data.filter(pc.greater_equal(data.column("offset"), plan.marks[table][p]))
+
+    result = ChunkResult()
+    bronze_new, quarantine_new = new_for(BRONZE, bronze), new_for(QUARANTINE, quarantine)
+    result.files = write_data_files(store, BRONZE, bronze_new) + write_data_files(store, QUARANTINE, quarantine_new)
+    events = new_for(WINDOWS, bronze)
+    late = 0
+    if events.num_rows:
+        ts_ms = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        appended_ms = events.column("ingested_at").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
+        result.event_time_max_ms = int(np.max(np.minimum(ts_ms, appended_ms + clock_skew_seconds * 1000)))
+        if plan.watermark_ms is not None:
+            on_time = ts_ms >= plan.watermark_ms
+            late = int(np.count_nonzero(~on_time))
+            events = events.filter(pa.array(on_time))
+        result.states = aggregate_events(events, WINDOW_SECONDS)
+    result.counts = {BRONZE: bronze_new.num_rows, QUARANTINE: quarantine_new.num_rows, "late": late}
+    result.touched = _touched_minutes(new_for(QUERIES, bronze))
+    return result
+
+
+def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
+    """Per metric, the distinct 1-minute window starts (epoch µs) of ``events``."""
+    if events.num_rows == 0:
+        return {}
+    minute_us = WINDOW_SECONDS * 1_000_000
+    ts = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    pairs = pa.table({"metric": events.column("metric"), "minute": pa.array(ts - np.mod(ts, minute_us))})
+    distinct = pairs.group_by(["metric", "minute"]).aggregate([])
+    touched: dict[str, list[int]] = {}
+    for metric, minute in zip(
+        distinct.column("metric").to_pylist(), distinct.column("minute").to_pylist(), strict=True
+    ):
+        touched.setdefault(metric, []).append(minute)
+    return touched
+
+
+def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> bool:
+    """Run ``commit(table)`` for ``name`` on a fresh snapshot whose positions are still the plan's.
+
+    Returns False (committing nothing) if the table already holds the
+    batch's positions: an earlier attempt of this very batch committed.
+    Raises :class:`ConcurrentWriterError` if another writer moved them.
+    Retries when a concurrent commit of another kind (compaction) wins.
+    """
+    advances = plan.advances(name)
+    if not advances:
+        return False
+
+    def attempt() -> bool:
+        table = ensure_table(store, name)
+        current = committed_offsets(table, CONSUMER, plan.topic, advances)
+        if all((current[p] or 0) >= end for p, end in advances.items()):
+            return False
+        expected = {p: plan.marks[name][p] for p in advances}
+        moved = {p: current[p] for p in advances if (current[p] or 0) > expected[p]}
+        if moved:
+            raise ConcurrentWriterError(
+                f"{name}: another speed layer committed positions {moved} of topic {plan.topic!r} while this one "
+                f"planned from {expected}; run one `lake stream` per topic"
+            )
+        commit(table, advances)
+        return True
+
+    return retry_on_conflict(attempt, name)
+
+
+def _write_window_files(
+    store: Store, rows: pa.Table, sealed_before_us: int | None, name: str = WINDOWS
+) -> list[WrittenFile]:
+    """Window rows of table ``name`` as files: closed windows (end <= ``sealed_before_us``) one file per day, open
+    ones one per window start."""
+    if rows.num_rows == 0:
+        return []
+    end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    sealed = end_us <= sealed_before_us if sealed_before_us is not None else np.zeros(rows.num_rows, bool)
+    files = write_data_files(store, name, rows.filter(pa.array(sealed)))
+    open_rows = rows.filter(pa.array(~sealed))
+    if open_rows.num_rows:
+        starts = open_rows.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        order = np.argsort(starts, kind="stable")
+        open_rows, starts = open_rows.take(pa.array(order)), starts[order]
+        bounds = np.flatnonzero(np.diff(starts)) + 1
+        for lo, hi in zip([0, *bounds], [*bounds, len(starts)], strict=True):
+            files += write_data_files(store, name, open_rows.slice(int(lo), int(hi - lo)))
+    return files
+
+
+def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None) -> int:
+    """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written."""
+    written = 0
+    sealed_before_us = None if watermark is None else watermark * 1000
+    transactions = []
+    if watermark is not None and watermark != plan.watermark_ms:
+        transactions.append(Transaction(watermark_app_id(plan.topic), watermark, int(time.time() * 1000)))
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        removes, files = [], []
+        if states.num_rows:
+            start_us = states.column("window_start").cast(pa.int64())
+            lo, hi = pc.min(start_us).as_py(), pc.max(start_us).as_py()
+            days = sorted(
+                {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
+            )
+            candidates = _files_with_windows(store, table, days, lo, hi)
+            existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
+            keys = states.select(["metric", "server", "window_start"])
+            untouched = existing.join(keys, ["metric", "server", "window_start"], join_type="left anti")
+            touched = existing.join(keys, ["metric", "server", "window_start"], join_type="left semi")
+            updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
+            rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
+            files = _write_window_files(store, rows, sealed_before_us)
+            removes = [remove_action(f) for f in candidates]
+            written = updated.num_rows
+        commit_changes(
+            table,
+            WINDOWS,
+            files,
+            removes,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
+            operation="STREAMING WINDOWS",
+        )
+
+    return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
+
+
+def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us: int, name: str = WINDOWS):
+    """Active files of table ``name`` on ``days`` whose window_start statistics overlap ``[lo_us, hi_us]``."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    wanted = set()
+    for row in actions.select(["path", "partition.event_date", "min.window_start", "max.window_start"]).to_pylist():
+        day = row["partition.event_date"]
+        day = day.isoformat() if hasattr(day, "isoformat") else str(day)
+        low, high = row["min.window_start"], row["max.window_start"]
+        if day not in days:
+            continue
+        if (
+            low is None
+            or high is None
+            or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
+        ):
+            wanted.add(row["path"])
+    return [f for f in snapshot_files(store, name, table) if f.relative in wanted]
+
+
+def commit_batch(
+    store: Store,
+    plan: BatchPlan,
+    results: list[ChunkResult],
+    *,
+    watermark_seconds: int,
+    started: float | None = None,
+    queries: list[StoredQuery] | None = None,
+) -> BatchOutcome:
+    """Commit a processed batch: bronze, quarantine, windows, then query results, each with its new positions.
+
+    ``queries``: the stored queries to keep live (default: the shipped
+    declarations, read again for every batch, so a changed file takes
+    effect on the next one). Also records the batch's end as consumer group
+    ``speed-layer`` (what ``lake consumers`` shows). Raises
+    :class:`ConcurrentWriterError` if another stream moved a table's
+    positions meanwhile (see the module docstring).
+    """
+    started = started or time.monotonic()
+    rows = {}
+    for name in (BRONZE, QUARANTINE):
+        files = [f for r in results for f in r.files if f.table == name]
+        committed = _commit_with_positions(
+            store,
+            plan,
+            name,
+            lambda table, advances, name=name, files=files: commit_changes(
+                table,
+                name,
+                files,
+                [],
+                transactions=offset_transactions(CONSUMER, plan.topic, advances),
+                operation="STREAMING UPDATE",
+            ),
+        )
+        rows[name] = sum(r.counts.get(name, 0) for r in results) if committed else 0
+    times = [r.event_time_max_ms for r in results if r.event_time_max_ms is not None]
+    candidates = [max(times) - watermark_seconds * 1000] if times else []
+    watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
+    states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
+    written = _upsert_windows(store, plan, states, watermark)
+    touched: dict[str, set[int]] = {}
+    for result in results:
+        for metric, minutes in result.touched.items():
+            touched.setdefault(metric, set()).update(minutes)
+    rows[QUERIES] = _upsert_query_results(
+        store, plan, touched, load_stored_queries() if queries is None else queries, watermark
+    )
+    if plan.ends:
+        commit_offsets(store, CONSUMER, plan.topic, plan.ends)
+    return BatchOutcome(
+        records=plan.records,
+        rows=rows,
+        windows_written=written,
+        late_events=sum(r.counts.get("late", 0) for r in results),
+        watermark_ms=plan.watermark_ms,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _upsert_query_results(
+    store: Store, plan: BatchPlan, touched: dict[str, set[int]], queries: list[StoredQuery], watermark: int | None
+) -> int:
+    """Evaluate again every stored query window holding a ``touched`` minute and replace its rows; returns rows.
+
+    The windows are read from ``metric_windows_1m`` as committed (this
+    batch's states included), so the rows are those the nightly evaluation
+    would compute from the same windows.
+    """
+    written = 0
+    affected = {
+        q.name: affected_windows(q, np.array(sorted(touched[q.metric]), np.int64))
+        for q in queries
+        if q.metric in touched
+    }
+    affected = {name: starts for name, starts in affected.items() if len(starts)}
+    by_name = {q.name: q for q in queries}
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        files, removes = [], []
+        if affected:
+            lo = min(int(starts[0]) for starts in affected.values())
+            hi = max(int(starts[-1]) + by_name[name].duration_s * 1_000_000 for name, starts in affected.items())
+            windows = _windows_between(store, {by_name[name].metric for name in affected}, lo, hi)
+            chosen = [by_name[name] for name in affected]
+            states = pa.concat_tables([window_states(windows, q, affected[q.name]) for q in chosen])
+            results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
+            replaced = pa.table(
+                {
+                    "query": pa.array([n for n, starts in affected.items() for _ in starts], pa.string()),
+                    "window_start": pa.array(np.concatenate(list(affected.values()))).cast(
+                        QUERY_RESULTS.field("window_start").type
+                    ),
+                }
+            )
+            # Only files holding a replaced window are rewritten: files of closed windows (and of other queries)
+            # often overlap the range by their statistics but stay as they are.
+            rewritten, kept = [], []
+            for candidate in _files_with_windows(store, table, _days_between(lo, hi), lo, hi, name=QUERIES):
+                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start"])
+                if keys.join(replaced, ["query", "window_start"], join_type="left semi").num_rows == 0:
+                    continue
+                existing = read_data_files(store, [candidate], QUERY_RESULTS)
+                rewritten.append(candidate)
+                kept.append(existing.join(replaced, ["query", "window_start"], join_type="left anti"))
+            rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
+            files = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
+            removes = [remove_action(f) for f in rewritten]
+            written = results.num_rows
+        commit_changes(
+            table,
+            QUERIES,
+            files,
+            removes,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances),
+            operation="STREAMING QUERIES",
+        )
+
+    return written if _commit_with_positions(store, plan, QUERIES, commit) else 0
+
+
+def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) -> pa.Table:
+    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table."""
+    table = open_table(store, WINDOWS)
+    candidates = _files_with_windows(store, table, _days_between(lo_us, hi_us), lo_us, hi_us - 1)
+    rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, WINDOW_STATE.names)
+    start = pc.cast(rows.column("window_start"), pa.int64())
+    keep = pc.and_(
+        pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),
+        pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)),
+    )
+    return rows.filter(keep)
+
+
+def _days_between(lo_us: int, hi_us: int) -> list[str]:
+    """ISO dates of the UTC days that ``[lo_us, hi_us)`` (epoch µs) overlaps."""
+    first = dt.datetime.fromtimestamp(lo_us / 1e6, dt.UTC).date()
+    last = dt.datetime.fromtimestamp((hi_us - 1) / 1e6, dt.UTC).date()
+    return [(first + dt.timedelta(days=d)).isoformat() for d in range((last - first).days + 1)]
+
+
+def run_batch_in_process(
+    store: Store,
+    topic: str,
+    ends: dict[int, int],
+    *,
+    watermark_seconds: int,
+    clock_skew_seconds: int,
+    chunk_records: int = 500_000,
+    queries: list[StoredQuery] | None = None,
+) -> BatchOutcome | None:
+    """Plan, process (chunk after chunk, in this process) and commit one batch; ``None`` if nothing to do.
+
+    The same steps the Spark job runs, without Spark: for tests, tools and
+    the benchmarks' "library without Spark" peer.
+    """
+    started = time.monotonic()
+    plan = plan_batch(store, topic, ends, watermark_seconds=watermark_seconds, chunk_records=chunk_records)
+    if not plan.chunks:
+        return None
+    results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds) for chunk in plan.chunks]
+    return commit_batch(store, plan, results, watermark_seconds=watermark_seconds, started=started, queries=queries)

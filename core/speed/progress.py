@@ -1,0 +1,100 @@
+"""How far the speed layer got, as its tables record it: positions, watermark, and what follows from them.
+
+Every table the speed layer writes records, per log partition, the next
+offset it holds (a Delta ``txn`` action of appId
+``speed-layer/<topic>/<partition>``, :mod:`metrics_lake.core.tables.commits`),
+and ``metric_windows_1m`` records the watermark (epoch ms, appId
+``speed-layer/<topic>/watermark``) in the same commits as their data
+(:mod:`metrics_lake.core.speed.micro_batch` writes them). This module reads
+them back for everyone who must know the speed layer's progress without
+running it: where a stream without a checkpoint starts
+(:func:`starting_offsets`), which days maintenance must leave alone
+(:func:`rewritable_from`), how fresh the windows are (:func:`newest_window_end`,
+the dashboard and the quality checks).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from metrics_lake.core.log.consumer import start_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.lake_schemas.operations import STREAM
+from metrics_lake.lake_schemas.tables import TABLES, Table
+
+__all__ = [
+    "CONSUMER",
+    "WINDOW_SECONDS",
+    "first_open_day",
+    "newest_window_end",
+    "rewritable_from",
+    "starting_offsets",
+    "watermark_app_id",
+]
+
+#: The consumer the tables' positions belong to (``txn`` appId prefix), also the consumer group name.
+CONSUMER = "speed-layer"
+#: Length of the speed layer's tumbling windows, in seconds (the 1-minute windows table's).
+WINDOW_SECONDS = TABLES[Table.METRIC_WINDOWS_1M].window_seconds
+#: Tables the speed layer rewrites (upserts); the others it only appends to.
+_REWRITTEN = (Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
+
+
+def watermark_app_id(topic: str) -> str:
+    """The ``txn`` appId under which the windows table records the speed layer's watermark (epoch ms)."""
+    return f"{CONSUMER}/{topic}/watermark"
+
+
+def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
+    """End of the newest 1-minute window of ``metric_windows_1m`` (its files' statistics, no data read), or None."""
+    actions = pa.table(windows.get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
+        return None
+    newest = pc.max(actions.column("max.window_start")).as_py()
+    return None if newest is None else newest + dt.timedelta(seconds=WINDOW_SECONDS)
+
+
+def starting_offsets(store: Store, topic: str) -> dict[int, int]:
+    """Where a speed layer with no checkpoint starts: per partition, the lowest position any of its tables holds."""
+    log = SegmentLog(store)
+    first = start_offsets(log, topic)
+    tables = [ensure_table(store, name) for name in STREAM.writes]
+    marks = [committed_offsets(table, CONSUMER, topic, first) for table in tables]
+    return {p: min(max(m[p] or 0, first[p]) for m in marks) for p in first}
+
+
+def rewritable_from(store: Store, table: str) -> dt.date | None:
+    """The first day of ``table`` the speed layer may still rewrite (compaction must leave it alone), or None.
+
+    Only ``metric_windows_1m`` and ``query_results`` are rewritten (bronze and quarantine are append-only).
+    """
+    return first_open_day(store) if table in _REWRITTEN else None
+
+
+def first_open_day(store: Store) -> dt.date | None:
+    """The first UTC day of ``metric_windows_1m`` the speed layer may still rewrite, over every topic.
+
+    The day of the lowest recorded watermark; windows before it are closed
+    and never rewritten again (the watermark never moves back). Before the
+    speed layer recorded any watermark it may touch any day: returns
+    ``dt.date.min`` then. ``None`` if the lake has no topic.
+    """
+    topics = SegmentLog(store).topics()
+    if not topics:
+        return None
+    try:
+        table = open_table(store, Table.METRIC_WINDOWS_1M)
+    except TableNotFoundError:
+        return None
+    marks = [table.transaction_version(watermark_app_id(topic)) for topic in topics]
+    if any(mark is None for mark in marks):
+        return dt.date.min
+    return dt.datetime.fromtimestamp(min(marks) / 1000, dt.UTC).date()

@@ -1,0 +1,109 @@
+"""Delta tables of the lake through delta-rs (``deltalake``): where they live, opening, creating, listing.
+
+Every table lives at ``<LAKE_ROOT>/tables/<name>`` (:func:`metrics_lake.core.keys.table_prefix`) with
+the schema and partition columns declared in the registry
+:data:`metrics_lake.lake_schemas.tables.TABLES`; a table made by ``lake replay
+--into`` carries its own in its Delta metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from metrics_lake.core import keys
+from metrics_lake.core.storage import Store
+from metrics_lake.lake_schemas.errors import NotFoundError
+from metrics_lake.lake_schemas.tables import TABLES, table_spec
+
+__all__ = ["TableSummary", "ensure_table", "list_tables", "open_table", "summarize_tables", "table_layout", "table_uri"]
+
+
+def table_uri(store: Store, name: str) -> str:
+    """URI of table ``name`` for delta-rs and Spark readers; :class:`InputError` for a name that is not valid."""
+    return store.uri(keys.table_prefix(name))
+
+
+def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
+    """(schema, partition columns) of table ``name``.
+
+    Declared tables come from the registry :data:`metrics_lake.lake_schemas.tables.TABLES`; any
+    other table (one made by ``lake replay --into``) from its own Delta metadata.
+    Raises :class:`~metrics_lake.lake_schemas.errors.NotFoundError` if the name is
+    neither declared nor an existing table.
+    """
+    if name in TABLES:
+        return TABLES[name].schema, list(TABLES[name].partition_by)
+    try:
+        table = open_table(store, name)
+    except TableNotFoundError:
+        raise NotFoundError(
+            f"no table {str(name)!r}: not declared in the table registry and not under {keys.TABLES_PREFIX}/; "
+            f"declared tables: {', '.join(TABLES)}"
+        ) from None
+    return pa.schema(table.schema().to_arrow()), list(table.metadata().partition_columns)
+
+
+def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable:
+    """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``.
+
+    Raises ``KeyError`` if it must be created and that name is not declared
+    in :data:`metrics_lake.lake_schemas.tables.TABLES`.
+    """
+    uri = table_uri(store, name)
+    try:
+        return DeltaTable(uri, storage_options=store.storage_options())
+    except TableNotFoundError:
+        spec = table_spec(like or name)
+        return DeltaTable.create(
+            uri,
+            spec.schema,
+            mode="ignore",
+            partition_by=list(spec.partition_by),
+            name=name,
+            storage_options=store.storage_options(),
+        )
+
+
+def open_table(store: Store, name: str, version: int | None = None) -> DeltaTable:
+    """Open an existing table, optionally at ``version`` (time travel).
+
+    Raises ``deltalake.exceptions.TableNotFoundError`` if it does not exist.
+    """
+    return DeltaTable(table_uri(store, name), version=version, storage_options=store.storage_options())
+
+
+def list_tables(store: Store) -> list[str]:
+    """Names of tables that exist under ``tables/`` (a folder with a Delta log), sorted."""
+    return [
+        name
+        for name in store.list(keys.TABLES_PREFIX)
+        if keys.is_name(name) and store.exists(keys.table_key(name, "_delta_log"))
+    ]
+
+
+@dataclass(frozen=True)
+class TableSummary:
+    """One table's current snapshot: Delta version, active files, rows and bytes."""
+
+    name: str
+    version: int
+    files: int
+    rows: int
+    size_bytes: int
+
+
+def summarize_tables(store: Store) -> list[TableSummary]:
+    """A :class:`TableSummary` per existing table, rows counted from file statistics."""
+    summaries = []
+    for name in list_tables(store):
+        table = open_table(store, name)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        rows = pc.sum(actions.column("num_records")).as_py() if actions.num_rows else 0
+        size = pc.sum(actions.column("size_bytes")).as_py() if actions.num_rows else 0
+        summaries.append(TableSummary(name, table.version(), actions.num_rows, rows or 0, size or 0))
+    return summaries

@@ -1,0 +1,126 @@
+"""A Delta snapshot's data files, read with pyarrow: for Spark tasks and for the core's own rewrites.
+
+delta-rs names the active files of a snapshot (``get_add_actions``); the
+files are plain Parquet without their partition columns (Delta convention),
+which :func:`read_data_file` restores from the ``add`` action's partition
+values. Tables needing reader features this code does not implement
+(deletion vectors, column mapping) are refused rather than read wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from metrics_lake.core import keys
+from metrics_lake.core.storage import Store
+from metrics_lake.lake_schemas.errors import InputError
+
+__all__ = ["DataFile", "check_readable", "read_data_file", "read_data_files", "snapshot_files"]
+
+#: Reader features whose semantics this reader does not implement.
+UNSUPPORTED_READER_FEATURES = {"deletionVectors", "columnMapping"}
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One active data file of a snapshot.
+
+    ``path``: where it is in the store's ``pyarrow.fs`` file system;
+    ``relative``: its path as the Delta log names it (for remove actions);
+    ``size`` in bytes; ``partition_values`` as Delta stores them (strings);
+    ``records``: row count from the file's statistics (``None`` if absent).
+    """
+
+    path: str
+    relative: str
+    size: int
+    partition_values: tuple[tuple[str, str | None], ...]
+    records: int | None = None
+
+
+def check_readable(table: DeltaTable, name: str) -> None:
+    """Raise :class:`~metrics_lake.lake_schemas.errors.InputError` if ``table`` needs reader features we lack."""
+    unsupported = set(table.protocol().reader_features or []) & UNSUPPORTED_READER_FEATURES
+    if unsupported:
+        raise InputError(f"table {name} uses Delta reader features this reader lacks: {sorted(unsupported)}")
+
+
+def snapshot_files(
+    store: Store,
+    name: str,
+    table: DeltaTable,
+    partition: tuple[str, str | tuple[str, ...]] | None = None,
+) -> list[DataFile]:
+    """Active files of ``table`` (table ``name`` of ``store``), only those of ``partition`` if given.
+
+    ``partition`` is ``(column, value)`` or ``(column, (value, ...))``,
+    values as Delta stores them (dates as ``YYYY-MM-DD``).
+    """
+    check_readable(table, name)
+    _, root_path = store.arrow_fs()
+    base = f"{root_path}/{keys.table_prefix(name)}"
+    actions = pa.table(table.get_add_actions(flatten=True))
+    partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
+    wanted = None
+    if partition is not None:
+        wanted = {partition[1]} if isinstance(partition[1], str) else set(partition[1])
+    files = []
+    for row in actions.to_pylist():
+        relative = row["path"]
+        path = unquote(relative)
+        full = path.partition("://")[2] if "://" in path else path if path.startswith("/") else f"{base}/{path}"
+        values = tuple(
+            (c.removeprefix("partition."), None if row[c] is None else _text(row[c])) for c in partition_columns
+        )
+        if wanted is None or dict(values).get(partition[0]) in wanted:
+            files.append(DataFile(full, relative, int(row["size_bytes"]), values, row.get("num_records")))
+    return files
+
+
+def _text(value) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def read_data_file(
+    data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem, columns=None, dictionary: Iterable[str] = ()
+) -> pa.Table:
+    """One data file with its partition columns restored, cast to ``schema`` (only ``columns``, if given).
+
+    String columns named in ``dictionary`` come back dictionary-encoded
+    (``dictionary<int32, string>``, from Parquet's own dictionary pages):
+    cheaper to read and to group by than materialised strings.
+    """
+    wanted = list(columns or schema.names)
+    partition = dict(data_file.partition_values)
+    stored = [c for c in wanted if c not in partition]
+    encoded = [c for c in dictionary if c in stored]
+    data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None)
+    for name in wanted:
+        if name in partition and name not in data.column_names:
+            column = pa.array([partition[name]] * data.num_rows, pa.string()).cast(schema.field(name).type)
+            data = data.append_column(name, column)
+    as_dictionary = pa.dictionary(pa.int32(), pa.string())
+    target = pa.schema([schema.field(c).with_type(as_dictionary) if c in encoded else schema.field(c) for c in wanted])
+    return data.select(wanted).cast(target)
+
+
+def read_data_files(
+    store: Store,
+    files: list[DataFile],
+    schema: pa.Schema,
+    columns: list[str] | None = None,
+    dictionary: Iterable[str] = (),
+) -> pa.Table:
+    """The rows of ``files`` (see :func:`read_data_file`) as one table; empty with ``schema`` if no files."""
+    filesystem, _ = store.arrow_fs()
+    parts = [read_data_file(f, schema, filesystem, columns, tuple(dictionary)) for f in files]
+    if not parts:
+        return pa.schema([schema.field(c) for c in columns or schema.names]).empty_table()
+    return pa.concat_tables(parts)

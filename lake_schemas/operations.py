@@ -1,0 +1,166 @@
+"""What each operation of the lake reads and writes, declared once.
+
+An :class:`Operation` is one step users and schedulers run: a ``lake``
+command, an Airflow task, a Spark job. It declares the tables it reads and
+writes (:class:`~metrics_lake.lake_schemas.tables.Table`) and how it uses the
+log. The rest derives from these declarations instead of repeating them:
+
+- the Airflow tasks' outlets (``metrics_lake.app.orchestration.outlets``):
+  a task that runs an operation updates the Assets of its ``writes``;
+- the CLI opens (creating if absent) an operation's tables before it starts
+  Spark, so a wrong root or a missing permission fails in a second, and
+  names the object-store identity an operation needs when access is denied
+  (``metrics_lake.core.keys.grants`` and ``metrics_lake.infra.seaweedfs``);
+- the jobs ensure and commit the tables their operation names
+  (the speed layer commits its ``writes`` in that order).
+
+Writes are in commit order. An operation that reads a table it also writes
+lists it in both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from metrics_lake.lake_schemas.tables import TABLES, Table, rollup_chain
+
+__all__ = [
+    "ANALYSIS",
+    "COMPACT",
+    "CONSUMERS",
+    "DEMO",
+    "OPERATIONS",
+    "PRODUCE",
+    "QUALITY",
+    "QUERIES",
+    "RECOMPUTE",
+    "REPLAY",
+    "RETAIN",
+    "ROLLUP",
+    "STREAM",
+    "LogAccess",
+    "Operation",
+]
+
+
+class LogAccess(StrEnum):
+    """How an operation uses the segment log."""
+
+    #: Reads records and commits its consumer group's offsets.
+    READ = "read"
+    #: Reads the partition indexes and the consumer groups' offsets, no records.
+    INSPECT = "inspect"
+    #: Appends records (producers, the gateway).
+    WRITE = "write"
+    #: Rewrites or deletes segments (compaction, retention); offsets never move.
+    REWRITE = "rewrite"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One operation of the lake (module docstring).
+
+    ``name``: the ``lake`` command that runs it; ``summary``: one line for
+    help texts; ``reads``/``writes``: the tables it reads and commits to
+    (writes in commit order); ``log``: its use of the log, if any;
+    ``reports``: whether it publishes files under ``quality/`` (data docs).
+    """
+
+    name: str
+    summary: str
+    reads: tuple[Table, ...] = ()
+    writes: tuple[Table, ...] = ()
+    log: LogAccess | None = None
+    reports: bool = False
+
+    @property
+    def tables(self) -> tuple[Table, ...]:
+        """Every table the operation touches, reads first, each once."""
+        return tuple(dict.fromkeys((*self.reads, *self.writes)))
+
+
+_ROLLUPS = rollup_chain()
+_SUITES = tuple(name for name, spec in TABLES.items() if spec.quality_suite)
+
+#: Producers: ``lake produce``, ``lake agent``, ``lake gateway``.
+PRODUCE = Operation("produce", "append metric events to the log", log=LogAccess.WRITE)
+#: The speed layer; query results are evaluated from the windows it has just committed.
+STREAM = Operation(
+    "stream",
+    "speed layer: log -> bronze, quarantine, 1-minute windows and stored query results, exactly once",
+    reads=(Table.METRIC_WINDOWS_1M,),
+    writes=(Table.BRONZE_EVENTS, Table.QUARANTINE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
+    log=LogAccess.READ,
+)
+#: Re-reads a log range through the bronze path, skipping the positions the tables hold.
+REPLAY = Operation(
+    "replay",
+    "re-read a log range into bronze and quarantine; rows already present are skipped",
+    reads=(Table.BRONZE_EVENTS, Table.QUARANTINE_EVENTS),
+    writes=(Table.BRONZE_EVENTS, Table.QUARANTINE_EVENTS),
+    log=LogAccess.READ,
+)
+#: The batch layer; reads the speed layer's windows and the last reconciliation before replacing the day.
+RECOMPUTE = Operation(
+    "recompute",
+    "batch layer: rebuild days of 1-minute windows from bronze and reconcile them with the speed layer's",
+    reads=(Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION),
+    writes=(Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION),
+)
+#: Rollups, each table from the finer one (the registry's rollup chain).
+ROLLUP = Operation(
+    "rollup",
+    "downsample days of 1-minute windows into the 1-hour and 1-day rollups",
+    reads=tuple(spec.rollup_of for spec in _ROLLUPS if spec.rollup_of is not None),
+    writes=tuple(spec.name for spec in _ROLLUPS),
+)
+#: Stored queries over whole days (the nightly run and backfills).
+QUERIES = Operation(
+    "queries",
+    f"evaluate the stored queries for days into {Table.QUERY_RESULTS}",
+    reads=(Table.METRIC_WINDOWS_1M,),
+    writes=(Table.QUERY_RESULTS,),
+)
+#: Great Expectations suites of a day, plus the freshness of the newest windows and query results.
+QUALITY = Operation(
+    "quality",
+    f"validate a day of every table with a quality suite; results to {Table.DQ_RESULTS}, data docs to quality/",
+    reads=(*_SUITES, Table.QUERY_RESULTS),
+    writes=(Table.DQ_RESULTS,),
+    reports=True,
+)
+#: Consumer groups' positions and lag (``lake consumers``).
+CONSUMERS = Operation("consumers", "show consumer groups' committed offsets and lag", log=LogAccess.INSPECT)
+#: Compaction of log segments and Delta files.
+COMPACT = Operation(
+    "compact",
+    "merge small log segments and bin-pack small Delta files",
+    reads=tuple(TABLES),
+    writes=tuple(TABLES),
+    log=LogAccess.REWRITE,
+)
+#: Retention per resolution and VACUUM.
+RETAIN = Operation(
+    "retain",
+    "delete what is past its retention from the log and every table, then VACUUM",
+    reads=tuple(TABLES),
+    writes=tuple(TABLES),
+    log=LogAccess.REWRITE,
+)
+#: Analysts and the dashboard: every table, read only.
+ANALYSIS = Operation("sql", "read the tables (Spark SQL, the dashboard, table listings)", reads=tuple(TABLES))
+#: The demo: produces, then runs the speed layer, in one process.
+DEMO = Operation(
+    "demo",
+    "produce a minute of metrics and run the speed layer over them",
+    reads=STREAM.reads,
+    writes=STREAM.writes,
+    log=LogAccess.WRITE,
+)
+
+#: Every operation by name.
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (PRODUCE, STREAM, REPLAY, CONSUMERS, RECOMPUTE, ROLLUP, QUERIES, QUALITY, COMPACT, RETAIN, ANALYSIS, DEMO)
+}

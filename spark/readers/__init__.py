@@ -1,3 +1,0 @@
-"""Batch readers: :mod:`.delta_reader` (format ``lakedelta``)."""
-
-__all__ = ["delta_reader"]

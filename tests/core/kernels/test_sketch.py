@@ -1,0 +1,87 @@
+"""The exponential-histogram sketch: the relative-error bound holds on any data, merging is exact and deterministic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from metrics_lake.core.kernels import sketch
+
+
+def exact_quantile(values: list[float], q: float) -> float:
+    """The value the sketch estimates: rank floor(q * (n - 1)) of the sorted values (0-based)."""
+    ordered = sorted(values)
+    return ordered[math.floor(q * (len(ordered) - 1))]
+
+
+def sketch_of(values) -> pa.BinaryArray:
+    keys = sketch.bucket_keys(np.asarray(values, dtype=np.float64))
+    row, keys, counts = sketch.merge_buckets(np.zeros(len(keys), np.int64), keys, np.ones(len(keys), np.int64))
+    return sketch.implode(1, row, keys, counts)
+
+
+def estimate(encoded: pa.Array, qs: list[float]) -> np.ndarray:
+    row, keys, counts = sketch.explode(encoded)
+    row, keys, counts = sketch.merge_buckets(row, keys, counts)
+    return sketch.quantiles(len(encoded), row, keys, counts, qs)
+
+
+DISTRIBUTIONS = {
+    "lognormal latency": lambda rng: rng.lognormal(3, 0.6, 5000),
+    "utilisation with zeros": lambda rng: np.clip(rng.normal(20, 30, 5000), 0, 100),
+    "counter": lambda rng: 1e6 + np.cumsum(rng.poisson(300, 5000)).astype(float),
+    "signed": lambda rng: rng.normal(0, 1e-3, 5000),
+    "extremes": lambda rng: np.array([-1e300, -3.5, -1e-300, 0.0, 5e-324, 1e-12, 1.0, 7.25, 1e300] * 50),
+    "one value": lambda rng: np.full(10, 42.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+def test_every_quantile_is_within_the_relative_error_bound(name):
+    values = DISTRIBUTIONS[name](np.random.default_rng(7)).tolist()
+    qs = [0.0, 0.01, 0.25, 0.5, 0.9, 0.95, 0.99, 0.999, 1.0]
+    got = estimate(sketch_of(values), qs)[0]
+    for q, value in zip(qs, got, strict=True):
+        exact = exact_quantile(values, q)
+        bound = max(sketch.RELATIVE_ERROR * abs(exact) * (1 + 1e-12), sketch.MIN_INDEXABLE)  # subnormals: absolute
+        assert abs(value - exact) <= bound, (q, value, exact)
+
+
+def test_merging_sketches_equals_sketching_the_union_byte_for_byte():
+    rng = np.random.default_rng(3)
+    parts = [rng.lognormal(2, 1, size) for size in (1, 10, 1000)]
+    union = sketch_of(np.concatenate(parts))
+    rows, keys, counts = sketch.explode(pa.concat_arrays([sketch_of(p) for p in parts]))
+    merged = sketch.implode(1, *sketch.merge_buckets(np.zeros(len(keys), np.int64), keys, counts))
+    assert merged.equals(union)  # deterministic: the same bytes however the values were split
+
+
+def test_keys_sort_like_the_values_they_stand_for():
+    values = np.array([-1e10, -2.0, -1.0, -1e-5, 0.0, 1e-5, 1.0, 2.0, 1e10])
+    keys = sketch.bucket_keys(values)
+    assert list(np.argsort(keys, kind="stable")) == list(range(len(values)))
+    assert np.all(np.abs(sketch.representatives(keys) - values) <= sketch.RELATIVE_ERROR * np.abs(values))
+
+
+def test_a_column_round_trips_with_nulls_and_empty_rows():
+    column = pa.concat_arrays([sketch_of([1.0, 2.0]), pa.nulls(1, pa.binary()), sketch_of([3.0])])
+    rows, keys, counts = sketch.explode(pa.chunked_array([column.slice(0, 2), column.slice(2)]))
+    assert rows.tolist() == [0, 0, 2] and counts.tolist() == [1, 1, 1]
+    assert np.isnan(estimate(column, [0.5])[1, 0])
+    with pytest.raises(ValueError, match="not an exphist"):
+        sketch.explode(pa.array([b"\x00" * 5]))
+
+
+def test_estimates_clamped_to_min_and_max_stay_ordered_and_within_the_bound():
+    values = [99.9, 100.0, 100.0, 100.0]  # the top bucket's representative lies above 100
+    row, keys, counts = sketch.explode(sketch_of(values))
+    row, keys, counts = sketch.merge_buckets(row, keys, counts)
+    raw = sketch.quantiles(1, row, keys, counts, [0.0, 0.99])[0]
+    assert raw[1] > 100.0
+    clamped = sketch.quantiles(1, row, keys, counts, [0.0, 0.5, 0.99], low=np.array([99.9]), high=np.array([100.0]))[0]
+    assert 99.9 <= clamped[0] <= clamped[1] <= clamped[2] <= 100.0
+    for q, value in zip([0.0, 0.5, 0.99], clamped, strict=True):
+        assert abs(value - exact_quantile(values, q)) <= sketch.RELATIVE_ERROR * exact_quantile(values, q)

@@ -1,0 +1,127 @@
+"""Window states: exact against a plain-Python computation, and merging partial states equals aggregating all events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels import sketch
+from metrics_lake.core.kernels.windows import aggregate_events, finalize, merge_states, rewindow
+from tests.helpers import expected_windows
+
+
+def events(seed=1, servers=7, metrics=4, seconds=150, rate=2.0) -> pa.Table:
+    start = 1_763_600_000_000 - 1_763_600_000_000 % 60_000 + 17_000  # windows do not start at the first event
+    return FleetSimulator(
+        servers=servers, metrics=metrics, seconds=seconds, rate=rate, seed=seed, start_ms=start
+    ).generate()
+
+
+def by_key(rows: pa.Table) -> dict[tuple, dict]:
+    out = {}
+    for row in rows.to_pylist():
+        start = int(row["window_start"].timestamp() * 1000)
+        out[(row["metric"], row["server"], start)] = row
+    return out
+
+
+def test_windows_equal_an_independent_computation_and_quantiles_are_within_the_bound():
+    data = events()
+    rows = by_key(finalize(aggregate_events(data, 60), 60))
+    expected = expected_windows(data)
+    assert rows.keys() == expected.keys()
+    for key, want in expected.items():
+        got = rows[key]
+        assert (got["count"], got["min"], got["max"]) == (want["count"], want["min"], want["max"])
+        assert got["sum"] == pytest.approx(want["sum"], rel=1e-12) and got["avg"] == pytest.approx(
+            want["sum"] / want["count"]
+        )
+        assert got["window_end"] - got["window_start"] == dt.timedelta(minutes=1)
+        for column, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
+            exact = want["sorted"][math.floor(q * (want["count"] - 1))]
+            assert abs(got[column] - exact) <= sketch.RELATIVE_ERROR * abs(exact) * (1 + 1e-12)
+
+
+def test_merging_partials_of_any_split_equals_aggregating_everything():
+    data = events(seed=5)
+    whole = finalize(aggregate_events(data, 60), 60, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    rng = np.random.default_rng(11)
+    cut = np.sort(rng.choice(data.num_rows, size=6, replace=False))
+    parts = [data.slice(lo, hi - lo) for lo, hi in zip([0, *cut], [*cut, data.num_rows], strict=True)]
+    merged = merge_states(pa.concat_tables([aggregate_events(part, 60) for part in parts]))
+    merged = finalize(merged, 60, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    for table in (whole, merged):
+        assert table.num_rows == len(expected_windows(data))
+    left, right = by_key(whole), by_key(merged)
+    for key in left:
+        a, b = left[key], right[key]
+        assert a["sum"] == pytest.approx(b["sum"], rel=1e-12)
+        a.pop("sum"), b.pop("sum"), a.pop("avg"), b.pop("avg")
+        assert a == b  # counts, min, max, quantiles and sketch bytes identical
+
+
+def test_rewindow_rolls_minutes_up_to_hours_like_aggregating_the_events_by_hour():
+    data = events(seed=9, seconds=7200, rate=0.2, servers=3, metrics=2)
+    hourly = by_key(finalize(rewindow(aggregate_events(data, 60), 3600), 3600))
+    direct = by_key(finalize(aggregate_events(data, 3600), 3600))
+    assert hourly.keys() == direct.keys()
+    for key in direct:
+        for column in ("count", "min", "max", "p50", "p95", "p99", "sketch"):
+            assert hourly[key][column] == direct[key][column]
+
+
+def dictionary_chunks(table: pa.Table, columns: tuple[str, ...], pieces: int = 3) -> pa.Table:
+    """``table`` in ``pieces`` chunks whose ``columns`` are dictionary-encoded, each chunk with its own dictionary."""
+    size = -(-table.num_rows // pieces)
+    chunks = []
+    for start in range(0, table.num_rows, size):
+        chunk = table.slice(start, size)
+        for name in columns:
+            index = chunk.schema.get_field_index(name)
+            chunk = chunk.set_column(index, name, chunk.column(name).combine_chunks().dictionary_encode())
+        chunks.append(chunk)
+    return pa.concat_tables(chunks)
+
+
+def test_dictionary_encoded_input_gives_the_same_states_as_strings_in_key_order():
+    data = events(seed=3).select(["ts", "server", "metric", "value"])
+    encoded = dictionary_chunks(data, ("server", "metric"))
+    # each chunk codes the servers differently: equal codes in two chunks can be different servers
+    assert len({tuple(chunk.dictionary.to_pylist()) for chunk in encoded.column("server").chunks}) == 3
+    states = aggregate_events(data, 60)
+    assert aggregate_events(encoded, 60).equals(states)
+    keys = list(zip(*(states.column(c).to_pylist() for c in ("metric", "server", "window_start")), strict=True))
+    assert len(set(keys)) == len(keys) == len(expected_windows(data))
+    series = [key[:2] for key in keys]
+    assert all(a[:2] != b[:2] or a[2] < b[2] for a, b in zip(keys, keys[1:], strict=False))  # time order in a series
+    assert len(set(series)) == sum(1 for a, b in zip([None, *series], series, strict=False) if a != b)
+
+    halves = [aggregate_events(data.slice(0, 700), 60), aggregate_events(data.slice(700), 60)]
+    from_strings = merge_states(pa.concat_tables(halves))
+    from_dictionaries = merge_states(dictionary_chunks(pa.concat_tables(halves), ("metric", "server"), pieces=2))
+    assert from_dictionaries.schema == from_strings.schema and from_dictionaries.equals(from_strings)
+    assert from_strings.drop_columns("sum").equals(states.drop_columns("sum"))
+
+
+def test_ranks_over_a_known_domain_equal_the_hashed_ranks():
+    from metrics_lake.core.kernels.windows import _ranks
+
+    rng = np.random.default_rng(7)
+    for size, domain in (
+        (0, 0),
+        (1, 1),
+        (1000, 10),
+        (1000, 5000),
+        (100_000, 250_000),
+    ):  # each domain within the dense limit (2n + 65,536)
+        values = rng.integers(0, max(domain, 1), size).astype(np.int64)
+        dense, dense_count = _ranks(values, domain)
+        hashed, hashed_count = _ranks(values)
+        assert dense_count == hashed_count == len(np.unique(values))
+        np.testing.assert_array_equal(dense, hashed)
+        np.testing.assert_array_equal(dense, np.searchsorted(np.unique(values), values))

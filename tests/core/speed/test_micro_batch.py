@@ -1,0 +1,188 @@
+"""The speed layer's exactly-once commit path, without Spark: positions held by the tables decide everything.
+
+Batches run in this process (:func:`run_batch_in_process`); the Spark job
+runs the same plan/process/commit steps in tasks (tests/spark/).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+
+import pyarrow as pa
+import pytest
+
+import metrics_lake.core.speed.micro_batch as speed_layer
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.windows import QUANTILES
+from metrics_lake.core.log.consumer import end_offsets, read_range
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.maintenance.table_compaction import compact_table
+from metrics_lake.core.speed import progress
+from metrics_lake.core.speed.micro_batch import (
+    BRONZE,
+    QUARANTINE,
+    QUERIES,
+    WINDOWS,
+    commit_batch,
+    plan_batch,
+    process_chunk,
+    run_batch_in_process,
+)
+from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
+from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.core.tables.delta import open_table
+from metrics_lake.lake_schemas.errors import ConcurrentWriterError
+from tests.helpers import assert_quantile_within_bound, expected_windows, positions
+
+START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute boundary
+TOPIC = "metrics"
+
+
+def produce(log, events: pa.Table | None = None, payloads: list[str] | None = None, partitions=4) -> None:
+    with Producer(log, TOPIC, partitions=partitions, roll_bytes=30_000) as producer:
+        if events is not None:
+            producer.send(events)
+        if payloads:
+            producer.send_payloads(payloads)
+
+
+def batch(store, ends=None, watermark_seconds=120, **options):
+    ends = ends if ends is not None else end_offsets(SegmentLog(store), TOPIC)
+    return run_batch_in_process(
+        store, TOPIC, ends, watermark_seconds=watermark_seconds, clock_skew_seconds=300, **options
+    )
+
+
+def produced(log) -> pa.Table:
+    return pa.concat_tables(read_range(log, TOPIC, p, 0, end) for p, end in end_offsets(log, TOPIC).items())
+
+
+def assert_exact(store, log) -> None:
+    """Bronze holds every valid record once, quarantine every reject once, windows equal the events' windows."""
+    rows = produced(log)
+    valid = rows.filter(rows.column("reason").is_null())
+    bronze = open_table(store, BRONZE).to_pyarrow_table()
+    assert sorted(positions(bronze)) == sorted(positions(valid))
+    rejects = rows.filter(rows.column("reason").is_valid())
+    assert sorted(positions(open_table(store, QUARANTINE).to_pyarrow_table())) == sorted(positions(rejects))
+    windows = open_table(store, WINDOWS).to_pyarrow_table().to_pylist()
+    got = {(w["metric"], w["server"], int(w["window_start"].timestamp() * 1000)): w for w in windows}
+    want = expected_windows(valid)
+    assert got.keys() == want.keys()
+    for key, expect in want.items():
+        assert (got[key]["count"], got[key]["min"], got[key]["max"]) == (expect["count"], expect["min"], expect["max"])
+        assert got[key]["sum"] == pytest.approx(expect["sum"], rel=1e-12)
+        for column, q in QUANTILES:
+            assert_quantile_within_bound(expect["sorted"], q, got[key][column])
+
+
+def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(store, log):
+    events = FleetSimulator(servers=5, metrics=3, seconds=200, rate=2.0, seed=1, start_ms=START_MS).generate()
+    produce(log, events, ['{"no": "ts"}', "not json"])
+    ends = end_offsets(log, TOPIC)
+    halves = {p: end // 2 for p, end in ends.items()}
+    assert batch(store, halves, chunk_records=97).records == sum(halves.values())
+    assert batch(store, ends, chunk_records=500).records == sum(ends.values()) - sum(halves.values())
+    assert_exact(store, log)
+    versions = {name: open_table(store, name).version() for name in (BRONZE, QUARANTINE, WINDOWS)}
+    assert batch(store, ends) is None  # the same ends again: every table holds them already
+    assert batch(store, halves) is None  # an older batch (a stale checkpoint): nothing either
+    assert {name: open_table(store, name).version() for name in versions} == versions
+    for name in (BRONZE, QUARANTINE, WINDOWS):  # a partition that never had a record has no position yet
+        committed = committed_offsets(open_table(store, name), CONSUMER, TOPIC, ends)
+        assert {p: position or 0 for p, position in committed.items()} == ends
+    assert starting_offsets(store, TOPIC) == ends
+
+
+def test_a_crash_between_table_commits_is_caught_up_without_duplicates(store, log, monkeypatch):
+    produce(log, FleetSimulator(servers=3, metrics=2, seconds=120, seed=2, start_ms=START_MS).generate())
+    real = speed_layer._upsert_windows
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed after bronze and quarantine committed")
+
+    monkeypatch.setattr(speed_layer, "_upsert_windows", crash)
+    with pytest.raises(RuntimeError):
+        batch(store)
+    monkeypatch.setattr(speed_layer, "_upsert_windows", real)
+    ends = end_offsets(log, TOPIC)
+    bronze = committed_offsets(open_table(store, BRONZE), CONSUMER, TOPIC, ends)
+    assert {p: position or 0 for p, position in bronze.items()} == ends
+    assert starting_offsets(store, TOPIC) == {p: 0 for p in ends}  # windows hold nothing yet
+    outcome = batch(store)  # re-reads the log for the windows only
+    assert outcome.rows[BRONZE] == outcome.rows[QUARANTINE] == 0 and outcome.windows_written == 3 * 2 * 2
+    assert_exact(store, log)
+
+
+def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(store, log):
+    produce(log, FleetSimulator(servers=2, metrics=2, seconds=30, seed=3, start_ms=START_MS).generate())
+    first_ends = end_offsets(log, TOPIC)
+    produce(log, FleetSimulator(servers=2, metrics=2, seconds=30, seed=4, start_ms=START_MS + 30_000).generate())
+    all_ends = end_offsets(log, TOPIC)
+
+    def planned(ends):
+        plan = plan_batch(store, TOPIC, ends, watermark_seconds=120, chunk_records=1000)
+        return plan, [process_chunk(store, plan, c, clock_skew_seconds=300) for c in plan.chunks]
+
+    # Two attempts of the same batch (a lost commit response, a replayed batch): the second commits nothing.
+    (plan, results), (again, again_results) = planned(first_ends), planned(first_ends)
+    stale, stale_results = planned(all_ends)  # planned before either commit, reading further
+    assert commit_batch(store, plan, results, watermark_seconds=120).rows[BRONZE] == sum(first_ends.values())
+    assert commit_batch(store, again, again_results, watermark_seconds=120).rows == {
+        BRONZE: 0,
+        QUARANTINE: 0,
+        QUERIES: 0,
+    }
+    # A plan whose starting positions another writer has since moved (two streams on one topic) is refused.
+    with pytest.raises(ConcurrentWriterError, match="another speed layer committed positions"):
+        commit_batch(store, stale, stale_results, watermark_seconds=120)
+    batch(store)
+    assert_exact(store, log)
+
+
+def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothing_doubles(store, log, monkeypatch):
+    """delta-rs lets a commit remove a file a concurrent OPTIMIZE already removed (no conflict), which would
+    duplicate rows; compaction therefore skips the days the speed layer may still rewrite (first_open_day)."""
+    yesterday = START_MS - 86_400_000
+    produce(log, FleetSimulator(servers=3, metrics=2, seconds=150, seed=5, start_ms=yesterday).generate())
+    batch(store)  # yesterday's minutes are still open: a file each
+    produce(log, FleetSimulator(servers=3, metrics=2, seconds=150, seed=6, start_ms=START_MS).generate())
+    batch(store)  # the watermark is now on START's day: yesterday is closed
+    open_day = progress.first_open_day(store)
+    assert open_day == dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()
+    produce(log, FleetSimulator(servers=3, metrics=2, seconds=60, seed=7, start_ms=START_MS + 120_000).generate())
+    real = speed_layer.commit_changes
+    compacted = []
+
+    def compaction_meanwhile(table, name, *args, **kwargs):
+        if name == WINDOWS and not compacted:  # runs between the batch's planning and its windows commit
+            compacted.append(compact_table(store, WINDOWS, target_bytes=1 << 20))  # finds the open day itself
+        return real(table, name, *args, **kwargs)
+
+    monkeypatch.setattr(speed_layer, "commit_changes", compaction_meanwhile)
+    batch(store)
+    assert compacted[0].partitions_rewritten == 1  # yesterday's minute files merged; today's left alone
+    assert_exact(store, log)
+
+
+def test_the_watermark_leaves_out_late_events_and_ignores_clocks_in_the_future(store, log):
+    now_ms = int(time.time() * 1000) // 60_000 * 60_000
+    recent = FleetSimulator(servers=1, metrics=1, seconds=60, seed=7, start_ms=now_ms - 600_000).generate()
+    produce(log, recent, partitions=1)
+    future = {"ts": now_ms + 86_400_000 * 365, "server": "sim-0000", "metric": "host.cpu.utilization", "value": 1.0}
+    produce(log, payloads=[json.dumps(future)], partitions=1)
+    batch(store, watermark_seconds=60)
+    # The year-ahead event moved the newest event time only to its append time + 300 s of clock skew.
+    watermark = open_table(store, WINDOWS).transaction_version(progress.watermark_app_id(TOPIC))
+    assert now_ms - 60_000 <= watermark <= int(time.time() * 1000) + 300_000 - 60_000
+    assert progress.first_open_day(store) == dt.datetime.fromtimestamp(watermark / 1000, dt.UTC).date()
+    late = {"ts": now_ms - 3_600_000, "server": "sim-0000", "metric": "host.cpu.utilization", "value": 2.0}
+    on_time = {"ts": watermark + 1_000, "server": "sim-0000", "metric": "host.cpu.utilization", "value": 3.0}
+    produce(log, payloads=[json.dumps(late), json.dumps(on_time)], partitions=1)
+    outcome = batch(store, watermark_seconds=60)
+    assert outcome.late_events == 1 and outcome.rows[BRONZE] == 2
+    windows = open_table(store, WINDOWS).to_pyarrow_table(columns=["count"]).column("count").to_pylist()
+    assert sum(windows) == recent.num_rows + 2  # the future event and the on-time one; not the late one
