@@ -10,7 +10,9 @@ conftest pattern).
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,19 @@ from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.infra.seaweedfs import S3Server, store_as
 from tests.helpers import LAKE, free_port_pair
+
+# pytest-xdist runs tests in worker processes whose __main__ is execnet's bootstrap code, with neither __spec__ nor
+# __file__. pyspark.sql.connect takes such a process for a doctest run and calls sys.exit(0) when imported without
+# its optional dependencies, which Great Expectations does. A spec named __main__ makes it raise its ImportError as
+# anywhere else, and multiprocessing's spawned children then leave their own __main__ alone (spawn.py skips that name).
+_main = sys.modules["__main__"]
+if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
+    _main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Slow tests first: in a parallel run they start together instead of one of them ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order is otherwise kept
 
 
 @pytest.fixture

@@ -92,6 +92,7 @@ def test_bad_configuration_fails_every_command_with_the_variable_named(tmp_path)
     _run_all(cases, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.s3
 def test_wrong_keys_and_forbidden_identities_fail_every_command_in_one_line(own_s3_server, tmp_path):

@@ -54,6 +54,7 @@ def assert_totals_equal(actual: dict, expected: dict) -> None:
         assert actual[key][1] == pytest.approx(total, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_nightly_recomputes_rolls_up_and_evaluates_yesterday(dagbag, lake_env, store, spark):
     events = FleetSimulator(servers=3, metrics=2, seconds=9000, rate=1.0, seed=11, start_ms=START_MS).generate()
     land_in_bronze(store, events)
@@ -80,6 +81,7 @@ def test_nightly_recomputes_rolls_up_and_evaluates_yesterday(dagbag, lake_env, s
     assert {r["event_date"] for r in table_rows(store, "query_results")} == {DAY}
 
 
+@pytest.mark.slow
 def test_a_failed_critical_expectation_stops_the_nightly_before_rollups(dagbag, lake_env, store, spark):
     events = FleetSimulator(servers=2, metrics=2, seconds=600, seed=4, start_ms=START_MS + 5_400_000).generate()
     values = events.column("value").to_pylist()

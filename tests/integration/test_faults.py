@@ -92,7 +92,12 @@ def test_killing_the_gateway_and_the_s3_server_loses_and_duplicates_nothing(own_
     done = [threading.Event() for _ in simulators]
     agents = [_agent(gateway.url, tmp_path / f"spool-{i}", sim, done[i]) for i, sim in enumerate(simulators)]
     try:
-        time.sleep(1.5)
+        # Some events must be acked before the kill; on a loaded machine (the suite runs in parallel) the
+        # first acks can take longer than a fixed sleep, so wait for them, bounded.
+        deadline = time.monotonic() + 60
+        while sum(a.stats.acked for a in agents) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
         acked_before = sum(a.stats.acked for a in agents)
         gateway.kill()  # mid-run: requests in flight are lost with it, their batches stay spooled
         time.sleep(1.0)

@@ -109,6 +109,7 @@ def test_each_identity_is_refused_what_it_must_not_do(s3_server, identity, allow
         assert f"{marker}" in str(error.value) and "denied access (AccessDenied)" in str(error.value), operation
 
 
+@pytest.mark.slow
 def test_status_and_down(tmp_path):
     s3_port, master_port = free_port_pair()
     args = ["--data-dir", str(tmp_path / "sw"), "--s3-port", str(s3_port), "--master-port", str(master_port)]

@@ -40,6 +40,7 @@ def failed(report, table: str) -> dict[tuple[str, str | None], object]:
     return {(o.expectation, o.column): o for o in report.outcomes if o.table == table and not o.success}
 
 
+@pytest.mark.slow
 def test_good_day_passes_and_publishes_docs_and_trend(spark, settings, store):
     land(store, "bronze_events", good_bronze())
     recompute(spark, settings, [DAY])

@@ -166,6 +166,7 @@ def stream_to_end(spark, settings, progress=None):
     return query
 
 
+@pytest.mark.slow
 def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, settings, log, store):
     """The issue's reproduction (delete LAKE_CHECKPOINT_DIR between runs) and its variants: a checkpoint lost
     between batches, an older checkpoint restored, another query's checkpoint. The tables' positions decide."""
