@@ -39,6 +39,11 @@ class LakeSettings(BaseSettings):
     s3_endpoint: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS); unset for AWS.")
     s3_access_key: SecretStr | None = None
     s3_secret_key: SecretStr | None = None
+    admin_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the dashboard's write endpoints (PUT/DELETE /api/queries/…) require; "
+        "unset: they refuse every write.",
+    )
     s3_region: str = "us-east-1"
     checkpoint_dir: str = Field(
         "./lakehouse/_checkpoints",

@@ -11,9 +11,11 @@ or ``s3://bucket/prefix``)::
     tables/<name>/                                table_prefix: a Delta table (_delta_log/ and data files)
     tables/_leases/<name>.json                    table_lease_key: a table's maintenance lease
     quality/<path>                                quality_key: data docs and the trend plot
+    registry/versions/<version>.json              registry_version_key: stored queries and alert rules, one
+                                                  immutable object per version (core/registry.py)
 
-The four prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
-:data:`TABLES_PREFIX` and :data:`QUALITY_PREFIX` are the units the
+The five prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
+:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX` and :data:`REGISTRY_PREFIX` are the units the
 object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
 :func:`grants` says which of them an operation
 (:mod:`metrics_lake.lake_schemas.operations`) needs.
@@ -31,13 +33,15 @@ from __future__ import annotations
 import re
 
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.operations import LogAccess, Operation
+from metrics_lake.lake_schemas.operations import Access, LogAccess, Operation
 
 __all__ = [
     "CONSUMERS_PREFIX",
     "LOG_PREFIX",
     "NAME_PATTERN",
     "QUALITY_PREFIX",
+    "REGISTRY_PREFIX",
+    "REGISTRY_VERSIONS_PREFIX",
     "TABLES_PREFIX",
     "check_group",
     "check_name",
@@ -51,6 +55,7 @@ __all__ = [
     "partition_key",
     "partition_prefix",
     "quality_key",
+    "registry_version_key",
     "table_key",
     "table_lease_key",
     "table_prefix",
@@ -65,6 +70,10 @@ CONSUMERS_PREFIX = f"{LOG_PREFIX}/_consumers"
 TABLES_PREFIX = "tables"
 #: Data-quality reports copied from the local GX project (for an S3 lake).
 QUALITY_PREFIX = "quality"
+#: The registry of stored queries and alert rules: operators' configuration, versioned.
+REGISTRY_PREFIX = "registry"
+#: One immutable object per registry version.
+REGISTRY_VERSIONS_PREFIX = f"{REGISTRY_PREFIX}/versions"
 
 #: Topic and table names (also the pattern of ``LAKE_TOPIC``).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -159,6 +168,13 @@ def quality_key(relative: str) -> str:
     return f"{QUALITY_PREFIX}/{relative}"
 
 
+def registry_version_key(version: int) -> str:
+    """``registry/versions/<version>.json``, zero-padded to 12 digits so that listing order is version order."""
+    if not 1 <= version < 10**12:
+        raise ValueError(f"registry version {version} out of range")  # programming error
+    return f"{REGISTRY_VERSIONS_PREFIX}/{version:012d}.json"
+
+
 def grants(operation: Operation) -> frozenset[tuple[str, str]]:
     """The ``(verb, prefix)`` pairs ``operation`` needs of the store, verb ``"read"`` or ``"write"``.
 
@@ -178,4 +194,8 @@ def grants(operation: Operation) -> frozenset[tuple[str, str]]:
         needed.add(("write", TABLES_PREFIX))
     if operation.reports:
         needed |= {("read", QUALITY_PREFIX), ("write", QUALITY_PREFIX)}
+    if operation.registry is not None:
+        needed.add(("read", REGISTRY_PREFIX))
+    if operation.registry is Access.WRITE:
+        needed.add(("write", REGISTRY_PREFIX))
     return frozenset(needed)

@@ -93,7 +93,7 @@ class S3Server:
 #: (:mod:`metrics_lake.core.keys`), the vocabulary in which :func:`metrics_lake.core.keys.grants`
 #: states what an operation needs. Least privileged first.
 GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "analyst": (("read", keys.TABLES_PREFIX), ("read", keys.QUALITY_PREFIX)),
+    "analyst": (("read", keys.TABLES_PREFIX), ("read", keys.QUALITY_PREFIX), ("read", keys.REGISTRY_PREFIX)),
     "agent": (("read", keys.LOG_PREFIX), ("write", keys.LOG_PREFIX)),
     "pipeline": (
         ("read", keys.LOG_PREFIX),
@@ -102,6 +102,8 @@ GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("write", keys.TABLES_PREFIX),
         ("read", keys.QUALITY_PREFIX),
         ("write", keys.QUALITY_PREFIX),
+        ("read", keys.REGISTRY_PREFIX),
+        ("write", keys.REGISTRY_PREFIX),
     ),
 }
 

@@ -28,7 +28,8 @@ colon where it differs from the parent's)::
     ├── ConflictError (RuntimeError): 75  another writer holds or changed what this one needed; run again
     │   ├── LeaseHeldError                a partition or table is leased to another live writer
     │   ├── FencedError                   this writer's lease was taken over
-    │   └── ConcurrentWriterError         another speed layer commits to the same tables
+    │   ├── ConcurrentWriterError         another speed layer commits to the same tables
+    │   └── RegistryConflictError         another edit of the stored queries won; nothing of this one applied
     ├── IntegrityError (ValueError): 65   an object under the lake root is not what the lake wrote
     └── CheckFailedError: 1               a check ran and failed
         ├── QualityGateError              a critical data-quality expectation failed
@@ -80,6 +81,7 @@ __all__ = [
     "NotFoundError",
     "QualityGateError",
     "RangeError",
+    "RegistryConflictError",
     "SequenceConflictError",
     "ServiceError",
     "SparkClusterError",
@@ -206,6 +208,10 @@ class FencedError(ConflictError):
 
 class ConcurrentWriterError(ConflictError):
     """Another speed layer committed positions to the same table meanwhile: two streams on one topic."""
+
+
+class RegistryConflictError(ConflictError):
+    """The registry of stored queries changed after the edit read it; nothing of the edit was applied."""
 
 
 class IntegrityError(LakeError, ValueError):

@@ -30,6 +30,7 @@ __all__ = [
     "COMPACT",
     "CONSUMERS",
     "DEMO",
+    "Access",
     "OPERATIONS",
     "PRODUCE",
     "QUALITY",
@@ -57,6 +58,13 @@ class LogAccess(StrEnum):
     REWRITE = "rewrite"
 
 
+class Access(StrEnum):
+    """How an operation uses a store prefix other than the log (the registry of stored queries and alert rules)."""
+
+    READ = "read"
+    WRITE = "write"
+
+
 @dataclass(frozen=True)
 class Operation:
     """One operation of the lake (module docstring).
@@ -64,7 +72,9 @@ class Operation:
     ``name``: the ``lake`` command that runs it; ``summary``: one line for
     help texts; ``reads``/``writes``: the tables it reads and commits to
     (writes in commit order); ``log``: its use of the log, if any;
-    ``reports``: whether it publishes files under ``quality/`` (data docs).
+    ``reports``: whether it publishes files under ``quality/`` (data docs);
+    ``registry``: its use of the registry of stored queries and alert rules
+    (``metrics_lake.core.registry``), if any.
     """
 
     name: str
@@ -73,6 +83,7 @@ class Operation:
     writes: tuple[Table, ...] = ()
     log: LogAccess | None = None
     reports: bool = False
+    registry: Access | None = None
 
     @property
     def tables(self) -> tuple[Table, ...]:
@@ -92,6 +103,7 @@ STREAM = Operation(
     reads=(Table.METRIC_WINDOWS_1M,),
     writes=(Table.BRONZE_EVENTS, Table.QUARANTINE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
     log=LogAccess.READ,
+    registry=Access.WRITE,  # seeds a new lake's registry from the shipped declarations
 )
 #: Re-reads a log range through the bronze path, skipping the positions the tables hold.
 REPLAY = Operation(
@@ -115,12 +127,13 @@ ROLLUP = Operation(
     reads=tuple(spec.rollup_of for spec in _ROLLUPS if spec.rollup_of is not None),
     writes=tuple(spec.name for spec in _ROLLUPS),
 )
-#: Stored queries over whole days (the nightly run and backfills).
+#: Stored queries: managing the registry, evaluating whole days (the nightly run) and backfills.
 QUERIES = Operation(
     "queries",
-    f"evaluate the stored queries for days into {Table.QUERY_RESULTS}",
-    reads=(Table.METRIC_WINDOWS_1M,),
+    f"manage the stored queries and evaluate them over days into {Table.QUERY_RESULTS}",
+    reads=(Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
     writes=(Table.QUERY_RESULTS,),
+    registry=Access.WRITE,
 )
 #: Great Expectations suites of a day, plus the freshness of the newest windows and query results.
 QUALITY = Operation(
@@ -129,6 +142,7 @@ QUALITY = Operation(
     reads=(*_SUITES, Table.QUERY_RESULTS),
     writes=(Table.DQ_RESULTS,),
     reports=True,
+    registry=Access.READ,
 )
 #: Consumer groups' positions and lag (``lake consumers``).
 CONSUMERS = Operation("consumers", "show consumer groups' committed offsets and lag", log=LogAccess.INSPECT)
@@ -149,7 +163,12 @@ RETAIN = Operation(
     log=LogAccess.REWRITE,
 )
 #: Analysts and the dashboard: every table, read only.
-ANALYSIS = Operation("sql", "read the tables (Spark SQL, the dashboard, table listings)", reads=tuple(TABLES))
+ANALYSIS = Operation(
+    "sql",
+    "read the tables and the stored queries (Spark SQL, the dashboard, table listings)",
+    reads=tuple(TABLES),
+    registry=Access.READ,
+)
 #: The demo: produces, then runs the speed layer, in one process.
 DEMO = Operation(
     "demo",
@@ -157,6 +176,7 @@ DEMO = Operation(
     reads=STREAM.reads,
     writes=STREAM.writes,
     log=LogAccess.WRITE,
+    registry=STREAM.registry,
 )
 
 #: Every operation by name.

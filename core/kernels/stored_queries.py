@@ -92,6 +92,8 @@ class StoredQuery:
     aggregates: tuple[Aggregate, ...]
     per_server: bool
     description: str = ""
+    #: The registry version at which this text was defined (``metrics_lake.core.registry``); 0 for a file's.
+    revision: int = 0
 
     @property
     def hopping(self) -> bool:

@@ -59,7 +59,6 @@ from deltalake import Transaction
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
     affected_windows,
-    load_stored_queries,
     query_rows,
     window_states,
 )
@@ -67,7 +66,16 @@ from metrics_lake.core.kernels.windows import WINDOW_STATE, aggregate_events, fi
 from metrics_lake.core.log.consumer import read_range, start_offsets
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed.progress import CONSUMER, WINDOW_SECONDS, watermark_app_id
+from metrics_lake.core.registry import Registry
+from metrics_lake.core.speed.progress import (
+    CONSUMER,
+    WINDOW_SECONDS,
+    backfill_revision_app_id,
+    backfilled_through_app_id,
+    live_revision_app_id,
+    query_progress,
+    watermark_app_id,
+)
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import (
     commit_changes,
@@ -399,9 +407,9 @@ def commit_batch(
 ) -> BatchOutcome:
     """Commit a processed batch: bronze, quarantine, windows, then query results, each with its new positions.
 
-    ``queries``: the stored queries to keep live (default: the shipped
-    declarations, read again for every batch, so a changed file takes
-    effect on the next one). Also records the batch's end as consumer group
+    ``queries``: the stored queries to keep live (default: the lake's
+    registry, :mod:`metrics_lake.core.registry`, read again for every batch,
+    so an edit takes effect on the next one). Also records the batch's end as consumer group
     ``speed-layer`` (what ``lake consumers`` shows). Raises
     :class:`ConcurrentWriterError` if another stream moved a table's
     positions meanwhile (see the module docstring).
@@ -434,7 +442,7 @@ def commit_batch(
         for metric, minutes in result.touched.items():
             touched.setdefault(metric, set()).update(minutes)
     rows[QUERIES] = _upsert_query_results(
-        store, plan, touched, load_stored_queries() if queries is None else queries, watermark
+        store, plan, touched, Registry(store).current().queries() if queries is None else queries, watermark
     )
     if plan.ends:
         commit_offsets(store, CONSUMER, plan.topic, plan.ends)
@@ -456,6 +464,15 @@ def _upsert_query_results(
     The windows are read from ``metric_windows_1m`` as committed (this
     batch's states included), so the rows are those the nightly evaluation
     would compute from the same windows.
+
+    A query whose registry revision ``query_results`` does not hold yet (new
+    or changed since the last batch) is *adopted*: every window of it ending
+    after a cutoff is evaluated and every row of it ending after the cutoff
+    replaced, and the revision recorded (``txn``, same commit). The cutoff is
+    where the backfill of this revision stopped if it ran first, else the
+    watermark; the backfill (:mod:`metrics_lake.core.maintenance.query_backfill`)
+    replaces the closed windows up to its own watermark, so together they
+    cover every retained window without a gap, whichever runs first.
     """
     written = 0
     affected = {
@@ -468,32 +485,53 @@ def _upsert_query_results(
 
     def commit(table, advances: dict[int, int]) -> None:
         nonlocal written
-        files, removes = [], []
-        if affected:
-            lo = min(int(starts[0]) for starts in affected.values())
-            hi = max(int(starts[-1]) + by_name[name].duration_s * 1_000_000 for name, starts in affected.items())
-            windows = _windows_between(store, {by_name[name].metric for name in affected}, lo, hi)
-            chosen = [by_name[name] for name in affected]
-            states = pa.concat_tables([window_states(windows, q, affected[q.name]) for q in chosen])
-            results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
+        files, removes, transactions = [], [], []
+        starts = dict(affected)
+        cutoffs: dict[str, int | None] = {}  # adopted query -> rows ending after this (epoch µs) are replaced
+        for query in queries:
+            progress = query_progress(table, query.name)
+            if progress.live_revision is not None and progress.live_revision >= query.revision:
+                continue
+            if progress.backfilled_revision == query.revision and progress.backfilled_through_ms is not None:
+                cutoffs[query.name] = progress.backfilled_through_ms * 1000
+            else:  # before the first watermark no window was closed: adopting evaluates every window there is
+                cutoffs[query.name] = None if plan.watermark_ms is None or watermark is None else watermark * 1000
+            transactions.append(Transaction(live_revision_app_id(query.name), query.revision))
+            if cutoffs[query.name] is None:  # no window is closed yet: adopting covers all, nothing to backfill
+                transactions += [
+                    Transaction(backfill_revision_app_id(query.name), query.revision),
+                    Transaction(backfilled_through_app_id(query.name), 0),
+                ]
+            adopted = _windows_after(store, query, cutoffs[query.name])
+            if len(adopted):
+                starts[query.name] = np.union1d(starts.get(query.name, np.zeros(0, np.int64)), adopted)
+        if starts or cutoffs:
+            chosen = [by_name[name] for name in starts]
+            results = QUERY_RESULTS.empty_table()
+            if chosen:
+                lo = min(int(s[0]) for s in starts.values())
+                hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
+                windows = _windows_between(store, {q.metric for q in chosen}, lo, hi)
+                states = pa.concat_tables([window_states(windows, q, starts[q.name]) for q in chosen])
+                results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
             replaced = pa.table(
                 {
-                    "query": pa.array([n for n, starts in affected.items() for _ in starts], pa.string()),
-                    "window_start": pa.array(np.concatenate(list(affected.values()))).cast(
-                        QUERY_RESULTS.field("window_start").type
-                    ),
+                    "query": pa.array([n for n, s in starts.items() for _ in s], pa.string()),
+                    "window_start": pa.array(
+                        np.concatenate([np.zeros(0, np.int64), *starts.values()]), pa.int64()
+                    ).cast(QUERY_RESULTS.field("window_start").type),
                 }
             )
-            # Only files holding a replaced window are rewritten: files of closed windows (and of other queries)
+            # Only files holding a replaced row are rewritten: files of closed windows (and of other queries)
             # often overlap the range by their statistics but stay as they are.
             rewritten, kept = [], []
-            for candidate in _files_with_windows(store, table, _days_between(lo, hi), lo, hi, name=QUERIES):
-                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start"])
-                if keys.join(replaced, ["query", "window_start"], join_type="left semi").num_rows == 0:
+            for candidate in _result_files(store, table, starts, cutoffs, by_name):
+                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start", "window_end"])
+                if not _replaced_mask(keys, replaced, cutoffs).any():
                     continue
                 existing = read_data_files(store, [candidate], QUERY_RESULTS)
                 rewritten.append(candidate)
-                kept.append(existing.join(replaced, ["query", "window_start"], join_type="left anti"))
+                kept.append(existing.filter(pa.array(~_replaced_mask(existing, replaced, cutoffs))))
             rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
             files = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
             removes = [remove_action(f) for f in rewritten]
@@ -503,11 +541,73 @@ def _upsert_query_results(
             QUERIES,
             files,
             removes,
-            transactions=offset_transactions(CONSUMER, plan.topic, advances),
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
             operation="STREAMING QUERIES",
         )
 
     return written if _commit_with_positions(store, plan, QUERIES, commit) else 0
+
+
+def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> np.ndarray:
+    """Starts (epoch µs, sorted) of ``query``'s windows ending after ``cutoff_us`` (None: all) that hold a minute
+    of the committed windows table."""
+    table = open_table(store, WINDOWS)
+    oldest, newest = _window_start_bounds(table)
+    if newest is None:
+        return np.zeros(0, np.int64)
+    lo = oldest if cutoff_us is None else max(oldest, cutoff_us - query.duration_s * 1_000_000)
+    if newest < lo:
+        return np.zeros(0, np.int64)
+    windows = _windows_between(store, {query.metric}, lo, newest + 1)
+    minutes = np.unique(pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False))
+    starts = affected_windows(query, minutes)
+    return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
+
+
+def _window_start_bounds(table) -> tuple[int | None, int | None]:
+    """The oldest and newest ``window_start`` (epoch µs) of a table's files by their statistics; Nones when empty."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
+        return None, None
+    oldest = pc.min(pc.cast(actions.column("min.window_start"), pa.int64())).as_py()
+    newest = pc.max(pc.cast(actions.column("max.window_start"), pa.int64())).as_py()
+    return (None, None) if oldest is None or newest is None else (int(oldest), int(newest))
+
+
+def _result_files(store: Store, table, starts: dict, cutoffs: dict, by_name: dict) -> list:
+    """Files of ``query_results`` that may hold a row to replace: by ``window_start`` statistics, of a replaced
+    window, or ending after an adopted query's cutoff (a query's old text may have had windows up to a day)."""
+    oldest, newest = _window_start_bounds(table)
+    if newest is None:
+        return []
+    lows = [int(s[0]) for s in starts.values() if len(s)]
+    lows += [oldest if cut is None else cut - 86_400_000_000 for cut in cutoffs.values()]
+    if not lows:
+        return []
+    lo = max(min(lows), oldest)
+    hi = max([newest, *(int(s[-1]) for s in starts.values() if len(s))])
+    if hi < lo:
+        return []
+    return _files_with_windows(store, table, _days_between(lo, hi + 1), lo, hi, name=QUERIES)
+
+
+def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | None]) -> np.ndarray:
+    """Which ``query_results`` rows a batch replaces: a re-evaluated ``(query, window_start)``, or a row of an
+    adopted query ending after its cutoff."""
+    start = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+    keys = pa.table({"query": rows.column("query"), "window_start": pa.array(start), "i": np.arange(rows.num_rows)})
+    wanted = pa.table(
+        {"query": replaced.column("query"), "window_start": pc.cast(replaced.column("window_start"), pa.int64())}
+    )
+    mask = np.zeros(rows.num_rows, bool)
+    hit = keys.join(wanted, ["query", "window_start"], join_type="left semi").column("i").to_numpy()
+    mask[hit] = True
+    if cutoffs:
+        names = rows.column("query").to_numpy(zero_copy_only=False)
+        end = pc.cast(rows.column("window_end"), pa.int64()).to_numpy(zero_copy_only=False)
+        for name, cut in cutoffs.items():
+            mask |= (names == name) & (end > (-1 if cut is None else cut))
+    return mask
 
 
 def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) -> pa.Table:

@@ -10,12 +10,14 @@ them back for everyone who must know the speed layer's progress without
 running it: where a stream without a checkpoint starts
 (:func:`starting_offsets`), which days maintenance must leave alone
 (:func:`rewritable_from`), how fresh the windows are (:func:`newest_window_end`,
-the dashboard and the quality checks).
+the dashboard and the quality checks), and which revision of each stored
+query ``query_results`` holds (:func:`query_progress`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,6 +35,11 @@ from metrics_lake.lake_schemas.tables import TABLES, Table
 __all__ = [
     "CONSUMER",
     "WINDOW_SECONDS",
+    "QueryProgress",
+    "backfilled_through_app_id",
+    "backfill_revision_app_id",
+    "live_revision_app_id",
+    "query_progress",
     "first_open_day",
     "newest_window_end",
     "rewritable_from",
@@ -51,6 +58,49 @@ _REWRITTEN = (Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
 def watermark_app_id(topic: str) -> str:
     """The ``txn`` appId under which the windows table records the speed layer's watermark (epoch ms)."""
     return f"{CONSUMER}/{topic}/watermark"
+
+
+def live_revision_app_id(query: str) -> str:
+    """The ``txn`` appId under which ``query_results`` records the revision of ``query`` the speed layer adopted."""
+    return f"{CONSUMER}/query/{query}/revision"
+
+
+def backfill_revision_app_id(query: str) -> str:
+    """The ``txn`` appId under which ``query_results`` records the revision of ``query`` last backfilled."""
+    return f"backfill/query/{query}/revision"
+
+
+def backfilled_through_app_id(query: str) -> str:
+    """The ``txn`` appId recording up to which watermark (epoch ms) that backfill replaced the windows."""
+    return f"backfill/query/{query}/through"
+
+
+@dataclass(frozen=True)
+class QueryProgress:
+    """What ``query_results`` holds of one stored query (``None``: never).
+
+    ``live_revision``: the registry revision the speed layer evaluates (it
+    replaced every window ending after its watermark then);
+    ``backfilled_revision``: the revision whose closed windows the backfill
+    replaced, up to ``backfilled_through_ms`` (a watermark, epoch ms).
+    """
+
+    live_revision: int | None
+    backfilled_revision: int | None
+    backfilled_through_ms: int | None
+
+    def backfilled(self, revision: int) -> bool:
+        """Whether every retained window of ``revision`` is in the table (backfill and live both at it)."""
+        return self.backfilled_revision == revision and self.live_revision == revision
+
+
+def query_progress(query_results: DeltaTable, query: str) -> QueryProgress:
+    """Read :class:`QueryProgress` of ``query`` from the ``txn`` actions of the ``query_results`` snapshot."""
+    return QueryProgress(
+        query_results.transaction_version(live_revision_app_id(query)),
+        query_results.transaction_version(backfill_revision_app_id(query)),
+        query_results.transaction_version(backfilled_through_app_id(query)),
+    )
 
 
 def newest_window_end(windows: DeltaTable) -> dt.datetime | None:

@@ -31,11 +31,12 @@ from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import ensure_table
 from metrics_lake.lake_schemas.operations import QUERIES
+from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 
 __all__ = ["QueriesResult", "evaluate_day"]
 
-(SOURCE,), (TARGET,) = QUERIES.reads, QUERIES.writes
+SOURCE, (TARGET,) = Table.METRIC_WINDOWS_1M, QUERIES.writes
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.micro_batch import (
     BatchOutcome,
     BatchPlan,
@@ -55,7 +56,7 @@ CHUNK_RECORDS = 500_000
 
 
 def prepare_lake(settings: LakeSettings) -> Store:
-    """Make sure the topic and every table exist; returns the store.
+    """Make sure the topic, every table and the registry of stored queries exist; returns the store.
 
     Cheap and idempotent; commands call it before starting Spark, so a
     wrong root, bad credentials or a missing permission fail in a second
@@ -68,6 +69,7 @@ def prepare_lake(settings: LakeSettings) -> Store:
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
     for name in TABLES:
         ensure_table(store, name)
+    Registry(store).ensure_seeded()  # a new lake's stored queries: the shipped declarations, stored once
     return store
 
 

@@ -25,6 +25,7 @@ from metrics_lake.lake_schemas.operations import (
     OPERATIONS,
     PRODUCE,
     QUALITY,
+    QUERIES,
     RECOMPUTE,
     STREAM,
 )
@@ -147,13 +148,21 @@ def test_the_object_store_policies_are_the_layout_s_prefixes():
     actions = identity_actions("lake")
     assert actions["agent"] == ["Read:lake/log/*", "Write:lake/log/*", "List:lake"]
     assert "Write:lake/log/_consumers/*" in actions["pipeline"] and "Write:lake/log/*" not in actions["pipeline"]
-    assert actions["analyst"] == ["Read:lake/tables/*", "Read:lake/quality/*", "List:lake"]
+    assert actions["analyst"] == ["Read:lake/tables/*", "Read:lake/quality/*", "Read:lake/registry/*", "List:lake"]
+    assert "Write:lake/registry/*" in actions["pipeline"]
     assert set(GRANTS) == {"agent", "pipeline", "analyst"}
 
 
 @pytest.mark.parametrize(
     ("operation", "identity"),
-    [(PRODUCE, "agent"), (STREAM, "pipeline"), (CONSUMERS, "agent"), (ANALYSIS, "analyst"), (COMPACT, "admin")],
+    [
+        (PRODUCE, "agent"),
+        (STREAM, "pipeline"),
+        (CONSUMERS, "agent"),
+        (ANALYSIS, "analyst"),
+        (QUERIES, "pipeline"),
+        (COMPACT, "admin"),
+    ],
 )
 def test_each_operation_gets_the_least_privileged_identity_covering_it(operation, identity):
     assert least_privileged_identity(keys.grants(operation)) == identity
