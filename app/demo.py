@@ -173,7 +173,6 @@ def _serve_dashboard(settings: LakeSettings, port: int, console: Console) -> Non
     import signal
 
     from metrics_lake.app.dashboard import DashboardReader, serve
-    from metrics_lake.core.kernels.stored_queries import load_stored_queries
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -182,4 +181,4 @@ def _serve_dashboard(settings: LakeSettings, port: int, console: Console) -> Non
     def ready(address) -> None:
         console.print(f"dashboard on http://{address[0]}:{address[1]}/ ; Ctrl-C stops it")
 
-    serve(DashboardReader(settings, load_stored_queries()), "127.0.0.1", port, stop, ready=ready)
+    serve(DashboardReader(settings), "127.0.0.1", port, stop, ready=ready)

@@ -6,7 +6,7 @@ function (so ``query_results`` is kept live as in production) with two
 stored queries: ``per_server`` (15-minute windows PER SERVER: one series per
 server, the API returning the top 5 and the fleet) and ``fleet_hopping``
 (5-minute windows every minute, fleet-wide: 1,440 points). Then it times
-``GET /api/queries/{name}`` for the 24 hours through HTTP on a fresh
+``GET /api/queries/{name}/series`` for the 24 hours through HTTP on a fresh
 reader (cold: nothing cached, first table load) and repeated (warm, p50/p95
 of ``--repeat`` requests), with the clock an hour after the data so every
 block is closed and cacheable. The **peer** is DuckDB reading the same
@@ -86,7 +86,7 @@ def main() -> None:
         server.start()
         while not address:
             time.sleep(0.05)
-        url = f"http://{address[0][0]}:{address[0][1]}/api/queries/{query.name}"
+        url = f"http://{address[0][0]}:{address[0][1]}/api/queries/{query.name}/series"
         session = requests.Session()
         began = time.perf_counter()
         answer = session.get(url, params=params, timeout=300)

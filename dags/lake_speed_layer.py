@@ -1,4 +1,5 @@
-"""Speed layer micro-batches: every 5 minutes, process what the log holds into bronze and windows.
+"""Speed layer micro-batches: every 5 minutes, process what the log holds into bronze and windows; then backfill the
+stored queries operators added or changed meanwhile.
 
 For deployments that do not keep ``lake stream`` running: each run is
 ``lake stream --once`` (catch up, commit, stop). Exactly once across runs and
@@ -6,6 +7,10 @@ retries comes from the positions each table commits with its rows (Delta
 ``txn`` actions), not from a checkpoint folder, so an overlapping or retried
 run, or one on another worker, cannot duplicate rows; ``max_active_runs=1``
 just avoids wasted work.
+
+The backfill (``lake queries backfill``) runs after the micro-batches, off
+the stream's hot path: a new or changed stored query is live from the
+stream's next batch, and its past windows are filled here within a run.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import datetime as dt
 
 from airflow.sdk import dag, task
 
-from metrics_lake.app.orchestration import DEFAULT_ARGS, START_DATE, STREAM, outlets
+from metrics_lake.app.orchestration import DEFAULT_ARGS, QUERIES, START_DATE, STREAM, outlets
 
 
 @dag(
@@ -37,7 +42,15 @@ def lake_speed_layer():
 
         return run_speed_layer_once(load_settings())
 
-    micro_batches()
+    @task(outlets=outlets(QUERIES))
+    def query_backfills() -> list[dict]:
+        """Backfill every stored query whose current revision query_results has not backfilled; one summary each."""
+        from metrics_lake.app.operations import backfill_pending_queries
+        from metrics_lake.core.config import load_settings
+
+        return backfill_pending_queries(load_settings())
+
+    micro_batches() >> query_backfills()
 
 
 lake_speed_layer()

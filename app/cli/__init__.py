@@ -1,7 +1,7 @@
 """The ``lake`` command line: thin commands over library functions, and its one error boundary.
 
 Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
-:mod:`.batch`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.dashboard`,
+:mod:`.batch`, :mod:`.queries`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.dashboard`,
 :mod:`.local`; what they share in :mod:`.options`) and are registered on
 :data:`app` here. Configuration comes from ``LAKE_*``
 variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
@@ -32,6 +32,7 @@ from metrics_lake.app.cli import analysis, batch, dashboard, ingest, maintenance
 from metrics_lake.app.cli.boundary import explain, first_line, translate
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
+from metrics_lake.app.cli.queries import queries_app
 from metrics_lake.app.console import configure_output, err
 from metrics_lake.core.keys import grants
 from metrics_lake.infra.seaweedfs import least_privileged_identity
@@ -150,8 +151,9 @@ for command in (ingest.produce, ingest.agent, ingest.gateway):
     app.command()(command)
 for command in (speed.stream, speed.replay, speed.consumers):
     app.command()(command)
-for command in (batch.recompute, batch.rollup, batch.queries):
+for command in (batch.recompute, batch.rollup):
     app.command()(command)
+app.add_typer(queries_app, name="queries")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
 for command in (analysis.sql, analysis.tables, analysis.quality, dashboard.dashboard):

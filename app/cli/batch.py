@@ -1,19 +1,13 @@
-"""``lake recompute``, ``lake rollup``, ``lake queries``: the batch layer, a UTC day at a time."""
+"""``lake recompute``, ``lake rollup``: the batch layer, a UTC day at a time (``lake queries --date``: :mod:`.queries`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-import typer
-from rich import table as rich_table
-
 from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
-from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.operations import QUERIES, RECOMPUTE, ROLLUP
+from metrics_lake.app.console import err
+from metrics_lake.lake_schemas.operations import RECOMPUTE, ROLLUP
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["queries", "recompute", "rollup"]
+__all__ = ["recompute", "rollup"]
 
 
 def recompute(date: DateOption = None, from_day: FromOption = None, to_day: ToOption = None) -> None:
@@ -51,36 +45,3 @@ def rollup(date: DateOption = None, from_day: FromOption = None, to_day: ToOptio
     err.print(f"rolling up {len(chosen)} day(s): {chain} ...")
     spark = build_session(config, "lake-rollup")
     run_rollup(spark, config, chosen, lambda r: err.print(f"{r.day}: {r.table}: {r.rows:,} rows ({r.seconds:.1f} s)"))
-
-
-def queries(
-    date: DateOption = None,
-    from_day: FromOption = None,
-    to_day: ToOption = None,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", help="Stored query declarations (default: the shipped stored_queries.toml)."),
-    ] = None,
-    list_only: Annotated[bool, typer.Option("--list", help="Only parse and list the stored queries.")] = False,
-) -> None:
-    """Evaluate the stored queries (FROM … SELECT … WINDOW … COMPUTE …) for days into query_results."""
-    from metrics_lake.core.kernels.stored_queries import load_stored_queries
-
-    declared = load_stored_queries(file)
-    if list_only:
-        listing = rich_table.Table("name", "query", "description")
-        for query in declared:
-            listing.add_row(query.name, query.text, query.description)
-        out.print(listing)
-        return
-    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
-    from metrics_lake.spark.session import build_session
-
-    chosen = days(date, from_day, to_day)
-    config = settings()
-    open_tables(config, *QUERIES.tables)
-    err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
-    spark = build_session(config, "lake-queries")
-    for day in chosen:
-        result = evaluate_day(spark, config, declared, day)
-        err.print(f"{day}: {result.queries} queries -> {result.rows:,} rows ({result.seconds:.1f} s)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -17,17 +16,12 @@ def dashboard(
     port: Annotated[int, typer.Option(min=0, max=65535, help="Listen port (0: any free port).")] = 8050,
     host: Annotated[str, typer.Option(help="Listen address.")] = "127.0.0.1",
     refresh: Annotated[int, typer.Option(min=0, help="The page's default auto-refresh, seconds (0: off).")] = 10,
-    file: Annotated[
-        Path | None,
-        typer.Option("--file", help="Stored query declarations (default: the shipped stored_queries.toml)."),
-    ] = None,
 ) -> None:
     """Serve the dashboard (one panel per stored query, freshness, pipeline) and its JSON API until Ctrl-C."""
     from metrics_lake.app.dashboard import DashboardReader, serve
-    from metrics_lake.core.kernels.stored_queries import load_stored_queries
 
     config = settings()
-    reader = DashboardReader(config, load_stored_queries(file))
+    reader = DashboardReader(config)
     reader.freshness()  # fails here, in one line, on a wrong root or missing read access
     stop = stop_on_signals()
 

@@ -39,11 +39,12 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.stored_queries import StoredQuery, query_rows, window_states
+from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed.progress import newest_window_end, watermark_app_id
+from metrics_lake.core.registry import Registry, RegistryVersion
+from metrics_lake.core.speed.progress import QueryProgress, newest_window_end, query_progress, watermark_app_id
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.errors import LakeError, RangeError
@@ -92,16 +93,18 @@ class _Entry:
 class DashboardReader:
     """Reads one lake for the dashboard; thread-safe.
 
-    ``queries``: the stored queries shown; ``clock``: seconds since the
-    epoch (tests move it); ``cache_ttl_seconds``: how long a closed block
-    stays cached (module docstring); ``refresh_seconds``: a table's newest
-    version is looked up at most this often (a Delta log listing each time).
+    ``queries``: the stored queries shown (default: the lake's registry,
+    :mod:`metrics_lake.core.registry`, so edits show without a restart);
+    ``clock``: seconds since the epoch (tests move it); ``cache_ttl_seconds``:
+    how long a closed block stays cached (module docstring);
+    ``refresh_seconds``: a table's newest version and the registry's are
+    looked up at most this often (a listing each time).
     """
 
     def __init__(
         self,
         settings: LakeSettings,
-        queries: list[StoredQuery],
+        queries: list[StoredQuery] | None = None,
         *,
         clock=time.time,
         cache_ttl_seconds: float = 300.0,
@@ -110,7 +113,9 @@ class DashboardReader:
     ) -> None:
         self.settings = settings
         self.store = open_store(settings)
-        self.queries = {q.name: q for q in queries}
+        self.registry = Registry(self.store)
+        self._fixed = None if queries is None else {q.name: q for q in queries}
+        self._registry: tuple[RegistryVersion, float] | None = None
         self.clock = clock
         self.cache_ttl_seconds = cache_ttl_seconds
         self.cache_blocks = cache_blocks
@@ -119,6 +124,45 @@ class DashboardReader:
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.cache_hits = self.cache_misses = 0
+
+    # -- stored queries -----------------------------------------------------------------------------------------
+
+    def registry_version(self) -> RegistryVersion:
+        """The registry's current version (looked up at most every ``refresh_seconds``)."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._registry
+        if cached is None or now - cached[1] >= self.refresh_seconds:
+            cached = (self.registry.current(), now)
+            with self._lock:
+                self._registry = cached
+        return cached[0]
+
+    def forget_registry(self) -> None:
+        """Look the registry up again on the next request (after this process edited it)."""
+        with self._lock:
+            self._registry = None
+
+    @property
+    def queries(self) -> dict[str, StoredQuery]:
+        """The stored queries shown, by name."""
+        if self._fixed is not None:
+            return self._fixed
+        return {q.name: q for q in self.registry_version().queries()}
+
+    def query_status(self, query: StoredQuery) -> dict:
+        """``{"revision", "live", "backfilled"}``: whether ``query_results`` holds ``query``'s current revision live
+        (the stream adopted it) and over every retained window (its backfill ran)."""
+        progress = self._progress(query)
+        return {
+            "revision": query.revision,
+            "live": progress.live_revision == query.revision,
+            "backfilled": progress.backfilled_revision == query.revision,
+        }
+
+    def _progress(self, query: StoredQuery) -> QueryProgress:
+        table = self.table(Table.QUERY_RESULTS)
+        return QueryProgress(None, None, None) if table is None else query_progress(table, query.name)
 
     # -- tables -------------------------------------------------------------------------------------------------
 
@@ -170,8 +214,11 @@ class DashboardReader:
         block = HOUR if step < HOUR else DAY
         parts, missing = [], []
         now = self.clock()
+        # A cached block is of one text and one state of its rows: when the stream adopts the query or its backfill
+        # lands, old blocks change at once, so the key moves on with them.
+        version = (query.text, *dataclasses.astuple(self._progress(query))[:2])
         for start in range(lo - lo % block, hi, block):
-            key = (name, step, start)
+            key = (name, version, step, start)
             with self._lock:
                 entry = self._cache.get(key)
                 if entry is not None and entry.expires > now:
@@ -183,7 +230,7 @@ class DashboardReader:
         for run_lo, run_hi in _runs(missing, block):
             rows = self._evaluate(query, step, run_lo, run_hi)
             parts.append(rows)
-            self._keep(query, step, block, run_lo, run_hi, rows, now)
+            self._keep(query, version, step, block, run_lo, run_hi, rows, now)
         rows = pa.concat_tables(parts) if parts else _EMPTY
         start = pc.cast(rows.column("window_start"), pa.int64())
         rows = rows.filter(pc.and_(pc.greater_equal(start, lo * _US), pc.less(start, hi * _US)))
@@ -196,7 +243,29 @@ class DashboardReader:
             "series": _series(rows, query, top),
         }
 
-    def _keep(self, query, step, block, run_lo, run_hi, rows, now) -> None:
+    def preview(self, text: str, lo_s: int, hi_s: int, top: int = 5) -> dict:
+        """A query text not (yet) stored, evaluated from the windows over ``[lo_s, hi_s)``: the shape of :meth:`series`.
+
+        For the dashboard's query form. Raises :class:`StoredQueryError`
+        naming the clause for a bad text and :class:`RangeError` for a bad range.
+        """
+        query = parse_query("preview", text)
+        if hi_s <= lo_s:
+            raise RangeError("to", "to must be after from")
+        step = choose_step(query, hi_s - lo_s)
+        lo, hi = lo_s - lo_s % step, hi_s + (-hi_s) % step
+        evaluated = query if step == query.slide_s else dataclasses.replace(query, duration_s=step, slide_s=step)
+        rows = self._computed(evaluated, lo, hi)
+        return {
+            "query": None,
+            "text": query.text,
+            "step": step,
+            "from": lo * 1000,
+            "to": hi * 1000,
+            "series": _series(rows, query, top),
+        }
+
+    def _keep(self, query, version, step, block, run_lo, run_hi, rows, now) -> None:
         start = pc.cast(rows.column("window_start"), pa.int64())
         window = query.duration_s if step == query.slide_s else step
         with self._lock:
@@ -205,7 +274,9 @@ class DashboardReader:
                 if block_lo + block + window > now - CACHE_AFTER_SECONDS:
                     break  # this block's windows are recent: read again next time
                 inside = pc.and_(pc.greater_equal(start, block_lo * _US), pc.less(start, (block_lo + block) * _US))
-                self._cache[(query.name, step, block_lo)] = _Entry(rows.filter(inside), now + self.cache_ttl_seconds)
+                self._cache[(query.name, version, step, block_lo)] = _Entry(
+                    rows.filter(inside), now + self.cache_ttl_seconds
+                )
             while len(self._cache) > self.cache_blocks:
                 self._cache.popitem(last=False)
 

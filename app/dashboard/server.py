@@ -4,8 +4,21 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
 
 - ``GET /`` the dashboard page; ``GET /static/plotly.min.js``;
 - ``GET /api/queries``: the stored queries (name, text, description, window,
-  step, aggregates, per_server);
-- ``GET /api/queries/{name}?from=&to=&step=&top=``: one query's series
+  step, aggregates, per_server, revision, live, backfilled) and the registry
+  version;
+- ``GET /api/queries/{name}``: one stored query's definition, status and
+  edits (404 if unknown); the registry version is its ``ETag``;
+- ``PUT /api/queries/{name}`` (JSON ``{"query": …, "description": …}``) adds
+  or changes a stored query, ``DELETE /api/queries/{name}`` removes it; both
+  need ``Authorization: Bearer <LAKE_ADMIN_TOKEN>`` (401 without it, 403 when
+  the lake has no admin token: the dashboard is never an open write
+  endpoint). A bad query is a 400 whose error names the clause; an
+  ``If-Match: <registry version>`` that is not the current one a 412, an
+  edit that lost a race a 409 (nothing applied either way);
+- ``POST /api/preview`` (JSON ``{"query": …, "from": …, "to": …}``): a query
+  text evaluated from the windows without storing it (the form's live
+  preview; 400 naming the clause for a bad text);
+- ``GET /api/queries/{name}/series?from=&to=&step=&top=``: one query's series
   (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.series`);
   ``from``/``to`` are ISO-8601 times with a zone or epoch milliseconds
   (default: the last hour), ``step`` seconds (default: the finest that
@@ -21,6 +34,8 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
 from __future__ import annotations
 
 import datetime as dt
+import hmac
+import json
 import threading
 from importlib import resources
 from pathlib import Path
@@ -34,7 +49,8 @@ from starlette.staticfiles import StaticFiles
 
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.http_server import serve_asgi
-from metrics_lake.lake_schemas.errors import RangeError
+from metrics_lake.core.registry import Change
+from metrics_lake.lake_schemas.errors import NotFoundError, RangeError, RegistryConflictError, StoredQueryError
 
 __all__ = ["build_app", "parse_time", "serve"]
 
@@ -107,12 +123,71 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
                         "step_seconds": q.slide_s,
                         "aggregates": [a.label for a in q.aggregates],
                         "per_server": q.per_server,
+                        **reader.query_status(q),
                     }
                     for q in reader.queries.values()
                 ],
                 "ranges": RANGES,
+                "registry_version": reader.registry_version().version,
             }
         )
+
+    async def query_definition(request: Request) -> Response:
+        name = request.path_params["name"]
+        if request.method == "GET":
+            return await run_in_threadpool(_definition, reader, name)
+        denied = _admin_only(request, reader)
+        if denied is not None:
+            return denied
+        expected = request.headers.get("if-match")
+        if expected is not None and not expected.strip('"').isdigit():
+            return _error(400, "If-Match must be a registry version (the ETag of GET /api/queries/{name})", "If-Match")
+        if request.method == "PUT":
+            try:
+                body = json.loads(await request.body())
+                if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+                    raise ValueError
+            except ValueError:
+                return _error(400, 'send a JSON object {"query": "FROM …", "description": "…"}', "body")
+            description = body.get("description")
+            change = Change("put", name, body["query"], description if isinstance(description, str) else None)
+        else:
+            change = Change("delete", name)
+        by = f"api:{request.client.host if request.client else 'unknown'}"
+        existed = name in (await run_in_threadpool(reader.registry.current)).entries
+        try:
+            version = await run_in_threadpool(
+                reader.registry.apply, [change], by=by, expected=None if expected is None else int(expected.strip('"'))
+            )
+        except StoredQueryError as exc:
+            return _error(400, str(exc), "query")
+        except NotFoundError as exc:
+            return _error(404, str(exc), "name")
+        except RegistryConflictError as exc:
+            return _error(412 if expected is not None else 409, str(exc), "If-Match" if expected else None)
+        reader.forget_registry()
+        if request.method == "DELETE":
+            return Response(status_code=204, headers={"ETag": f'"{version.version}"'})
+        answer = await run_in_threadpool(_definition, reader, name)
+        answer.status_code = 200 if existed else 201
+        return answer
+
+    async def preview(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+                raise ValueError
+        except ValueError:
+            return _error(400, 'send a JSON object {"query": "FROM …", "from": …, "to": …}', "body")
+        now = reader.clock()
+        try:
+            hi = parse_time("to", None if body.get("to") is None else str(body["to"]), now)
+            lo = parse_time("from", None if body.get("from") is None else str(body["from"]), hi - 3600)
+            return JSONResponse(await run_in_threadpool(reader.preview, body["query"], lo, hi))
+        except StoredQueryError as exc:
+            return _error(400, str(exc), "query")
+        except RangeError as exc:
+            return _error(400, str(exc), exc.parameter)
 
     async def query_series(request: Request) -> Response:
         name = request.path_params["name"]
@@ -142,13 +217,59 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         Route("/", index),
         Route("/static/plotly.min.js", plotly_js),
         Route("/api/queries", list_queries),
-        Route("/api/queries/{name}", query_series),
+        Route("/api/preview", preview, methods=["POST"]),
+        Route("/api/queries/{name}", query_definition, methods=["GET", "PUT", "DELETE"]),
+        Route("/api/queries/{name}/series", query_series),
         Route("/api/pipeline", pipeline),
         Route("/api/health", health),
     ]
     site = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
     routes.append(Mount("/quality", StaticFiles(directory=site, html=True, check_dir=False)))
     return Starlette(routes=routes)
+
+
+def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
+    """None if the request carries the lake's admin token (``LAKE_ADMIN_TOKEN``), else the 401/403 answer."""
+    token = reader.settings.admin_token
+    if token is None:
+        return _error(403, "writes are disabled: the lake has no admin token (set LAKE_ADMIN_TOKEN)", "Authorization")
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+        return JSONResponse(
+            {
+                "error": "an admin token is required: Authorization: Bearer <LAKE_ADMIN_TOKEN>",
+                "parameter": "Authorization",
+            },
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="metrics-lake"'},
+        )
+    return None
+
+
+def _definition(reader: DashboardReader, name: str) -> Response:
+    """``GET /api/queries/{name}``: the entry, its status and the edits that touched it; ETag = registry version."""
+    version = reader.registry_version()
+    query = reader.queries.get(name)  # the registry's, or the reader's fixed list (tests, benchmarks)
+    if query is None:
+        return _error(404, f"no stored query named {name!r}; GET /api/queries lists them", "name")
+    entry = version.entries.get(name)
+    edits = [
+        {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
+        for v in reader.registry.history(name)
+        for c in v.changes
+        if c.name == name
+    ]
+    body = {
+        "name": name,
+        "query": query.text,
+        "description": query.description,
+        "changed_at": entry.changed_at if entry else None,
+        "changed_by": entry.changed_by if entry else None,
+        **reader.query_status(query),
+        "registry_version": version.version,
+        "history": edits,
+    }
+    return JSONResponse(body, headers={"ETag": f'"{version.version}"'})
 
 
 def serve(

@@ -46,7 +46,7 @@ def make_events(seed: int, lo_ms: int, hi_ms: int, n: int) -> list[dict]:
     ]
 
 
-def ingest(store, log, events: list[dict]) -> None:
+def ingest(store, log, events: list[dict], queries=QUERIES) -> None:
     with Producer(log, "metrics", partitions=2) as producer:
         producer.send_payloads(events)
     # Every event counts (a huge watermark), so late ones change old windows: what the cache test needs.
@@ -56,7 +56,7 @@ def ingest(store, log, events: list[dict]) -> None:
         end_offsets(log, "metrics"),
         watermark_seconds=10**9,
         clock_skew_seconds=10**9,
-        queries=QUERIES,
+        queries=queries,
     )
 
 
@@ -77,7 +77,7 @@ def points(answer: dict, server, aggregate) -> dict[int, float]:
 def test_series_at_the_query_step_are_the_stored_query_values(lake):
     client, _, _, events = lake
     expected = expected_query_results(events, QUERIES)
-    answer = client.get("/api/queries/hopping", params={"from": START_MS, "to": START_MS + HOUR_MS}).json()
+    answer = client.get("/api/queries/hopping/series", params={"from": START_MS, "to": START_MS + HOUR_MS}).json()
     assert answer["step"] == 60 and (answer["from"], answer["to"]) == (START_MS, START_MS + HOUR_MS)
     counts = points(answer, None, "count")
     assert len(counts) == 60
@@ -97,7 +97,8 @@ def test_series_at_the_query_step_are_the_stored_query_values(lake):
 def test_a_per_server_query_shows_its_top_servers_and_the_fleet(lake):
     client, _, _, events = lake
     answer = client.get(
-        "/api/queries/per_server", params={"from": "2025-06-15T15:00:00Z", "to": "2025-06-15T17:00:00Z", "top": 2}
+        "/api/queries/per_server/series",
+        params={"from": "2025-06-15T15:00:00Z", "to": "2025-06-15T17:00:00Z", "top": 2},
     ).json()
     assert answer["step"] == 900
     servers = {s["server"] for s in answer["series"]}
@@ -115,8 +116,10 @@ def test_a_per_server_query_shows_its_top_servers_and_the_fleet(lake):
 def test_a_long_range_is_rolled_up_to_tumbling_windows_of_a_coarser_step(lake):
     client, _, _, events = lake
     day = {"from": START_MS - 22 * HOUR_MS, "to": START_MS + 2 * HOUR_MS}
-    assert client.get("/api/queries/hopping", params=day).json()["step"] == 60  # 1,440 points: still fine
-    week = client.get("/api/queries/hopping", params={"from": START_MS - 166 * HOUR_MS, "to": START_MS + 2 * HOUR_MS})
+    assert client.get("/api/queries/hopping/series", params=day).json()["step"] == 60  # 1,440 points: still fine
+    week = client.get(
+        "/api/queries/hopping/series", params={"from": START_MS - 166 * HOUR_MS, "to": START_MS + 2 * HOUR_MS}
+    )
     answer = week.json()
     assert answer["step"] == 900
     tumbling = dataclasses.replace(QUERIES[0], duration_s=900, slide_s=900)
@@ -124,7 +127,7 @@ def test_a_long_range_is_rolled_up_to_tumbling_windows_of_a_coarser_step(lake):
     assert points(answer, None, "count") == {k[2]: v for k, v in expected.items() if k[3] == "count"}
     assert points(answer, None, "max") == {k[2]: v for k, v in expected.items() if k[3] == "max"}
     assert all(len(s["points"]) <= 1500 for s in answer["series"])
-    explicit = client.get("/api/queries/hopping", params={**day, "step": 3600}).json()
+    explicit = client.get("/api/queries/hopping/series", params={**day, "step": 3600}).json()
     assert explicit["step"] == 3600 and len(points(explicit, None, "count")) == 2
 
 
@@ -141,7 +144,7 @@ def test_a_long_range_is_rolled_up_to_tumbling_windows_of_a_coarser_step(lake):
 )
 def test_a_malformed_request_is_a_400_naming_the_parameter(lake, params, parameter):
     client = lake[0]
-    answer = client.get("/api/queries/hopping", params=params)
+    answer = client.get("/api/queries/hopping/series", params=params)
     assert answer.status_code == 400 and answer.json()["parameter"] == parameter
 
 
@@ -157,13 +160,13 @@ def test_an_unknown_query_is_a_404_and_the_listing_names_every_query(lake):
 def test_closed_windows_are_cached_until_the_entry_expires_recent_ones_never(lake, store, log):
     client, reader, clock, events = lake
     window = {"from": START_MS, "to": START_MS + HOUR_MS}
-    before = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    before = points(client.get("/api/queries/hopping/series", params=window).json(), None, "count")
     late = [{"ts": START_MS + 30_000, "server": "web-1", "metric": "m.lat", "value": 1.0}]
     ingest(store, log, late)  # changes windows that ended hours before the (test) clock
-    cached = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    cached = points(client.get("/api/queries/hopping/series", params=window).json(), None, "count")
     assert cached == before and reader.cache_hits > 0
     clock.now += 301  # the entries expire
-    fresh = points(client.get("/api/queries/hopping", params=window).json(), None, "count")
+    fresh = points(client.get("/api/queries/hopping/series", params=window).json(), None, "count")
     assert fresh[START_MS] == before[START_MS] + 1
     assert fresh == {
         k[2]: v
@@ -173,10 +176,10 @@ def test_closed_windows_are_cached_until_the_entry_expires_recent_ones_never(lak
 
     clock.now = START_MS / 1000 + 2 * 3600 + 300  # the last hour of data is now recent: never cached
     recent = {"from": START_MS + HOUR_MS, "to": START_MS + 2 * HOUR_MS}
-    first = points(client.get("/api/queries/hopping", params=recent).json(), None, "count")
+    first = points(client.get("/api/queries/hopping/series", params=recent).json(), None, "count")
     newest = START_MS + 2 * HOUR_MS - 60_000
     ingest(store, log, [{"ts": newest + 1000, "server": "db-1", "metric": "m.lat", "value": 2.0}])
-    again = points(client.get("/api/queries/hopping", params=recent).json(), None, "count")
+    again = points(client.get("/api/queries/hopping/series", params=recent).json(), None, "count")
     assert again[newest] == first[newest] + 1
 
 

@@ -17,17 +17,21 @@ import time
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from metrics_lake.core.kernels.stored_queries import load_stored_queries
+from metrics_lake.core.registry import Registry, declared_changes, read_declarations
+from metrics_lake.core.tables.delta import table_uri
 from tests.app.test_dashboard import HOUR_MS, START_MS, ingest, make_events
 from tests.helpers import LAKE, expected_query_results
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ARTIFACTS = Path(os.environ.get("LAKE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / ".test-artifacts"))
+ADMIN_TOKEN = "browser-test-admin-token"
 QUERIES_TOML = """
 [[queries]]
 name = "hopping"
@@ -62,9 +66,11 @@ def dashboard(tmp_path, settings, store, log):
     queries_file.write_text(QUERIES_TOML)
     events = make_events(1, START_MS, START_MS + 2 * HOUR_MS, 3000)
     ingest(store, log, events)
+    registry = Registry(store)
+    registry.apply(declared_changes(registry.current(), read_declarations(queries_file)), by="test")
     process = subprocess.Popen(
-        [LAKE, "dashboard", "--port", "0", "--file", str(queries_file), "--refresh", "0"],
-        env={**os.environ, "LAKE_ROOT": settings.root},
+        [LAKE, "dashboard", "--port", "0", "--refresh", "0"],
+        env={**os.environ, "LAKE_ROOT": settings.root, "LAKE_ADMIN_TOKEN": ADMIN_TOKEN},
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -133,5 +139,66 @@ def test_the_dashboard_draws_every_stored_query_and_the_range_picker_changes_res
         assert week["per_server"]["step"] == 900
         assert driver.execute_script("return document.body.dataset.range") == "7d"
         driver.save_screenshot(str(ARTIFACTS / "dashboard-7d.png"))
+    finally:
+        driver.quit()
+
+
+def test_a_query_added_through_the_form_is_previewed_saved_and_gets_its_panel(dashboard, store, log):
+    url, events, _ = dashboard
+    to = START_MS + 2 * HOUR_MS
+    text = "FROM web-* SELECT m.lat WINDOW 10m COMPUTE max, count"
+    driver = browser()
+    try:
+        started = time.time()
+        driver.get(f"{url}?range=1h&to={to}")
+        wait_refreshed(driver, started)
+        driver.find_element(By.ID, "add-query").click()
+        driver.find_element(By.ID, "qf-name").send_keys("web_max")
+        driver.find_element(By.ID, "qf-text").send_keys(text.replace("10m", "0m"))
+        driver.find_element(By.ID, "qf-preview").click()
+        state = lambda d: d.find_element(By.ID, "qf-status").get_attribute("data-state")  # noqa: E731
+        WebDriverWait(driver, 30).until(lambda d: state(d) == "error")
+        assert "WINDOW '0m'" in driver.find_element(By.ID, "qf-status").text  # the clause is named
+        field = driver.find_element(By.ID, "qf-text")
+        field.clear()
+        field.send_keys(text)
+        driver.find_element(By.ID, "qf-preview").click()
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "qf-chart").get_attribute("data-points"))
+        assert int(driver.find_element(By.ID, "qf-chart").get_attribute("data-points")) == 6  # 10-minute windows, 1 h
+        driver.find_element(By.ID, "qf-token").send_keys("wrong")
+        driver.find_element(By.ID, "qf-save").click()
+        WebDriverWait(driver, 30).until(lambda d: "admin token" in d.find_element(By.ID, "qf-status").text)
+        assert Registry(store).current().entries.get("web_max") is None
+        token = driver.find_element(By.ID, "qf-token")
+        token.clear()
+        token.send_keys(ADMIN_TOKEN)
+        saved = time.time()
+        driver.find_element(By.ID, "qf-save").click()
+        wait_refreshed(driver, saved)
+        assert Registry(store).current().entry("web_max").query == text
+        panel = driver.find_element(By.CSS_SELECTOR, "[data-query='web_max']")
+        assert panel.get_attribute("data-backfilled") == "false"
+
+        # The next micro-batch (here in-process, reading the registry) adopts it: every window is still open.
+        more = make_events(2, to - 600_000, to, 50)
+        ingest(store, log, more, queries=None)
+        stored = [
+            r
+            for r in DeltaTable(table_uri(store, "query_results")).to_pyarrow_table().to_pylist()
+            if r["query"] == "web_max"
+        ]
+        assert stored, "the batch did not adopt web_max"
+        time.sleep(1.5)  # the dashboard looks a table's newest version up at most every second
+        clicked = time.time()
+        driver.find_element(By.CSS_SELECTOR, "button[data-range='1h']").click()
+        wait_refreshed(driver, clicked)
+        facts = panel_facts(driver)
+        windows = {
+            k[2]
+            for k in expected_query_results(events + more, [Registry(store).current().entry("web_max").parsed()])
+            if to - HOUR_MS <= k[2] < to
+        }
+        assert facts["web_max"]["points"] == len(windows) == 6
+        driver.save_screenshot(str(ARTIFACTS / "dashboard-query-form.png"))
     finally:
         driver.quit()

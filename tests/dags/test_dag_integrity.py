@@ -82,6 +82,7 @@ def test_each_task_s_outlets_are_the_tables_its_operation_writes(dagbag):
 
     expected = {
         ("lake_speed_layer", "micro_batches"): STREAM,
+        ("lake_speed_layer", "query_backfills"): QUERIES,
         ("lake_nightly", "recompute"): RECOMPUTE,
         ("lake_nightly", "quality_gate"): QUALITY,
         ("lake_nightly", "rollups"): ROLLUP,

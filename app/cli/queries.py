@@ -1,0 +1,250 @@
+"""``lake queries …``: the registry of stored queries (add, rm, list, show, history, a declarations file), their
+backfill, and their evaluation over whole days.
+
+Every edit is one new registry version (:mod:`metrics_lake.core.registry`),
+recorded with ``--by`` (default ``LAKE_AUTHOR`` or the OS user); a running
+``lake stream`` picks it up on its next micro-batch. ``lake queries
+--date D`` evaluates the registry's queries over whole days (the nightly
+run); ``lake queries backfill`` fills a new or changed query's past windows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import table as rich_table
+from rich.markup import escape
+
+from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
+from metrics_lake.app.console import err, out
+from metrics_lake.lake_schemas.errors import InputError, StoredQueryError
+from metrics_lake.lake_schemas.operations import QUERIES
+from metrics_lake.lake_schemas.tables import Table
+
+__all__ = ["queries_app"]
+
+queries_app = typer.Typer(
+    help="Stored queries: manage the registry (add, rm, list, show, history, --from-file), backfill, and evaluate "
+    "days (--date).",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+ByOption = Annotated[
+    str | None, typer.Option("--by", help="Who makes the edit, for the history (default: LAKE_AUTHOR or your user).")
+]
+
+
+def _registry():
+    from metrics_lake.core.registry import Registry
+    from metrics_lake.core.storage import open_store
+
+    return Registry(open_store(settings()))
+
+
+@queries_app.callback()
+def queries(
+    ctx: typer.Context,
+    date: DateOption = None,
+    from_day: FromOption = None,
+    to_day: ToOption = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--from-file",
+            help="Make the registry hold exactly the stored queries this TOML file declares: shows the diff, applies it "
+            "with --yes.",
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="With --from-file: apply the diff (else a dry run).")] = False,
+    by: ByOption = None,
+) -> None:
+    """Evaluate the registry's stored queries over days into query_results (--date, or --from/--to), or apply a file."""
+    if ctx.invoked_subcommand is not None:
+        if date or from_day or to_day or from_file:
+            raise InputError("--date/--from/--to/--from-file go without a subcommand: `lake queries --date D`")
+        return
+    if from_file is not None:
+        if date or from_day or to_day:
+            raise InputError("--from-file applies declarations; evaluate days in a separate `lake queries --date D`")
+        _apply_file(from_file, yes, by)
+        return
+    if not (date or from_day or to_day):
+        out.print(ctx.get_help())
+        return
+    _evaluate_days(date, from_day, to_day)
+
+
+def _apply_file(path: Path, yes: bool, by: str | None) -> None:
+    from metrics_lake.core.registry import declared_changes, read_declarations
+
+    registry = _registry()
+    declared = read_declarations(path)  # every query parsed first: a bad one fails here, naming it
+    current = registry.current()
+    changes = declared_changes(current, declared)
+    if not changes:
+        err.print(f"the registry (version {current.version}) already holds exactly {path}: nothing to apply")
+        return
+    for change in changes:
+        out.print(escape(change.describe()), soft_wrap=True)
+    if not yes:
+        err.print(f"dry run: {len(changes)} change(s) against version {current.version}; apply them with --yes")
+        return
+    new = registry.apply(changes, by=by, expected=current.version)
+    err.print(f"applied {len(changes)} change(s): registry version {new.version}{_backfill_hint(changes)}")
+
+
+def _evaluate_days(date: str | None, from_day: str | None, to_day: str | None) -> None:
+    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
+    from metrics_lake.spark.session import build_session
+
+    chosen = days(date, from_day, to_day)
+    config = settings()
+    open_tables(config, *QUERIES.tables)
+    declared = _registry().current().queries()
+    err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
+    spark = build_session(config, "lake-queries")
+    for day in chosen:
+        result = evaluate_day(spark, config, declared, day)
+        err.print(f"{day}: {result.queries} queries -> {result.rows:,} rows ({result.seconds:.1f} s)")
+
+
+def _backfill_hint(changes) -> str:
+    if any(c.action == "put" for c in changes):
+        return "; live from the stream's next micro-batch, past windows with `lake queries backfill`"
+    return ""
+
+
+@queries_app.command("add")
+def add(
+    name: Annotated[str, typer.Argument(help="Name: a-z, 0-9, _ (at most 64).")],
+    query: Annotated[str, typer.Argument(help='"FROM <servers> SELECT <metric> WINDOW <d> [EVERY <s>] COMPUTE …"')],
+    description: Annotated[str | None, typer.Option("--description", help="What the query is for.")] = None,
+    replace: Annotated[bool, typer.Option("--replace", help="Change the query if the name exists.")] = False,
+    by: ByOption = None,
+) -> None:
+    """Add a stored query (or change one with --replace); the stream evaluates it from its next micro-batch."""
+    from metrics_lake.core.registry import Change
+
+    registry = _registry()
+    current = registry.current()
+    if name in current.entries and not replace:
+        raise StoredQueryError(
+            f"stored query {name!r} exists ({current.entries[name].query}); change it with --replace"
+        )
+    new = registry.apply([Change("put", name, query, description)], by=by, expected=current.version)
+    if new.version == current.version:
+        err.print(f"{name}: unchanged (registry version {new.version})")
+        return
+    entry = new.entry(name)
+    err.print(f"{name}: revision {entry.revision}, registry version {new.version}{_backfill_hint(new.changes)}")
+
+
+@queries_app.command("rm")
+def rm(
+    name: Annotated[str, typer.Argument(help="The stored query to remove.")],
+    purge: Annotated[
+        bool,
+        typer.Option("--purge", help=f"Also delete its rows from {Table.QUERY_RESULTS} (else kept until retention)."),
+    ] = False,
+    by: ByOption = None,
+) -> None:
+    """Remove a stored query: its rows stop being updated and are kept until retention, or deleted with --purge."""
+    from metrics_lake.core.registry import Change
+
+    registry = _registry()
+    new = registry.apply([Change("delete", name)], by=by)
+    err.print(f"{name}: removed, registry version {new.version}")
+    if purge:
+        from metrics_lake.core.maintenance.query_backfill import purge_query
+        from metrics_lake.core.storage import open_store
+
+        deleted = purge_query(open_store(settings()), name)
+        err.print(f"{name}: {deleted:,} rows deleted from {Table.QUERY_RESULTS}")
+
+
+@queries_app.command("list")
+def list_queries() -> None:
+    """List the stored queries: name, revision, whether the stream and the backfill are at it, query, description."""
+    registry = _registry()
+    current = registry.current()
+    statuses = _statuses(current)
+    listing = rich_table.Table(
+        "name", "revision", "status", "query", "description", title=f"registry version {current.version}"
+    )
+    for name, entry in sorted(current.entries.items()):
+        listing.add_row(name, str(entry.revision), statuses[name], entry.query, entry.description)
+    out.print(listing)
+
+
+def _statuses(current) -> dict[str, str]:
+    """Per query: ``live, backfilled`` / ``live, backfill pending`` / ``waiting for the stream``."""
+    from metrics_lake.core.speed.progress import query_progress
+    from metrics_lake.core.storage import open_store
+    from metrics_lake.core.tables.delta import ensure_table
+
+    table = ensure_table(open_store(settings()), Table.QUERY_RESULTS)
+    statuses = {}
+    for name, entry in current.entries.items():
+        progress = query_progress(table, name)
+        live = "live" if progress.live_revision == entry.revision else "waiting for the stream"
+        backfill = "backfilled" if progress.backfilled_revision == entry.revision else "backfill pending"
+        statuses[name] = f"{live}, {backfill}"
+    return statuses
+
+
+@queries_app.command("show")
+def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None:
+    """Show one stored query: its text, description, revision, status and the edits that touched it."""
+    registry = _registry()
+    current = registry.current()
+    entry = current.entry(name)
+    parsed = entry.parsed()
+    out.print(f"[bold]{escape(name)}[/]  revision {entry.revision} ({_statuses(current)[name]})")
+    out.print(f"  query        {escape(entry.query)}", soft_wrap=True)
+    out.print(f"  description  {escape(entry.description)}", soft_wrap=True)
+    out.print(
+        f"  metric {parsed.metric}, window {parsed.duration_s}s every {parsed.slide_s}s, "
+        f"servers {','.join(parsed.servers)}, aggregates {', '.join(a.label for a in parsed.aggregates)}"
+        + (", per server" if parsed.per_server else "")
+    )
+    for version in registry.history(name):
+        for change in (c for c in version.changes if c.name == name):
+            out.print(f"  v{version.version} {version.at} {escape(version.by)}: {escape(change.describe())}")
+
+
+@queries_app.command("history")
+def history(name: Annotated[str | None, typer.Argument(help="Only the edits of this query.")] = None) -> None:
+    """List the registry's versions: who changed what, when."""
+    listing = rich_table.Table("version", "at", "by", "changes")
+    for version in _registry().history(name):
+        listing.add_row(str(version.version), version.at, version.by, "\n".join(c.describe() for c in version.changes))
+    out.print(listing)
+
+
+@queries_app.command("backfill")
+def backfill(
+    names: Annotated[list[str] | None, typer.Argument(help="Only these queries (default: every pending one).")] = None,
+) -> None:
+    """Fill the past windows of new or changed stored queries from the retained 1-minute windows."""
+    from metrics_lake.core.maintenance.query_backfill import backfill_queries, pending_backfills
+    from metrics_lake.core.storage import open_store
+
+    config = settings()
+    store = open_store(config)
+    current = _registry().current()
+    chosen = [current.entry(n).parsed() for n in names] if names else pending_backfills(store, current.queries())
+    if not chosen:
+        err.print(f"every stored query of registry version {current.version} is backfilled")
+        return
+    err.print(f"backfilling {len(chosen)} stored quer{'y' if len(chosen) == 1 else 'ies'} ...")
+    backfill_queries(
+        store,
+        config.topic,
+        chosen,
+        progress=lambda r: err.print(
+            f"{r.query}: revision {r.revision}, {r.days} day(s) of windows -> {r.rows:,} rows ({r.seconds:.1f} s)"
+        ),
+    )
