@@ -143,12 +143,9 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         if expected is not None and not expected.strip('"').isdigit():
             return _error(400, "If-Match must be a registry version (the ETag of GET /api/queries/{name})", "If-Match")
         if request.method == "PUT":
-            try:
-                body = json.loads(await request.body())
-                if not isinstance(body, dict) or not isinstance(body.get("query"), str):
-                    raise ValueError
-            except ValueError:
-                return _error(400, 'send a JSON object {"query": "FROM …", "description": "…"}', "body")
+            body = await _query_body(request, '{"query": "FROM …", "description": "…"}')
+            if isinstance(body, Response):
+                return body
             description = body.get("description")
             change = Change("put", name, body["query"], description if isinstance(description, str) else None)
         else:
@@ -173,12 +170,9 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         return answer
 
     async def preview(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-            if not isinstance(body, dict) or not isinstance(body.get("query"), str):
-                raise ValueError
-        except ValueError:
-            return _error(400, 'send a JSON object {"query": "FROM …", "from": …, "to": …}', "body")
+        body = await _query_body(request, '{"query": "FROM …", "from": …, "to": …}')
+        if isinstance(body, Response):
+            return body
         now = reader.clock()
         try:
             hi = parse_time("to", None if body.get("to") is None else str(body["to"]), now)
@@ -226,6 +220,17 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
     site = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
     routes.append(Mount("/quality", StaticFiles(directory=site, html=True, check_dir=False)))
     return Starlette(routes=routes)
+
+
+async def _query_body(request: Request, shape: str) -> dict | Response:
+    """The request's JSON object with a string ``query``, or the 400 answer that shows the expected ``shape``."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+        return _error(400, f"send a JSON object {shape}", "body")
+    return body
 
 
 def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
