@@ -189,8 +189,8 @@ def _statuses(current) -> dict[str, str]:
     statuses = {}
     for name, entry in current.entries.items():
         progress = query_progress(table, name)
-        live = "live" if progress.live_revision == entry.revision else "waiting for the stream"
-        backfill = "backfilled" if progress.backfilled_revision == entry.revision else "backfill pending"
+        live = "live" if progress.is_live(entry.revision) else "waiting for the stream"
+        backfill = "backfilled" if progress.is_backfilled(entry.revision) else "backfill pending"
         statuses[name] = f"{live}, {backfill}"
     return statuses
 

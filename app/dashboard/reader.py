@@ -156,8 +156,8 @@ class DashboardReader:
         progress = self._progress(query)
         return {
             "revision": query.revision,
-            "live": progress.live_revision == query.revision,
-            "backfilled": progress.backfilled_revision == query.revision,
+            "live": progress.is_live(query.revision),
+            "backfilled": progress.is_backfilled(query.revision),
         }
 
     def _progress(self, query: StoredQuery) -> QueryProgress:

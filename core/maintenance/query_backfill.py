@@ -69,7 +69,7 @@ class BackfillResult:
 def pending_backfills(store: Store, queries: list[StoredQuery]) -> list[StoredQuery]:
     """The queries whose current revision ``query_results`` has not backfilled yet."""
     table = ensure_table(store, _RESULTS)
-    return [q for q in queries if query_progress(table, q.name).backfilled_revision != q.revision]
+    return [q for q in queries if not query_progress(table, q.name).is_backfilled(q.revision)]
 
 
 def backfill_queries(
@@ -104,12 +104,20 @@ def _backfill_one(store: Store, topic: str, query: StoredQuery) -> BackfillResul
     days = sorted({dict(f.partition_values)["event_date"] for f in all_files})
     computed_at = dt.datetime.now(dt.UTC)
     pieces = []
+    by_day: dict[str, pa.Table] = {}  # the query's metric's minutes per day, read once each
+
+    def minutes_of(day: str) -> pa.Table:
+        if day not in by_day:
+            files = [f for f in all_files if dict(f.partition_values)["event_date"] == day]
+            rows = read_data_files(store, files, METRIC_WINDOWS_1M, WINDOW_STATE.names)
+            by_day[day] = rows.filter(pc.equal(rows.column("metric"), query.metric))
+        return by_day[day]
+
     for day in [dt.date.fromisoformat(d) for d in days]:
         # A window belongs to the day of its last minute, so day D's windows read the minutes of D-1 and D.
-        wanted = {(day - dt.timedelta(days=1)).isoformat(), day.isoformat()}
-        files = [f for f in all_files if dict(f.partition_values)["event_date"] in wanted]
-        minutes = read_data_files(store, files, METRIC_WINDOWS_1M, WINDOW_STATE.names)
-        minutes = minutes.filter(pc.equal(minutes.column("metric"), query.metric))
+        previous = (day - dt.timedelta(days=1)).isoformat()
+        minutes = pa.concat_tables([minutes_of(previous), minutes_of(day.isoformat())])
+        by_day.pop(previous)  # no later day needs it
         states = query_states(minutes, query, day)
         if through_us is not None and states.num_rows:
             end = pc.cast(states.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)

@@ -75,6 +75,7 @@ from metrics_lake.core.speed.progress import (
     live_revision_app_id,
     query_progress,
     watermark_app_id,
+    window_start_bounds,
 )
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import (
@@ -489,9 +490,10 @@ def _upsert_query_results(
         starts = dict(affected)
         cutoffs: dict[str, int | None] = {}  # adopted query -> rows ending after this (epoch µs) are replaced
         for query in queries:
-            progress = query_progress(table, query.name)
-            if progress.live_revision is not None and progress.live_revision >= query.revision:
+            live = table.transaction_version(live_revision_app_id(query.name))  # one lookup per query and batch
+            if live is not None and live >= query.revision:
                 continue
+            progress = query_progress(table, query.name)
             if progress.backfilled_revision == query.revision and progress.backfilled_through_ms is not None:
                 cutoffs[query.name] = progress.backfilled_through_ms * 1000
             else:  # before the first watermark no window was closed: adopting evaluates every window there is
@@ -552,7 +554,7 @@ def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> n
     """Starts (epoch µs, sorted) of ``query``'s windows ending after ``cutoff_us`` (None: all) that hold a minute
     of the committed windows table."""
     table = open_table(store, WINDOWS)
-    oldest, newest = _window_start_bounds(table)
+    oldest, newest = window_start_bounds(table)
     if newest is None:
         return np.zeros(0, np.int64)
     lo = oldest if cutoff_us is None else max(oldest, cutoff_us - query.duration_s * 1_000_000)
@@ -564,20 +566,10 @@ def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> n
     return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
 
 
-def _window_start_bounds(table) -> tuple[int | None, int | None]:
-    """The oldest and newest ``window_start`` (epoch µs) of a table's files by their statistics; Nones when empty."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
-        return None, None
-    oldest = pc.min(pc.cast(actions.column("min.window_start"), pa.int64())).as_py()
-    newest = pc.max(pc.cast(actions.column("max.window_start"), pa.int64())).as_py()
-    return (None, None) if oldest is None or newest is None else (int(oldest), int(newest))
-
-
 def _result_files(store: Store, table, starts: dict, cutoffs: dict, by_name: dict) -> list:
     """Files of ``query_results`` that may hold a row to replace: by ``window_start`` statistics, of a replaced
     window, or ending after an adopted query's cutoff (a query's old text may have had windows up to a day)."""
-    oldest, newest = _window_start_bounds(table)
+    oldest, newest = window_start_bounds(table)
     if newest is None:
         return []
     lows = [int(s[0]) for s in starts.values() if len(s)]

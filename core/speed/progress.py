@@ -42,6 +42,7 @@ __all__ = [
     "query_progress",
     "first_open_day",
     "newest_window_end",
+    "window_start_bounds",
     "rewritable_from",
     "starting_offsets",
     "watermark_app_id",
@@ -89,9 +90,17 @@ class QueryProgress:
     backfilled_revision: int | None
     backfilled_through_ms: int | None
 
+    def is_live(self, revision: int) -> bool:
+        """Whether the speed layer evaluates ``revision`` (it adopted it)."""
+        return self.live_revision == revision
+
+    def is_backfilled(self, revision: int) -> bool:
+        """Whether the backfill replaced the closed windows of ``revision``."""
+        return self.backfilled_revision == revision
+
     def backfilled(self, revision: int) -> bool:
         """Whether every retained window of ``revision`` is in the table (backfill and live both at it)."""
-        return self.backfilled_revision == revision and self.live_revision == revision
+        return self.is_backfilled(revision) and self.is_live(revision)
 
 
 def query_progress(query_results: DeltaTable, query: str) -> QueryProgress:
@@ -103,13 +112,23 @@ def query_progress(query_results: DeltaTable, query: str) -> QueryProgress:
     )
 
 
+def window_start_bounds(table: DeltaTable) -> tuple[int | None, int | None]:
+    """The oldest and newest ``window_start`` (epoch µs) of a windowed table, from its files' statistics (no data
+    read); Nones when it has no file."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
+        return None, None
+    oldest = pc.min(pc.cast(actions.column("min.window_start"), pa.int64())).as_py()
+    newest = pc.max(pc.cast(actions.column("max.window_start"), pa.int64())).as_py()
+    return (None, None) if oldest is None or newest is None else (int(oldest), int(newest))
+
+
 def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
     """End of the newest 1-minute window of ``metric_windows_1m`` (its files' statistics, no data read), or None."""
-    actions = pa.table(windows.get_add_actions(flatten=True))
-    if actions.num_rows == 0 or "max.window_start" not in actions.column_names:
+    _, newest = window_start_bounds(windows)
+    if newest is None:
         return None
-    newest = pc.max(actions.column("max.window_start")).as_py()
-    return None if newest is None else newest + dt.timedelta(seconds=WINDOW_SECONDS)
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=newest, seconds=WINDOW_SECONDS)
 
 
 def starting_offsets(store: Store, topic: str) -> dict[int, int]:
