@@ -71,10 +71,12 @@ def print_batch(outcome) -> None:
 
     rate = outcome.records / outcome.seconds if outcome.seconds else 0.0
     late = f", {outcome.late_events:,} later than the watermark" if outcome.late_events else ""
+    transitions = outcome.rows.get(Table.ALERTS, 0)
+    alerts = f", {transitions} alert transition{'s' * (transitions != 1)}" if transitions else ""
     err.print(
         f"[dim]{time.strftime('%H:%M:%S')}[/] batch: {outcome.records:,} records in {outcome.seconds:.1f} s "
         f"({rate:,.0f}/s) -> {outcome.rows[Table.BRONZE_EVENTS]:,} bronze, {outcome.rows[Table.QUARANTINE_EVENTS]:,} "
-        f"quarantined, {outcome.windows_written:,} windows{late}",
+        f"quarantined, {outcome.windows_written:,} windows{late}{alerts}",
         highlight=False,
         soft_wrap=True,
     )

@@ -97,6 +97,30 @@ def backfill_pending_queries(settings: LakeSettings) -> list[dict]:
     return [asdict(r) for r in backfill_queries(store, settings.topic, pending)]
 
 
+def evaluate_alert_days(settings: LakeSettings, days: list[str]) -> list[dict]:
+    """Evaluate the threshold rules over ``days``' final stored query results (``lake alerts --date``); appends the
+    episodes the live evaluation missed to ``alerts``. One summary per day."""
+    from metrics_lake.core.maintenance.nightly_alerts import evaluate_day
+
+    store = open_store(settings)
+    return [_jsonable(asdict(evaluate_day(store, day))) for day in _days(days)]
+
+
+def notify_alerts(settings: LakeSettings) -> dict:
+    """Deliver the alerts table's outbox to Alertmanager once (``lake alerts notify --once``).
+
+    Returns what was sent; ``{"skipped": ...}`` when ``LAKE_ALERTMANAGER_URL``
+    is not set. Raises :class:`~metrics_lake.lake_schemas.errors.AlertmanagerError`
+    when Alertmanager does not accept them (the task fails and is retried;
+    the outbox keeps them).
+    """
+    from metrics_lake.app.notifier import AlertNotifier
+
+    if settings.alertmanager_url is None:
+        return {"skipped": "LAKE_ALERTMANAGER_URL is not set"}
+    return asdict(AlertNotifier(settings).deliver())
+
+
 def compact_log(settings: LakeSettings) -> list[dict]:
     """Merge small segments of every topic (``lake compact --log-only``); one summary per partition."""
     from metrics_lake.core.log import segment_compaction as compaction

@@ -19,10 +19,11 @@ import datetime as dt
 from airflow.sdk import Asset
 
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.operations import QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM, Operation
+from metrics_lake.lake_schemas.operations import ALERTS, QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM, Operation
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
 __all__ = [
+    "ALERTS",
     "DEFAULT_ARGS",
     "QUALITY",
     "QUERIES",

@@ -109,7 +109,8 @@ class LakeSettings(BaseSettings):
     retention_windows_days: int = Field(
         30,
         ge=1,
-        description=f"Days of {Table.METRIC_WINDOWS_1M}, {Table.LAMBDA_RECONCILIATION} and {Table.QUERY_RESULTS} kept.",
+        description=f"Days of {Table.METRIC_WINDOWS_1M}, {Table.LAMBDA_RECONCILIATION}, {Table.QUERY_RESULTS} and "
+        f"{Table.ALERTS} kept.",
     )
     retention_rollup_1h_days: int = Field(365, ge=1, description=f"Days of {Table.METRIC_ROLLUP_1H} kept.")
     retention_rollup_1d_days: int | None = Field(
@@ -144,6 +145,36 @@ class LakeSettings(BaseSettings):
     quality_reconciliation_tolerance: float = Field(
         0.01, ge=0, description="Largest relative speed vs batch count difference per metric and day."
     )
+    alertmanager_url: str | None = Field(
+        None,
+        description="Prometheus Alertmanager that `lake stream` (and `lake alerts notify`) posts firing and resolved "
+        "alerts to (API v2, e.g. http://127.0.0.1:9093); unset: alerts are only recorded in the alerts table.",
+    )
+    alert_evaluation_delay_seconds: float = Field(
+        0.0,
+        ge=0,
+        description="Threshold rules are evaluated this long behind the stream's event clock, so that events "
+        "arriving a little late are in the windows they read (Mimir's ruler evaluation delay).",
+    )
+    alert_absence_lookback_seconds: int = Field(
+        86_400,
+        ge=60,
+        description=f"A server silent for longer is no longer expected: absence rules stop firing for it "
+        f"(and {Table.LAST_SEEN} forgets it).",
+    )
+    alert_resend_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="Firing alerts are sent to Alertmanager again this often (Prometheus's "
+        "--rules.alert.resend-delay); each is valid for four times as long.",
+    )
+    alert_notify_timeout_seconds: float = Field(
+        5.0, gt=0, description="How long one POST to Alertmanager may take before it is retried later."
+    )
+    dashboard_url: str = Field(
+        "http://127.0.0.1:8050",
+        description="Where operators open the dashboard: alerts link to it (Alertmanager's generatorURL).",
+    )
     spool_dir: str = Field(
         "./.lake-spool", description="Local disk buffer where agents keep batches the gateway has not acknowledged."
     )
@@ -161,6 +192,13 @@ class LakeSettings(BaseSettings):
         if "://" in value:
             raise ConfigError("must be a local or shared file system path (Spark checkpoints use Hadoop's FileSystem)")
         return value
+
+    @field_validator("alertmanager_url", "dashboard_url")
+    @classmethod
+    def _check_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ConfigError(f"{value!r} is not an http:// or https:// URL")
+        return None if value is None else value.rstrip("/")
 
     @property
     def is_s3(self) -> bool:
@@ -192,6 +230,11 @@ class LakeSettings(BaseSettings):
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
 
+def _secret_fields() -> set[str]:
+    """Names of the settings that hold secrets (typed ``SecretStr``): their values never appear in errors."""
+    return {name for name, info in LakeSettings.model_fields.items() if "SecretStr" in str(info.annotation)}
+
+
 def load_settings(**overrides) -> LakeSettings:
     """Build :class:`LakeSettings`, turning validation errors into :class:`ConfigError`.
 
@@ -207,7 +250,7 @@ def load_settings(**overrides) -> LakeSettings:
         problems = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            shown = "<hidden>" if "key" in field else repr(error.get("input"))  # secrets never print
+            shown = "<hidden>" if field in _secret_fields() else repr(error.get("input"))  # secrets never print
             problems.append(f"LAKE_{field.upper()}: {error['msg']} (got {shown})")
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except tomllib.TOMLDecodeError as exc:

@@ -13,9 +13,12 @@ or ``s3://bucket/prefix``)::
     quality/<path>                                quality_key: data docs and the trend plot
     registry/versions/<version>.json              registry_version_key: stored queries and alert rules, one
                                                   immutable object per version (core/registry.py)
+    notifications/<receiver>.json                 notifications_key: which alert transitions a receiver
+                                                  (Alertmanager) has accepted: the outbox's delivery record
 
-The five prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
-:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX` and :data:`REGISTRY_PREFIX` are the units the
+The six prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
+:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX`, :data:`REGISTRY_PREFIX` and
+:data:`NOTIFICATIONS_PREFIX` are the units the
 object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
 :func:`grants` says which of them an operation
 (:mod:`metrics_lake.lake_schemas.operations`) needs.
@@ -39,6 +42,7 @@ __all__ = [
     "CONSUMERS_PREFIX",
     "LOG_PREFIX",
     "NAME_PATTERN",
+    "NOTIFICATIONS_PREFIX",
     "QUALITY_PREFIX",
     "REGISTRY_PREFIX",
     "REGISTRY_VERSIONS_PREFIX",
@@ -52,6 +56,7 @@ __all__ = [
     "is_group",
     "is_name",
     "lease_key",
+    "notifications_key",
     "partition_key",
     "partition_prefix",
     "quality_key",
@@ -74,6 +79,8 @@ QUALITY_PREFIX = "quality"
 REGISTRY_PREFIX = "registry"
 #: One immutable object per registry version.
 REGISTRY_VERSIONS_PREFIX = f"{REGISTRY_PREFIX}/versions"
+#: What each alert receiver has accepted (the outbox's delivery records).
+NOTIFICATIONS_PREFIX = "notifications"
 
 #: Topic and table names (also the pattern of ``LAKE_TOPIC``).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
@@ -175,6 +182,11 @@ def registry_version_key(version: int) -> str:
     return f"{REGISTRY_VERSIONS_PREFIX}/{version:012d}.json"
 
 
+def notifications_key(receiver: str) -> str:
+    """``notifications/<receiver>.json``: the transitions of ``alerts`` that ``receiver`` has accepted."""
+    return f"{NOTIFICATIONS_PREFIX}/{check_name('receiver', receiver)}.json"
+
+
 def grants(operation: Operation) -> frozenset[tuple[str, str]]:
     """The ``(verb, prefix)`` pairs ``operation`` needs of the store, verb ``"read"`` or ``"write"``.
 
@@ -198,4 +210,6 @@ def grants(operation: Operation) -> frozenset[tuple[str, str]]:
         needed.add(("read", REGISTRY_PREFIX))
     if operation.registry is Access.WRITE:
         needed.add(("write", REGISTRY_PREFIX))
+    if operation.notifies:
+        needed |= {("read", NOTIFICATIONS_PREFIX), ("write", NOTIFICATIONS_PREFIX)}
     return frozenset(needed)

@@ -1,4 +1,4 @@
-"""The registry: the stored queries operators manage at run time, as versioned lake state under ``LAKE_ROOT``.
+"""The registry: the stored queries and alert rules operators manage at run time, as versioned lake state.
 
 Every edit writes one new immutable object, ``registry/versions/<n>.json``
 (:func:`metrics_lake.core.keys.registry_version_key`), holding the whole
@@ -12,24 +12,37 @@ gets :class:`~metrics_lake.lake_schemas.errors.RegistryConflictError` (exit
 compare-and-create is how Mimir's ruler store and Delta's own log order
 their writers.
 
-A lake that has no version yet reads the declarations shipped with the
-package (``lake_schemas/stored_queries.toml``) as version 0; the first
-writer (``lake stream`` on start, or any edit) stores them as version 1, so
-later package upgrades never change an existing lake's queries.
+The registry holds two kinds of entry, each with its own names: **stored
+queries** (:mod:`metrics_lake.core.kernels.stored_queries`) and **alert
+rules** (:mod:`metrics_lake.core.kernels.alert_rules`). A version is checked
+whole before it is written: every threshold rule must name a stored query of
+the same version that computes its aggregate, so removing or changing a query
+a rule uses is refused, naming the rule, and nothing is half-applied.
 
-Each entry keeps a **revision**: the version at which its query text last
-changed (a new description alone does not change it). Readers use it to know
+A lake that has no version yet reads the declarations shipped with the
+package (``lake_schemas/stored_queries.toml``: ``[[queries]]`` and
+``[[alerts]]``) as version 0; the first writer (``lake stream`` on start, or
+any edit) stores them as version 1, so later package upgrades never change
+an existing lake's queries or rules.
+
+Each entry keeps a **revision**: the version at which its text last changed
+(a new description alone does not change it). Readers use it to know
 whether what a table holds for a query is of its current definition: the
 speed layer adopts a new revision on its next micro-batch, the backfill
 (:mod:`metrics_lake.core.maintenance.query_backfill`) recomputes the closed
-windows (both record the revision they applied in ``query_results``).
+windows (both record the revision they applied in ``query_results``); the
+``alerts`` table records the revision of the rule each transition came from.
 
-Version object (JSON, UTF-8)::
+Version object (JSON, UTF-8; ``alerts`` and a change's ``kind`` are absent
+in versions written before alert rules existed)::
 
-    {"version": 7, "at": "2026-11-23T10:00:00+00:00", "by": "alice",
-     "changes": [{"action": "put", "name": "...", "query": "FROM ...", "description": "..."}],
+    {"format": 1, "version": 7, "at": "2026-11-23T10:00:00+00:00", "by": "alice",
+     "changes": [{"action": "put", "kind": "query", "name": "...", "query": "FROM ...", "description": "..."},
+                 {"action": "put", "kind": "alert", "name": "...", "rule": "ABSENT ...", "description": "..."}],
      "queries": {"<name>": {"query": "FROM ...", "description": "...", "revision": 7,
-                            "changed_at": "...", "changed_by": "alice"}}}
+                            "changed_at": "...", "changed_by": "alice"}},
+     "alerts": {"<name>": {"rule": "q.p99 > 250 FOR 3m", "description": "...", "revision": 7,
+                           "changed_at": "...", "changed_by": "alice"}}}
 """
 
 from __future__ import annotations
@@ -38,15 +51,25 @@ import datetime as dt
 import getpass
 import json
 import os
+import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from metrics_lake.core import keys
+from metrics_lake.core.kernels.alert_rules import DAY_S, AlertRule, check_against_queries, parse_rule
 from metrics_lake.core.kernels.stored_queries import DEFAULT_FILE, StoredQuery, load_stored_queries, parse_query
 from metrics_lake.core.storage import ObjectExistsError, Store
-from metrics_lake.lake_schemas.errors import IntegrityError, NotFoundError, RegistryConflictError, StoredQueryError
+from metrics_lake.lake_schemas.errors import (
+    AlertRuleError,
+    IntegrityError,
+    NotFoundError,
+    RegistryConflictError,
+    StoredQueryError,
+)
 
 __all__ = [
+    "ALERT",
+    "QUERY",
     "Change",
     "Entry",
     "Registry",
@@ -58,63 +81,123 @@ __all__ = [
 
 #: The format of a version object; a reader refuses others rather than misread them.
 FORMAT = 1
+#: The two kinds of entry: stored queries and alert rules.
+QUERY, ALERT = "query", "alert"
+_KINDS = {QUERY: ("queries", "query", "stored query"), ALERT: ("alerts", "rule", "alert rule")}
+#: Absence rules' FOR is checked against this lookback when read back (edits check the lake's own).
+_READ_LOOKBACK_S = 10**9
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One stored query as the registry holds it.
+    """One stored query or alert rule as the registry holds it.
 
-    ``revision``: the registry version at which ``query`` (the text) last
-    changed; ``changed_at`` (ISO 8601, UTC) and ``changed_by``: the last edit
-    of any kind (text or description).
+    ``text``: the query or the rule; ``revision``: the registry version at
+    which ``text`` last changed; ``changed_at`` (ISO 8601, UTC) and
+    ``changed_by``: the last edit of any kind (text or description).
     """
 
     name: str
-    query: str
+    text: str
     description: str
     revision: int
     changed_at: str
     changed_by: str
+    kind: str = QUERY
+
+    @property
+    def query(self) -> str:
+        """A stored query's text (the name the version object and the API give it)."""
+        return self.text
 
     def parsed(self) -> StoredQuery:
-        """The entry as a :class:`StoredQuery` carrying its revision."""
-        return replace(parse_query(self.name, self.query, self.description), revision=self.revision)
+        """A stored query's entry as a :class:`StoredQuery` carrying its revision."""
+        return replace(parse_query(self.name, self.text, self.description), revision=self.revision)
+
+    def rule(self, absence_lookback_s: int = _READ_LOOKBACK_S) -> AlertRule:
+        """An alert rule's entry as an :class:`AlertRule` carrying its revision."""
+        parsed = parse_rule(self.name, self.text, self.description, absence_lookback_s=absence_lookback_s)
+        return replace(parsed, revision=self.revision)
+
+    def fields(self) -> dict:
+        """The entry as the version object stores it."""
+        return {
+            _KINDS[self.kind][1]: self.text,
+            "description": self.description,
+            "revision": self.revision,
+            "changed_at": self.changed_at,
+            "changed_by": self.changed_by,
+        }
 
 
 @dataclass(frozen=True)
 class Change:
-    """One edit: ``put`` a query (new or changed) or ``delete`` one; ``query``/``description`` for ``put`` only."""
+    """One edit: ``put`` an entry (new or changed) or ``delete`` one; ``text``/``description`` for ``put`` only.
+
+    ``kind``: :data:`QUERY` (a stored query) or :data:`ALERT` (an alert rule).
+    """
 
     action: str
     name: str
-    query: str | None = None
+    text: str | None = None
     description: str | None = None
+    kind: str = QUERY
 
     def describe(self) -> str:
-        """One line for a dry run or a history listing: ``+ name: FROM …`` / ``- name``."""
-        return f"- {self.name}" if self.action == "delete" else f"+ {self.name}: {self.query}"
+        """One line for a dry run or a history listing: ``+ name: FROM …`` / ``- name`` (``alert`` before rules')."""
+        what = "alert " if self.kind == ALERT else ""
+        return f"- {what}{self.name}" if self.action == "delete" else f"+ {what}{self.name}: {self.text}"
+
+    def to_json(self) -> dict:
+        """The change as the version object stores it."""
+        doc = {"action": self.action, "kind": self.kind, "name": self.name}
+        if self.text is not None:
+            doc[_KINDS[self.kind][1]] = self.text
+        if self.description is not None:
+            doc["description"] = self.description
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict) -> Change:
+        """A change read back from a version object."""
+        kind = doc.get("kind", QUERY)
+        return cls(doc["action"], doc["name"], doc.get(_KINDS[kind][1]), doc.get("description"), kind)
 
 
 @dataclass(frozen=True)
 class RegistryVersion:
-    """The registry as of one version: its entries by name and the edit that made it (``version`` 0: the seed)."""
+    """The registry as of one version: its entries by name and the edit that made it (``version`` 0: the seed).
+
+    ``entries``: the stored queries; ``rules``: the alert rules.
+    """
 
     version: int
     at: str
     by: str
     changes: tuple[Change, ...]
     entries: dict[str, Entry] = field(default_factory=dict)
+    rules: dict[str, Entry] = field(default_factory=dict)
 
     def queries(self) -> list[StoredQuery]:
         """Every stored query, parsed, sorted by name."""
         return [self.entries[name].parsed() for name in sorted(self.entries)]
 
-    def entry(self, name: str) -> Entry:
-        """The entry ``name``; :class:`NotFoundError` naming the known ones if there is none."""
-        if name not in self.entries:
-            known = ", ".join(sorted(self.entries)) or "none"
-            raise NotFoundError(f"no stored query {name!r} (registry version {self.version}; known: {known})")
-        return self.entries[name]
+    def alert_rules(self) -> list[AlertRule]:
+        """Every alert rule, parsed, sorted by name."""
+        return [self.rules[name].rule() for name in sorted(self.rules)]
+
+    def of_kind(self, kind: str) -> dict[str, Entry]:
+        """The entries of ``kind`` (:data:`QUERY` or :data:`ALERT`) by name."""
+        return self.rules if kind == ALERT else self.entries
+
+    def entry(self, name: str, kind: str = QUERY) -> Entry:
+        """The entry ``name`` of ``kind``; :class:`NotFoundError` naming the known ones if there is none."""
+        entries = self.of_kind(kind)
+        if name not in entries:
+            known = ", ".join(sorted(entries)) or "none"
+            what = _KINDS[kind][2]
+            raise NotFoundError(f"no {what} {name!r} (registry version {self.version}; known: {known})")
+        return entries[name]
 
     def to_json(self) -> bytes:
         """The version object (module docstring)."""
@@ -123,10 +206,9 @@ class RegistryVersion:
             "version": self.version,
             "at": self.at,
             "by": self.by,
-            "changes": [{k: v for k, v in vars(c).items() if v is not None} for c in self.changes],
-            "queries": {
-                name: {k: v for k, v in vars(e).items() if k != "name"} for name, e in sorted(self.entries.items())
-            },
+            "changes": [c.to_json() for c in self.changes],
+            "queries": {name: e.fields() for name, e in sorted(self.entries.items())},
+            "alerts": {name: e.fields() for name, e in sorted(self.rules.items())},
         }
         return json.dumps(doc, indent=1, sort_keys=True).encode()
 
@@ -137,9 +219,22 @@ class RegistryVersion:
             doc = json.loads(data)
             if doc.get("format") != FORMAT:
                 raise IntegrityError(f"registry object {key} has format {doc.get('format')!r}, not {FORMAT}")
-            entries = {name: Entry(name=name, **fields) for name, fields in doc["queries"].items()}
-            changes = tuple(Change(**c) for c in doc["changes"])
-            return cls(int(doc["version"]), doc["at"], doc["by"], changes, entries)
+            found = {}
+            for kind, (section, text_key, _) in _KINDS.items():
+                found[kind] = {
+                    name: Entry(
+                        name,
+                        fields[text_key],
+                        fields["description"],
+                        fields["revision"],
+                        fields["changed_at"],
+                        fields["changed_by"],
+                        kind,
+                    )
+                    for name, fields in doc.get(section, {}).items()
+                }
+            changes = tuple(Change.from_json(c) for c in doc["changes"])
+            return cls(int(doc["version"]), doc["at"], doc["by"], changes, found[QUERY], found[ALERT])
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"registry object {key} is not a registry version ({exc}); restore it") from None
 
@@ -156,24 +251,52 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-def read_declarations(path: str | Path) -> dict[str, tuple[str, str]]:
-    """``{name: (query, description)}`` of a stored-queries TOML file (``[[queries]]`` tables).
+def read_declarations(path: str | Path, kind: str = QUERY) -> dict[str, tuple[str, str]]:
+    """``{name: (text, description)}`` of a declarations TOML file: its ``[[queries]]``, or with ``kind`` ALERT its
+    ``[[alerts]]`` (keys ``name``, ``rule``, optional ``description``).
 
-    Every query is parsed, so a bad one fails here, naming it and the clause
-    (:class:`StoredQueryError`), before anything is applied.
+    Every entry is parsed, so a bad one fails here, naming it and the clause
+    (:class:`StoredQueryError`, :class:`AlertRuleError`), before anything is
+    applied; a duplicate name fails too.
     """
-    return {q.name: (q.text, q.description) for q in load_stored_queries(path)}
+    if kind == QUERY:
+        return {q.name: (q.text, q.description) for q in load_stored_queries(path)}
+    path = Path(path)
+    doc = _toml(path)
+    declared: dict[str, tuple[str, str]] = {}
+    for i, item in enumerate(doc.get("alerts", [])):
+        missing = {"name", "rule"} - set(item)
+        if missing:
+            raise AlertRuleError(f"{path}: alerts[{i}] lacks {sorted(missing)}")
+        if item["name"] in declared:
+            raise AlertRuleError(f"{path}: alert rule name {item['name']!r} used twice")
+        rule = parse_rule(item["name"], item["rule"], item.get("description", ""))
+        declared[rule.name] = (rule.text, rule.description)
+    return declared
 
 
-def declared_changes(current: RegistryVersion, declared: dict[str, tuple[str, str]]) -> list[Change]:
-    """The edits that make ``current`` hold exactly ``declared`` (``{name: (query, description)}``), by name."""
+def _toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise AlertRuleError(f"declarations file {path} does not exist") from None
+    except IsADirectoryError:
+        raise AlertRuleError(f"declarations file {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise AlertRuleError(f"declarations file {path} is not UTF-8 text: {exc.reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AlertRuleError(f"declarations file {path}: {exc}") from None
+
+
+def declared_changes(current: RegistryVersion, declared: dict[str, tuple[str, str]], kind: str = QUERY) -> list[Change]:
+    """The edits that make ``current``'s entries of ``kind`` exactly ``declared`` (``{name: (text, description)}``)."""
+    entries = current.of_kind(kind)
     changes = [
-        Change("put", name, query, description)
-        for name, (query, description) in sorted(declared.items())
-        if name not in current.entries
-        or (current.entries[name].query, current.entries[name].description) != (query, description)
+        Change("put", name, text, description, kind)
+        for name, (text, description) in sorted(declared.items())
+        if name not in entries or (entries[name].text, entries[name].description) != (text, description)
     ]
-    changes += [Change("delete", name) for name in sorted(set(current.entries) - set(declared))]
+    changes += [Change("delete", name, kind=kind) for name in sorted(set(entries) - set(declared))]
     return changes
 
 
@@ -181,13 +304,16 @@ class Registry:
     """The registry of one lake (module docstring): read its current version, apply edits, list its history.
 
     ``seed``: the declarations a lake without a registry starts from
-    (default: the shipped ``stored_queries.toml``). Reads are cached by
-    version, so polling it every micro-batch costs one LIST.
+    (default: the shipped ``stored_queries.toml``); ``absence_lookback_s``:
+    the lake's absence lookback (``LAKE_ALERT_ABSENCE_LOOKBACK_SECONDS``),
+    which an absence rule's FOR must stay under. Reads are cached by version,
+    so polling it every micro-batch costs one LIST.
     """
 
-    def __init__(self, store: Store, seed: str | Path | None = None) -> None:
+    def __init__(self, store: Store, seed: str | Path | None = None, *, absence_lookback_s: int = DAY_S) -> None:
         self.store = store
         self.seed_file = Path(seed or DEFAULT_FILE)
+        self.absence_lookback_s = absence_lookback_s
         self._cache: dict[int, RegistryVersion] = {}
 
     def versions(self) -> list[int]:
@@ -212,11 +338,11 @@ class Registry:
         versions = self.versions()
         return self.read(versions[-1]) if versions else self._seed_version()
 
-    def history(self, name: str | None = None) -> list[RegistryVersion]:
-        """Every stored version, oldest first; with ``name``, only those whose edit touched that query."""
+    def history(self, name: str | None = None, kind: str | None = None) -> list[RegistryVersion]:
+        """Every stored version, oldest first; with ``name`` (and ``kind``), only those whose edit touched it."""
         versions = [self.read(v) for v in self.versions()]
         if name is not None:
-            versions = [v for v in versions if any(c.name == name for c in v.changes)]
+            versions = [v for v in versions if any(_touches(c, name, kind) for c in v.changes)]
         return versions
 
     def ensure_seeded(self) -> RegistryVersion:
@@ -225,8 +351,15 @@ class Registry:
             seed = self._seed_version()
             try:
                 at = _now()
-                entries = {name: replace(e, revision=1, changed_at=at) for name, e in seed.entries.items()}
-                self._write(replace(seed, version=1, at=at, entries=entries))
+                self._write(
+                    replace(
+                        seed,
+                        version=1,
+                        at=at,
+                        entries={n: replace(e, revision=1, changed_at=at) for n, e in seed.entries.items()},
+                        rules={n: replace(e, revision=1, changed_at=at) for n, e in seed.rules.items()},
+                    )
+                )
             except ObjectExistsError:
                 pass  # another process seeded it first: the same declarations or an edit on top of them
         return self.current()
@@ -236,49 +369,61 @@ class Registry:
 
         ``expected``: the version the caller's edit was made against (e.g. an
         HTTP ``If-Match``); default the version read here. Raises
-        :class:`StoredQueryError` for a bad query or a duplicate name in
-        ``changes``, :class:`NotFoundError` for deleting an unknown query
-        (nothing is applied then), :class:`RegistryConflictError` if the
-        registry moved past ``expected`` or another edit won the race.
+        :class:`StoredQueryError` or :class:`AlertRuleError` for a bad entry,
+        a duplicate name in ``changes``, or a version whose rules would name a
+        missing query or aggregate; :class:`NotFoundError` for deleting an
+        unknown entry (nothing is applied then); :class:`RegistryConflictError`
+        if the registry moved past ``expected`` or another edit won the race.
         """
         base = self.current()
         if expected is not None and expected != base.version:
             raise self._conflict(base.version, expected)
-        names = [c.name for c in changes]
+        names = [(c.kind, c.name) for c in changes]
         if len(set(names)) != len(names):
-            raise StoredQueryError(
-                f"an edit names a stored query twice: {sorted({n for n in names if names.count(n) > 1})}"
-            )
+            twice = sorted({n for k, n in names if names.count((k, n)) > 1})
+            error = AlertRuleError if any(k == ALERT for k, _ in names) else StoredQueryError
+            raise error(f"an edit names an entry twice: {twice}")
         by, at = by or default_author(), _now()
         version = base.version + 1
-        entries = dict(base.entries)
+        found = {QUERY: dict(base.entries), ALERT: dict(base.rules)}
         effective = []
         for change in changes:
+            entries = found[change.kind]
             if change.action == "delete":
-                base.entry(change.name)  # NotFoundError names the known ones
+                base.entry(change.name, change.kind)  # NotFoundError names the known ones
                 del entries[change.name]
                 effective.append(change)
                 continue
-            if change.action != "put" or change.query is None:
+            if change.action != "put" or change.text is None:
                 raise ValueError(f"not a registry change: {change}")  # programming error
-            parsed = parse_query(change.name, change.query, change.description or "")  # StoredQueryError
+            text = self._checked_text(change)
             old = entries.get(change.name)
             description = change.description if change.description is not None else (old.description if old else "")
-            if old is not None and (old.query, old.description) == (parsed.text, description):
+            if old is not None and (old.text, old.description) == (text, description):
                 continue
-            revision = old.revision if old is not None and old.query == parsed.text else version
-            entries[change.name] = Entry(change.name, parsed.text, description, revision, at, by)
-            effective.append(Change("put", change.name, parsed.text, description))
+            revision = old.revision if old is not None and old.text == text else version
+            entries[change.name] = Entry(change.name, text, description, revision, at, by, change.kind)
+            effective.append(Change("put", change.name, text, description, change.kind))
         if not effective:
             return base
+        _check_rules(found[QUERY], found[ALERT], effective)
         if base.version == 0:  # the first edit of a new lake also stores the seed it was made on
-            entries = {name: replace(e, revision=1) if e.revision == 0 else e for name, e in entries.items()}
-        new = RegistryVersion(version, at, by, tuple(effective), entries)
+            found = {
+                k: {n: replace(e, revision=1) if e.revision == 0 else e for n, e in v.items()} for k, v in found.items()
+            }
+        new = RegistryVersion(version, at, by, tuple(effective), found[QUERY], found[ALERT])
         try:
             self._write(new)
         except ObjectExistsError:
             raise self._conflict(version, base.version) from None
         return new
+
+    def _checked_text(self, change: Change) -> str:
+        """The normalised text of a ``put``; raises the kind's error naming the clause."""
+        if change.kind == ALERT:
+            rule = parse_rule(change.name, change.text or "", absence_lookback_s=self.absence_lookback_s)
+            return rule.text
+        return parse_query(change.name, change.text or "", change.description or "").text
 
     def _write(self, version: RegistryVersion) -> None:
         self.store.create(keys.registry_version_key(version.version), version.to_json())
@@ -292,17 +437,48 @@ class Registry:
         except (NotFoundError, ValueError):
             who = f"version {taken}"
         return RegistryConflictError(
-            f"the stored queries changed while this edit was made against version {expected} ({who}); "
-            "nothing was applied: look at `lake queries list` and run the edit again"
+            f"the registry changed while this edit was made against version {expected} ({who}); "
+            "nothing was applied: look at `lake queries list` / `lake alerts list` and run the edit again"
         )
 
     def _seed_version(self) -> RegistryVersion:
         """Version 0: the seed declarations, revision 0 each, not stored."""
         if 0 not in self._cache:
-            declared = read_declarations(self.seed_file)
-            entries = {
-                name: Entry(name, query, description, 0, "", "seed") for name, (query, description) in declared.items()
-            }
-            changes = tuple(Change("put", name, e.query, e.description) for name, e in sorted(entries.items()))
-            self._cache[0] = RegistryVersion(0, "", "seed", changes, entries)
+            found = {}
+            for kind in _KINDS:
+                declared = read_declarations(self.seed_file, kind)
+                found[kind] = {
+                    name: Entry(name, text, description, 0, "", "seed", kind)
+                    for name, (text, description) in declared.items()
+                }
+            _check_rules(found[QUERY], found[ALERT], [])
+            changes = tuple(
+                Change("put", name, e.text, e.description, kind)
+                for kind in _KINDS
+                for name, e in sorted(found[kind].items())
+            )
+            self._cache[0] = RegistryVersion(0, "", "seed", changes, found[QUERY], found[ALERT])
         return self._cache[0]
+
+
+def _touches(change: Change, name: str, kind: str | None) -> bool:
+    return change.name == name and (kind is None or change.kind == kind)
+
+
+def _check_rules(queries: dict[str, Entry], rules: dict[str, Entry], changes: list[Change]) -> None:
+    """Raise if a rule of the version names a query (or aggregate) the version lacks, blaming the query edit that
+    broke it where the rule itself did not change."""
+    parsed = {name: entry.parsed() for name, entry in queries.items()}
+    edited = {c.name for c in changes if c.kind == QUERY}
+    for name in sorted(rules):
+        rule = rules[name].rule()
+        try:
+            check_against_queries(rule, parsed)
+        except AlertRuleError as exc:
+            if rule.query in edited:
+                action = "removes" if rule.query not in parsed else "changes"
+                raise AlertRuleError(
+                    f"this edit {action} stored query {rule.query!r}, which alert rule {name!r} ({rule.text}) uses: "
+                    "change or remove the rule first"
+                ) from None
+            raise exc from None

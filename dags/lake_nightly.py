@@ -1,4 +1,5 @@
-"""Nightly batch layer: recompute yesterday's windows from bronze, then rollups, then stored queries.
+"""Nightly batch layer: recompute yesterday's windows from bronze, then rollups, then stored queries, then alert rules
+over the day's final stored query results.
 
 Quality gates (Great Expectations, ``lake quality``) run after the data they
 check lands: bronze, the windows and the reconciliation after the recompute,
@@ -19,6 +20,7 @@ from airflow.sdk import dag, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from metrics_lake.app.orchestration import (
+    ALERTS,
     DEFAULT_ARGS,
     QUALITY,
     QUERIES,
@@ -85,14 +87,29 @@ def lake_nightly():
 
     @task(outlets=outlets(QUERIES))
     def stored_queries(day: str) -> list[dict]:
-        """Evaluate lake_schemas/stored_queries.toml for the day into the stored query results."""
+        """Evaluate the registry's stored queries for the day into the stored query results."""
         from metrics_lake.app.operations import evaluate_queries
         from metrics_lake.core.config import load_settings
 
         return evaluate_queries(load_settings(), [day])
 
+    @task(outlets=outlets(ALERTS))
+    def alert_rules(day: str) -> list[dict]:
+        """Evaluate the threshold rules over the day's final query results; record the episodes live missed."""
+        from metrics_lake.app.operations import evaluate_alert_days
+        from metrics_lake.core.config import load_settings
+
+        return evaluate_alert_days(load_settings(), [day])
+
     day = target_day()
-    recompute(day) >> quality_gate(day) >> rollups(day) >> rollup_quality_gate(day) >> stored_queries(day)
+    (
+        recompute(day)
+        >> quality_gate(day)
+        >> rollups(day)
+        >> rollup_quality_gate(day)
+        >> stored_queries(day)
+        >> alert_rules(day)
+    )
 
 
 lake_nightly()

@@ -1,5 +1,5 @@
-"""Speed layer micro-batches: every 5 minutes, process what the log holds into bronze and windows; then backfill the
-stored queries operators added or changed meanwhile.
+"""Speed layer micro-batches: every 5 minutes, process what the log holds into bronze, windows and alerts; then
+deliver the alerts to Alertmanager and backfill the stored queries operators added or changed meanwhile.
 
 For deployments that do not keep ``lake stream`` running: each run is
 ``lake stream --once`` (catch up, commit, stop). Exactly once across runs and
@@ -7,6 +7,11 @@ retries comes from the positions each table commits with its rows (Delta
 ``txn`` actions), not from a checkpoint folder, so an overlapping or retried
 run, or one on another worker, cannot duplicate rows; ``max_active_runs=1``
 just avoids wasted work.
+
+The alerts each run committed are delivered right after it (``lake alerts
+notify --once``, when ``LAKE_ALERTMANAGER_URL`` is set); what Alertmanager
+does not accept stays in the outbox and goes with the next run, so a
+deployment without a running ``lake stream`` still alerts within a run.
 
 The backfill (``lake queries backfill``) runs after the micro-batches, off
 the stream's hot path: a new or changed stored query is live from the
@@ -50,7 +55,17 @@ def lake_speed_layer():
 
         return backfill_pending_queries(load_settings())
 
-    micro_batches() >> query_backfills()
+    @task
+    def alert_notifications() -> dict:
+        """Deliver the alerts' outbox to Alertmanager (skipped without LAKE_ALERTMANAGER_URL)."""
+        from metrics_lake.app.operations import notify_alerts
+        from metrics_lake.core.config import load_settings
+
+        return notify_alerts(load_settings())
+
+    batches = micro_batches()
+    batches >> alert_notifications()
+    batches >> query_backfills()
 
 
 lake_speed_layer()

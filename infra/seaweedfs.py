@@ -12,8 +12,10 @@ Identities, each scoped to the bucket's prefixes (SeaweedFS ``Action:bucket/path
 
 - ``agent`` (agents, gateways): read/write ``log/`` only;
 - ``pipeline`` (Spark jobs): read ``log/``, write consumer offsets under
-  ``log/_consumers/``, read/write ``tables/`` and ``quality/``;
-- ``analyst``: read ``tables/`` and ``quality/`` only;
+  ``log/_consumers/``, read/write ``tables/``, ``quality/``, ``registry/``
+  (stored queries and alert rules) and ``notifications/`` (what
+  Alertmanager has accepted);
+- ``analyst``: read ``tables/``, ``quality/`` and ``registry/`` only;
 - ``admin``: bucket administration, used by ``start`` itself.
 
 Nothing in the lake depends on SeaweedFS: the code speaks plain S3, so MinIO
@@ -104,6 +106,8 @@ GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("write", keys.QUALITY_PREFIX),
         ("read", keys.REGISTRY_PREFIX),
         ("write", keys.REGISTRY_PREFIX),
+        ("read", keys.NOTIFICATIONS_PREFIX),
+        ("write", keys.NOTIFICATIONS_PREFIX),
     ),
 }
 

@@ -12,6 +12,7 @@ colon where it differs from the parent's)::
     ├── InputError (ValueError)           an argument, option, file or request is unusable
     │   ├── ContractViolation             an event breaks the event contract (its reason goes to quarantine)
     │   ├── StoredQueryError              a stored query, or the file declaring them, is malformed
+    │   ├── AlertRuleError                an alert rule is malformed or names what the registry lacks
     │   ├── RangeError                    a dashboard API range or step is malformed (names the parameter)
     │   └── SequenceConflictError         a producer reused a sequence number for another body
     ├── NotFoundError (LookupError)       a named thing does not exist
@@ -24,12 +25,13 @@ colon where it differs from the parent's)::
     │   └── StorageUnavailableError (ConnectionError)   the store did not answer; retryable
     ├── ServiceError (RuntimeError)       a server of ours could not start, run or stop
     │   ├── InfraError                    the local S3 server (SeaweedFS)
-    │   └── SparkClusterError             the local Spark standalone cluster
+    │   ├── SparkClusterError             the local Spark standalone cluster
+    │   └── AlertmanagerError             Alertmanager did not start, or did not accept alerts; retryable
     ├── ConflictError (RuntimeError): 75  another writer holds or changed what this one needed; run again
     │   ├── LeaseHeldError                a partition or table is leased to another live writer
     │   ├── FencedError                   this writer's lease was taken over
     │   ├── ConcurrentWriterError         another speed layer commits to the same tables
-    │   └── RegistryConflictError         another edit of the stored queries won; nothing of this one applied
+    │   └── RegistryConflictError         another edit of the registry won; nothing of this one applied
     ├── IntegrityError (ValueError): 65   an object under the lake root is not what the lake wrote
     └── CheckFailedError: 1               a check ran and failed
         ├── QualityGateError              a critical data-quality expectation failed
@@ -64,6 +66,8 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_RETRY",
     "AccessDeniedError",
+    "AlertRuleError",
+    "AlertmanagerError",
     "BucketNotFoundError",
     "CheckFailedError",
     "ConcurrentWriterError",
@@ -136,6 +140,10 @@ class StoredQueryError(InputError):
     """A stored query (or its file) is malformed; the message names the query and the clause."""
 
 
+class AlertRuleError(InputError):
+    """An alert rule is malformed, or names a stored query (or aggregate) the registry lacks; names rule and clause."""
+
+
 class RangeError(InputError):
     """A requested range or step is malformed; ``parameter`` names the query parameter at fault."""
 
@@ -192,6 +200,12 @@ class SparkClusterError(ServiceError):
     """The local Spark standalone cluster could not be started, found or stopped."""
 
 
+class AlertmanagerError(ServiceError):
+    """Alertmanager could not be started, found or stopped, or did not accept alerts (they stay in the outbox)."""
+
+    retryable = True
+
+
 class ConflictError(LakeError, RuntimeError):
     """Another writer holds or changed what this one needed; nothing was half-done, so running again is safe."""
 
@@ -211,7 +225,7 @@ class ConcurrentWriterError(ConflictError):
 
 
 class RegistryConflictError(ConflictError):
-    """The registry of stored queries changed after the edit read it; nothing of the edit was applied."""
+    """The registry (stored queries, alert rules) changed after the edit read it; nothing of the edit was applied."""
 
 
 class IntegrityError(LakeError, ValueError):

@@ -26,6 +26,7 @@ from enum import StrEnum
 from metrics_lake.lake_schemas.tables import TABLES, Table, rollup_chain
 
 __all__ = [
+    "ALERTS",
     "ANALYSIS",
     "COMPACT",
     "CONSUMERS",
@@ -74,7 +75,9 @@ class Operation:
     (writes in commit order); ``log``: its use of the log, if any;
     ``reports``: whether it publishes files under ``quality/`` (data docs);
     ``registry``: its use of the registry of stored queries and alert rules
-    (``metrics_lake.core.registry``), if any.
+    (``metrics_lake.core.registry``), if any; ``notifies``: whether it sends
+    alerts to Alertmanager (and keeps its outbox's delivery record under
+    ``notifications/``).
     """
 
     name: str
@@ -84,6 +87,7 @@ class Operation:
     log: LogAccess | None = None
     reports: bool = False
     registry: Access | None = None
+    notifies: bool = False
 
     @property
     def tables(self) -> tuple[Table, ...]:
@@ -96,14 +100,23 @@ _SUITES = tuple(name for name, spec in TABLES.items() if spec.quality_suite)
 
 #: Producers: ``lake produce``, ``lake agent``, ``lake gateway``.
 PRODUCE = Operation("produce", "append metric events to the log", log=LogAccess.WRITE)
-#: The speed layer; query results are evaluated from the windows it has just committed.
+#: The speed layer; query results are evaluated from the windows it has just committed, alert rules from the
+#: query results and the servers' last-seen times it has just committed; it also sends the alerts.
 STREAM = Operation(
     "stream",
-    "speed layer: log -> bronze, quarantine, 1-minute windows and stored query results, exactly once",
-    reads=(Table.METRIC_WINDOWS_1M,),
-    writes=(Table.BRONZE_EVENTS, Table.QUARANTINE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
+    "speed layer: log -> bronze, quarantine, 1-minute windows, stored query results and alerts, exactly once",
+    reads=(Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS, Table.LAST_SEEN, Table.ALERTS),
+    writes=(
+        Table.BRONZE_EVENTS,
+        Table.QUARANTINE_EVENTS,
+        Table.METRIC_WINDOWS_1M,
+        Table.QUERY_RESULTS,
+        Table.LAST_SEEN,
+        Table.ALERTS,
+    ),
     log=LogAccess.READ,
     registry=Access.WRITE,  # seeds a new lake's registry from the shipped declarations
+    notifies=True,
 )
 #: Re-reads a log range through the bronze path, skipping the positions the tables hold.
 REPLAY = Operation(
@@ -134,6 +147,15 @@ QUERIES = Operation(
     reads=(Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
     writes=(Table.QUERY_RESULTS,),
     registry=Access.WRITE,
+)
+#: Alert rules: managing them in the registry, sending the alerts to Alertmanager, the nightly evaluation.
+ALERTS = Operation(
+    "alerts",
+    f"manage the alert rules, send the alerts to Alertmanager and evaluate rules over whole days into {Table.ALERTS}",
+    reads=(Table.QUERY_RESULTS, Table.ALERTS),
+    writes=(Table.ALERTS,),
+    registry=Access.WRITE,
+    notifies=True,
 )
 #: Great Expectations suites of a day, plus the freshness of the newest windows and query results.
 QUALITY = Operation(
@@ -177,10 +199,25 @@ DEMO = Operation(
     writes=STREAM.writes,
     log=LogAccess.WRITE,
     registry=STREAM.registry,
+    notifies=STREAM.notifies,
 )
 
 #: Every operation by name.
 OPERATIONS: dict[str, Operation] = {
     op.name: op
-    for op in (PRODUCE, STREAM, REPLAY, CONSUMERS, RECOMPUTE, ROLLUP, QUERIES, QUALITY, COMPACT, RETAIN, ANALYSIS, DEMO)
+    for op in (
+        PRODUCE,
+        STREAM,
+        REPLAY,
+        CONSUMERS,
+        RECOMPUTE,
+        ROLLUP,
+        QUERIES,
+        ALERTS,
+        QUALITY,
+        COMPACT,
+        RETAIN,
+        ANALYSIS,
+        DEMO,
+    )
 }

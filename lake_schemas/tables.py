@@ -28,9 +28,11 @@ import pyarrow as pa
 from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
 __all__ = [
+    "ALERTS",
     "BRONZE_EVENTS",
     "DQ_RESULTS",
     "LAMBDA_RECONCILIATION",
+    "LAST_SEEN",
     "METRIC_ROLLUP_1D",
     "METRIC_ROLLUP_1H",
     "METRIC_WINDOWS_1M",
@@ -58,6 +60,8 @@ class Table(StrEnum):
     METRIC_ROLLUP_1H = "metric_rollup_1h"
     METRIC_ROLLUP_1D = "metric_rollup_1d"
     QUERY_RESULTS = "query_results"
+    LAST_SEEN = "last_seen"
+    ALERTS = "alerts"
     DQ_RESULTS = "dq_results"
 
 
@@ -194,6 +198,60 @@ DQ_RESULTS = pa.schema(
 )
 
 
+#: ``tables/last_seen``: when each server was last heard from, the state of absence alerts and of the
+#: dashboard's server status. One row per server with ``metric`` null (any metric), and one per (metric,
+#: server) for the metrics that absence rules watch: ``last_seen_at`` is the append time of its newest valid
+#: record (the lake's clock, immune to agents' clock skew), ``last_event_at`` the newest event time. The
+#: speed layer rewrites the whole table with every micro-batch and keeps the rows seen within the absence
+#: lookback (``LAKE_ALERT_ABSENCE_LOOKBACK_SECONDS``); partitioned by the day of ``last_seen_at``.
+LAST_SEEN = pa.schema(
+    [
+        pa.field("server", pa.string()),
+        pa.field("metric", pa.string()),
+        pa.field("last_seen_at", UTC_US),
+        pa.field("last_event_at", UTC_US),
+        pa.field("seen_date", pa.date32()),
+    ]
+)
+
+#: ``tables/alerts``: every state transition of every alert, appended once (``metrics_lake.core.kernels.alert_rules``):
+#: ``state`` is pending, firing or resolved and ``previous_state`` inactive, pending or firing; ``at`` the
+#: evaluation time it happened at (threshold rules: the event clock minus the evaluation delay; absence rules:
+#: the lake's append clock), ``active_since`` when the condition began to hold (pending since, or the moment a
+#: silence reached FOR). ``value``: the aggregate, or seconds of silence; ``threshold``: the rule's number, or
+#: its FOR in seconds; ``window_start``/``window_end``: the query window that decided, or (absence) the last
+#: time the server was seen and null. ``labels``: the alert's labels as Alertmanager gets them (``alertname``,
+#: ``server`` where per server, the rule's LABELS), ``fingerprint`` Alertmanager's hash of them. ``source``:
+#: ``live`` (the speed layer) or ``nightly`` (episodes the batch layer found that the live evaluation missed);
+#: ``id`` is unique; ``recorded_at`` and ``seq`` order the rows as they were committed. Partitioned by the day
+#: of ``at``.
+ALERTS = pa.schema(
+    [
+        pa.field("rule", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("server", pa.string()),
+        pa.field("fingerprint", pa.string()),
+        pa.field("labels", TAGS),
+        pa.field("state", pa.string()),
+        pa.field("previous_state", pa.string()),
+        pa.field("at", UTC_US),
+        pa.field("active_since", UTC_US),
+        pa.field("value", pa.float64()),
+        pa.field("threshold", pa.float64()),
+        pa.field("window_start", UTC_US),
+        pa.field("window_end", UTC_US),
+        pa.field("summary", pa.string()),
+        pa.field("rule_text", pa.string()),
+        pa.field("rule_revision", pa.int64()),
+        pa.field("source", pa.string()),
+        pa.field("id", pa.string()),
+        pa.field("seq", pa.int32()),
+        pa.field("recorded_at", UTC_US),
+        pa.field("event_date", pa.date32()),
+    ]
+)
+
+
 @dataclass(frozen=True)
 class TableSpec:
     """One Delta table's facts (module docstring).
@@ -299,6 +357,21 @@ TABLES: dict[Table, TableSpec] = {
             ("event_date",),
             ("event_date", "query", "server", "window_start", "aggregate"),
             "stored queries evaluated per window, long format",
+            retention_setting="retention_windows_days",
+        ),
+        TableSpec(
+            Table.LAST_SEEN,
+            LAST_SEEN,
+            ("seen_date",),
+            ("server", "metric"),
+            "when each server (and each series an absence rule watches) was last heard from",
+        ),
+        TableSpec(
+            Table.ALERTS,
+            ALERTS,
+            ("event_date",),
+            ("event_date", "id"),
+            "every state transition of every alert (pending, firing, resolved), exactly once",
             retention_setting="retention_windows_days",
         ),
         TableSpec(

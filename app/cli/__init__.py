@@ -1,8 +1,8 @@
 """The ``lake`` command line: thin commands over library functions, and its one error boundary.
 
 Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
-:mod:`.batch`, :mod:`.queries`, :mod:`.maintenance`, :mod:`.analysis`, :mod:`.dashboard`,
-:mod:`.local`; what they share in :mod:`.options`) and are registered on
+:mod:`.batch`, :mod:`.queries`, :mod:`.alerts`, :mod:`.maintenance`, :mod:`.analysis`,
+:mod:`.dashboard`, :mod:`.local`; what they share in :mod:`.options` and :mod:`.registry_edits`) and are registered on
 :data:`app` here. Configuration comes from ``LAKE_*``
 variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
 per-run choices.
@@ -29,6 +29,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from metrics_lake.app.cli import analysis, batch, dashboard, ingest, maintenance, speed
+from metrics_lake.app.cli.alerts import alerts_app
 from metrics_lake.app.cli.boundary import explain, first_line, translate
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
@@ -38,6 +39,7 @@ from metrics_lake.core.keys import grants
 from metrics_lake.infra.seaweedfs import least_privileged_identity
 from metrics_lake.lake_schemas.errors import EXIT_BUG, EXIT_INTERRUPTED, AccessDeniedError
 from metrics_lake.lake_schemas.operations import (
+    ALERTS,
     ANALYSIS,
     COMPACT,
     CONSUMERS,
@@ -66,6 +68,7 @@ COMMAND_OPERATIONS: dict[str, Operation] = {
     "recompute": RECOMPUTE,
     "rollup": ROLLUP,
     "queries": QUERIES,
+    "alerts": ALERTS,
     "quality": QUALITY,
     "sql": ANALYSIS,
     "tables": ANALYSIS,
@@ -154,6 +157,7 @@ for command in (speed.stream, speed.replay, speed.consumers):
 for command in (batch.recompute, batch.rollup):
     app.command()(command)
 app.add_typer(queries_app, name="queries")
+app.add_typer(alerts_app, name="alerts")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
 for command in (analysis.sql, analysis.tables, analysis.quality, dashboard.dashboard):

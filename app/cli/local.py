@@ -1,4 +1,5 @@
-"""``lake infra up|down|status``, ``lake infra spark up|down|status`` and ``lake airflow``: servers this machine runs."""
+"""``lake infra up|down|status``, ``lake infra spark …``, ``lake infra alertmanager …`` and ``lake airflow``: servers
+this machine runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from metrics_lake.lake_schemas.errors import InputError
 __all__ = ["airflow_standalone", "infra_app"]
 
 infra_app = typer.Typer(
-    help="Local servers: an S3 server (SeaweedFS: up, down, status) and a Spark standalone cluster (spark ...).",
+    help="Local servers: an S3 server (SeaweedFS: up, down, status), a Spark standalone cluster (spark ...) and "
+    "Prometheus Alertmanager (alertmanager ...).",
     no_args_is_help=True,
 )
 
@@ -177,6 +179,76 @@ def spark_status(
     err.print(f"applications: {', '.join(apps) or 'none'}")
     if state is None:
         raise typer.Exit(1)
+
+
+alertmanager_app = typer.Typer(
+    help="Prometheus Alertmanager on 127.0.0.1 (Debian's prometheus-alertmanager): up, down, status.",
+    no_args_is_help=True,
+)
+infra_app.add_typer(alertmanager_app, name="alertmanager")
+
+AlertmanagerDir = Annotated[Path, typer.Option(help="Alertmanager's configuration, data, log and PID file.")]
+AlertmanagerPort = Annotated[int, typer.Option(min=1024, max=65535, help="API and web UI port on 127.0.0.1.")]
+
+
+def _alertmanager(data_dir: Path, port: int, webhook: str | None = None):
+    from metrics_lake.infra.alertmanager import LocalAlertmanager
+
+    return LocalAlertmanager(data_dir.resolve(), port, webhook)
+
+
+@alertmanager_app.command("up")
+def alertmanager_up(
+    data_dir: AlertmanagerDir = Path(".lake-infra/alertmanager"),
+    port: AlertmanagerPort = 9093,
+    webhook: Annotated[
+        str | None, typer.Option(help="Also POST every notification (firing and resolved) to this URL.")
+    ] = None,
+) -> None:
+    """Start Alertmanager and print `export LAKE_ALERTMANAGER_URL=...`: eval "$(lake infra alertmanager up)"."""
+    from metrics_lake.infra.alertmanager import start
+
+    if webhook is not None and not webhook.startswith(("http://", "https://")):
+        raise InputError(f"--webhook {webhook!r}: give an http:// or https:// URL")
+    manager = _alertmanager(data_dir, port, webhook)
+    start(manager, log=err.print)
+    print(f"export LAKE_ALERTMANAGER_URL={manager.url}")
+
+
+@alertmanager_app.command("down")
+def alertmanager_down(
+    data_dir: AlertmanagerDir = Path(".lake-infra/alertmanager"), port: AlertmanagerPort = 9093
+) -> None:
+    """Stop the local Alertmanager (its data stays in --data-dir)."""
+    from metrics_lake.infra.alertmanager import stop
+
+    if not stop(_alertmanager(data_dir, port), log=err.print):
+        err.print("not running")
+
+
+@alertmanager_app.command("status")
+def alertmanager_status(
+    data_dir: AlertmanagerDir = Path(".lake-infra/alertmanager"), port: AlertmanagerPort = 9093
+) -> None:
+    """Say whether the local Alertmanager runs and answers, with its active alerts; exit 1 if it does not answer."""
+    import requests
+
+    from metrics_lake.infra.alertmanager import answers, running_pid
+
+    manager = _alertmanager(data_dir, port)
+    pid = running_pid(manager)
+    up = answers(manager)
+    err.print(
+        f"Alertmanager {f'running (pid {pid})' if pid else 'not started here'}; {manager.url} "
+        f"{'answers' if up else 'does not answer'}; data in {manager.data_dir}"
+    )
+    if not up:
+        raise typer.Exit(1)
+    alerts = requests.get(f"{manager.url}/api/v2/alerts", timeout=5).json()
+    for alert in alerts:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(alert["labels"].items()))
+        err.print(f"  {alert['status']['state']} since {alert['startsAt']}: {labels}")
+    err.print(f"{len(alerts)} alert(s) in Alertmanager; web UI {manager.url}/#/alerts")
 
 
 #: The DAGs folder of a source checkout (app/cli/local.py -> the repository's dags/).

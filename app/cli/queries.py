@@ -10,7 +10,6 @@ run); ``lake queries backfill`` fills a new or changed query's past windows.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,6 +17,14 @@ from rich import table as rich_table
 from rich.markup import escape
 
 from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
+from metrics_lake.app.cli.registry_edits import (
+    ByOption,
+    FromFileOption,
+    YesOption,
+    apply_file,
+    open_registry,
+    print_history,
+)
 from metrics_lake.app.console import err, out
 from metrics_lake.lake_schemas.errors import InputError, StoredQueryError
 from metrics_lake.lake_schemas.operations import QUERIES
@@ -32,17 +39,6 @@ queries_app = typer.Typer(
     no_args_is_help=False,
 )
 
-ByOption = Annotated[
-    str | None, typer.Option("--by", help="Who makes the edit, for the history (default: LAKE_AUTHOR or your user).")
-]
-
-
-def _registry():
-    from metrics_lake.core.registry import Registry
-    from metrics_lake.core.storage import open_store
-
-    return Registry(open_store(settings()))
-
 
 @queries_app.callback()
 def queries(
@@ -50,15 +46,8 @@ def queries(
     date: DateOption = None,
     from_day: FromOption = None,
     to_day: ToOption = None,
-    from_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--from-file",
-            help="Make the registry hold exactly the stored queries this TOML file declares: shows the diff, applies it "
-            "with --yes.",
-        ),
-    ] = None,
-    yes: Annotated[bool, typer.Option("--yes", help="With --from-file: apply the diff (else a dry run).")] = False,
+    from_file: FromFileOption = None,
+    yes: YesOption = False,
     by: ByOption = None,
 ) -> None:
     """Evaluate the registry's stored queries over days into query_results (--date, or --from/--to), or apply a file."""
@@ -69,31 +58,14 @@ def queries(
     if from_file is not None:
         if date or from_day or to_day:
             raise InputError("--from-file applies declarations; evaluate days in a separate `lake queries --date D`")
-        _apply_file(from_file, yes, by)
+        from metrics_lake.core.registry import QUERY
+
+        apply_file(from_file, yes, by, QUERY, _backfill_hint)
         return
     if not (date or from_day or to_day):
         out.print(ctx.get_help())
         return
     _evaluate_days(date, from_day, to_day)
-
-
-def _apply_file(path: Path, yes: bool, by: str | None) -> None:
-    from metrics_lake.core.registry import declared_changes, read_declarations
-
-    registry = _registry()
-    declared = read_declarations(path)  # every query parsed first: a bad one fails here, naming it
-    current = registry.current()
-    changes = declared_changes(current, declared)
-    if not changes:
-        err.print(f"the registry (version {current.version}) already holds exactly {path}: nothing to apply")
-        return
-    for change in changes:
-        out.print(escape(change.describe()), soft_wrap=True)
-    if not yes:
-        err.print(f"dry run: {len(changes)} change(s) against version {current.version}; apply them with --yes")
-        return
-    new = registry.apply(changes, by=by, expected=current.version)
-    err.print(f"applied {len(changes)} change(s): registry version {new.version}{_backfill_hint(changes)}")
 
 
 def _evaluate_days(date: str | None, from_day: str | None, to_day: str | None) -> None:
@@ -103,7 +75,7 @@ def _evaluate_days(date: str | None, from_day: str | None, to_day: str | None) -
     chosen = days(date, from_day, to_day)
     config = settings()
     open_tables(config, *QUERIES.tables)
-    declared = _registry().current().queries()
+    declared = open_registry().current().queries()
     err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
     spark = build_session(config, "lake-queries")
     for day in chosen:
@@ -128,7 +100,7 @@ def add(
     """Add a stored query (or change one with --replace); the stream evaluates it from its next micro-batch."""
     from metrics_lake.core.registry import Change
 
-    registry = _registry()
+    registry = open_registry()
     current = registry.current()
     if name in current.entries and not replace:
         raise StoredQueryError(
@@ -154,7 +126,7 @@ def rm(
     """Remove a stored query: its rows stop being updated and are kept until retention, or deleted with --purge."""
     from metrics_lake.core.registry import Change
 
-    registry = _registry()
+    registry = open_registry()
     new = registry.apply([Change("delete", name)], by=by)
     err.print(f"{name}: removed, registry version {new.version}")
     if purge:
@@ -168,7 +140,7 @@ def rm(
 @queries_app.command("list")
 def list_queries() -> None:
     """List the stored queries: name, revision, whether the stream and the backfill are at it, query, description."""
-    registry = _registry()
+    registry = open_registry()
     current = registry.current()
     statuses = _statuses(current)
     listing = rich_table.Table(
@@ -198,7 +170,9 @@ def _statuses(current) -> dict[str, str]:
 @queries_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None:
     """Show one stored query: its text, description, revision, status and the edits that touched it."""
-    registry = _registry()
+    from metrics_lake.core.registry import QUERY
+
+    registry = open_registry()
     current = registry.current()
     entry = current.entry(name)
     parsed = entry.parsed()
@@ -210,18 +184,17 @@ def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None
         f"servers {','.join(parsed.servers)}, aggregates {', '.join(a.label for a in parsed.aggregates)}"
         + (", per server" if parsed.per_server else "")
     )
-    for version in registry.history(name):
+    for version in registry.history(name, QUERY):
         for change in (c for c in version.changes if c.name == name):
             out.print(f"  v{version.version} {version.at} {escape(version.by)}: {escape(change.describe())}")
 
 
 @queries_app.command("history")
 def history(name: Annotated[str | None, typer.Argument(help="Only the edits of this query.")] = None) -> None:
-    """List the registry's versions: who changed what, when."""
-    listing = rich_table.Table("version", "at", "by", "changes")
-    for version in _registry().history(name):
-        listing.add_row(str(version.version), version.at, version.by, "\n".join(c.describe() for c in version.changes))
-    out.print(listing)
+    """List the registry's versions: who changed what, when (queries and alert rules)."""
+    from metrics_lake.core.registry import QUERY
+
+    print_history(name, None if name is None else QUERY)
 
 
 @queries_app.command("backfill")
@@ -234,7 +207,7 @@ def backfill(
 
     config = settings()
     store = open_store(config)
-    current = _registry().current()
+    current = open_registry().current()
     chosen = [current.entry(n).parsed() for n in names] if names else pending_backfills(store, current.queries())
     if not chosen:
         err.print(f"every stored query of registry version {current.version} is backfilled")

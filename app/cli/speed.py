@@ -25,7 +25,9 @@ def stream(
         float | None, typer.Option(help="Micro-batch interval in seconds (LAKE_TRIGGER_SECONDS).")
     ] = None,
 ) -> None:
-    """Run the speed layer: log -> bronze_events, quarantine_events, metric_windows_1m, exactly once."""
+    """Run the speed layer: log -> bronze, quarantine, windows, query results, alerts, exactly once; alerts go to
+    LAKE_ALERTMANAGER_URL if set."""
+    from metrics_lake.app.notifier import notifying
     from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
     from metrics_lake.spark.session import build_session
 
@@ -35,8 +37,15 @@ def stream(
     try:
         stop = None if once else stop_on_signals()
         mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
-        err.print(f"speed layer for topic {config.topic!r} ({mode})", highlight=False)
-        run_stream(spark, config, once=once, stop=stop, progress=print_batch)
+        alerts = f"; alerts to {config.alertmanager_url}" if config.alertmanager_url else ""
+        err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
+        with notifying(config) as wake:
+
+            def progress(outcome) -> None:
+                print_batch(outcome)
+                wake()
+
+            run_stream(spark, config, once=once, stop=stop, progress=progress)
         if stop is not None and stop.is_set():
             err.print("stopped on signal, between micro-batches")
     finally:

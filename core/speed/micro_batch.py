@@ -1,11 +1,14 @@
 """The speed layer's work on one micro-batch, whatever schedules it: plan, process chunks, commit.
 
 A micro-batch reads the log up to ``ends`` (per partition, the next offset)
-into four tables: ``bronze_events`` (valid events), ``quarantine_events``
+into six tables: ``bronze_events`` (valid events), ``quarantine_events``
 (rejects, with their reasons), ``metric_windows_1m`` (1-minute window
-states) and ``query_results`` (the stored queries, live: every query window
+states), ``query_results`` (the stored queries, live: every query window
 holding a minute the batch touched is evaluated again from the windows
-table and replaced, so late events within the watermark update it too). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
+table and replaced, so late events within the watermark update it too),
+``last_seen`` (when each server was last heard from) and ``alerts`` (the
+alert rules evaluated over the committed query results and ``last_seen``:
+:mod:`metrics_lake.core.speed.alerting`). :mod:`metrics_lake.spark.jobs.stream_metrics` runs it on Spark:
 :func:`plan_batch` and :func:`commit_batch` on the driver, :func:`process_chunk`
 in the tasks.
 
@@ -18,7 +21,7 @@ new positions atomically. So whatever the engine's checkpoint says — lost,
 older, or from another lake — no record enters a table twice or is skipped:
 a batch replayed after a crash finds its positions committed and commits
 nothing, a batch after a lost checkpoint starts where the tables are. The
-three tables commit separately (Delta has no multi-table transactions); one
+tables commit separately (Delta has no multi-table transactions); one
 that a crash left behind simply catches up in the next batch. A query window
 is evaluated from the windows table as committed, so evaluating it again
 (a replayed batch) gives the same rows: ``query_results`` is exact as long
@@ -56,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
+from metrics_lake.core.kernels.alert_rules import AlertRule, evaluate, transitions_table
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
     affected_windows,
@@ -67,6 +71,19 @@ from metrics_lake.core.log.consumer import read_range, start_offsets
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.registry import Registry
+from metrics_lake.core.speed.alerting import (
+    SEEN,
+    AlertLog,
+    AlertOptions,
+    append_clock_us,
+    event_clock_us,
+    initial_last_seen,
+    read_last_seen,
+    seen_rows,
+    threshold_values,
+    updated_last_seen,
+    watched_metrics,
+)
 from metrics_lake.core.speed.progress import (
     CONSUMER,
     WINDOW_SECONDS,
@@ -74,6 +91,7 @@ from metrics_lake.core.speed.progress import (
     backfilled_through_app_id,
     live_revision_app_id,
     query_progress,
+    table_positions,
     watermark_app_id,
     window_start_bounds,
 )
@@ -87,7 +105,7 @@ from metrics_lake.core.tables.commits import (
 )
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
 from metrics_lake.core.tables.delta import ensure_table, open_table
-from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
+from metrics_lake.core.tables.snapshots import days_between, read_data_files, snapshot_files, windowed_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.operations import STREAM
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
@@ -107,11 +125,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BRONZE, QUARANTINE, WINDOWS, QUERIES = (
+BRONZE, QUARANTINE, WINDOWS, QUERIES, LAST_SEEN, ALERTS = (
     Table.BRONZE_EVENTS,
     Table.QUARANTINE_EVENTS,
     Table.METRIC_WINDOWS_1M,
     Table.QUERY_RESULTS,
+    Table.LAST_SEEN,
+    Table.ALERTS,
 )
 #: The tables a micro-batch writes, in commit order (query results are evaluated from the committed windows).
 SPEED_TABLES = STREAM.writes
@@ -151,7 +171,8 @@ class BatchPlan:
     ``marks``: per table and partition, the next offset the table holds
     (where its records start); ``watermark_ms``: events older than this
     are left out of windows (``None`` before the first batch); ``chunks``:
-    the ranges to read.
+    the ranges to read; ``watched``: the metrics absence rules watch (their
+    per-series last-seen times are kept besides each server's).
     """
 
     topic: str
@@ -159,6 +180,7 @@ class BatchPlan:
     marks: dict[str, dict[int, int]]
     watermark_ms: int | None
     chunks: tuple[Chunk, ...]
+    watched: tuple[str, ...] = ()
 
     @property
     def records(self) -> int:
@@ -178,7 +200,9 @@ class ChunkResult:
     the windows (clamped to append time plus the clock skew); ``counts``:
     rows per table, plus ``late`` (valid events older than the watermark);
     ``touched``: per metric, the 1-minute windows (start, epoch µs) of the
-    events that ``query_results`` has not yet seen.
+    events that ``query_results`` has not yet seen; ``seen``: the newest
+    append and event time per server, and per series of a watched metric,
+    of the events ``last_seen`` has not yet seen (:data:`~metrics_lake.core.speed.alerting.SEEN`).
     """
 
     files: list[WrittenFile] = field(default_factory=list)
@@ -186,6 +210,7 @@ class ChunkResult:
     event_time_max_ms: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
     touched: dict[str, list[int]] = field(default_factory=dict)
+    seen: pa.Table = field(default_factory=SEEN.empty_table)
 
 
 @dataclass(frozen=True)
@@ -204,9 +229,16 @@ class BatchOutcome:
 
 
 def plan_batch(
-    store: Store, topic: str, ends: dict[int, int], *, watermark_seconds: int, chunk_records: int
+    store: Store,
+    topic: str,
+    ends: dict[int, int],
+    *,
+    watermark_seconds: int,
+    chunk_records: int,
+    watched: tuple[str, ...] | None = None,
 ) -> BatchPlan:
-    """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``.
+    """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``,
+    the metrics absence rules watch (``watched``; default: the registry's rules').
 
     A position below the log's start offset (retention removed records a
     table never got; ``lake consumers`` reports it) starts at the log start.
@@ -214,7 +246,7 @@ def plan_batch(
     first = start_offsets(SegmentLog(store), topic)
     marks: dict[str, dict[int, int]] = {}
     for name in SPEED_TABLES:
-        committed = committed_offsets(ensure_table(store, name), CONSUMER, topic, ends)
+        committed = table_positions(store, name, topic, ends)
         marks[name] = {}
         for p in ends:
             mark = committed[p] or 0
@@ -235,7 +267,9 @@ def plan_batch(
         start = min(marks[name][p] for name in SPEED_TABLES)
         chunks += [Chunk(p, lo, min(lo + chunk_records, end)) for lo in range(start, end, chunk_records)]
     watermark = ensure_table(store, WINDOWS).transaction_version(watermark_app_id(topic))
-    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks))
+    if watched is None:
+        watched = watched_metrics(Registry(store).current().alert_rules())
+    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched)
 
 
 def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
@@ -267,6 +301,7 @@ def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_sec
         result.states = aggregate_events(events, WINDOW_SECONDS)
     result.counts = {BRONZE: bronze_new.num_rows, QUARANTINE: quarantine_new.num_rows, "late": late}
     result.touched = _touched_minutes(new_for(QUERIES, bronze))
+    result.seen = seen_rows(new_for(LAST_SEEN, bronze), plan.watched)
     return result
 
 
@@ -354,7 +389,7 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
             days = sorted(
                 {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
             )
-            candidates = _files_with_windows(store, table, days, lo, hi)
+            candidates = windowed_files(store, WINDOWS, table, days, lo, hi)
             existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
             keys = states.select(["metric", "server", "window_start"])
             untouched = existing.join(keys, ["metric", "server", "window_start"], join_type="left anti")
@@ -376,27 +411,6 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
     return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
 
 
-def _files_with_windows(store: Store, table, days: list[str], lo_us: int, hi_us: int, name: str = WINDOWS):
-    """Active files of table ``name`` on ``days`` whose window_start statistics overlap ``[lo_us, hi_us]``."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return []
-    wanted = set()
-    for row in actions.select(["path", "partition.event_date", "min.window_start", "max.window_start"]).to_pylist():
-        day = row["partition.event_date"]
-        day = day.isoformat() if hasattr(day, "isoformat") else str(day)
-        low, high = row["min.window_start"], row["max.window_start"]
-        if day not in days:
-            continue
-        if (
-            low is None
-            or high is None
-            or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
-        ):
-            wanted.add(row["path"])
-    return [f for f in snapshot_files(store, name, table) if f.relative in wanted]
-
-
 def commit_batch(
     store: Store,
     plan: BatchPlan,
@@ -405,17 +419,27 @@ def commit_batch(
     watermark_seconds: int,
     started: float | None = None,
     queries: list[StoredQuery] | None = None,
+    rules: list[AlertRule] | None = None,
+    alerting: AlertOptions | None = None,
 ) -> BatchOutcome:
-    """Commit a processed batch: bronze, quarantine, windows, then query results, each with its new positions.
+    """Commit a processed batch: bronze, quarantine, windows, query results, last seen, alerts; each with its new
+    positions.
 
-    ``queries``: the stored queries to keep live (default: the lake's
-    registry, :mod:`metrics_lake.core.registry`, read again for every batch,
-    so an edit takes effect on the next one). Also records the batch's end as consumer group
-    ``speed-layer`` (what ``lake consumers`` shows). Raises
-    :class:`ConcurrentWriterError` if another stream moved a table's
-    positions meanwhile (see the module docstring).
+    ``queries`` and ``rules``: the stored queries to keep live and the alert
+    rules to evaluate (default: the lake's registry,
+    :mod:`metrics_lake.core.registry`, read again for every batch, so an edit
+    takes effect on the next one); ``alerting``: the evaluation delay and
+    absence lookback (default :class:`~metrics_lake.core.speed.alerting.AlertOptions`).
+    Also records the batch's end as consumer group ``speed-layer`` (what
+    ``lake consumers`` shows). Raises :class:`ConcurrentWriterError` if
+    another stream moved a table's positions meanwhile (see the module
+    docstring).
     """
     started = started or time.monotonic()
+    alerting = alerting or AlertOptions()
+    registry = Registry(store).current() if queries is None or rules is None else None
+    queries = registry.queries() if queries is None else queries
+    rules = registry.alert_rules() if rules is None else rules
     rows = {}
     for name in (BRONZE, QUARANTINE):
         files = [f for r in results for f in r.files if f.table == name]
@@ -442,9 +466,11 @@ def commit_batch(
     for result in results:
         for metric, minutes in result.touched.items():
             touched.setdefault(metric, set()).update(minutes)
-    rows[QUERIES] = _upsert_query_results(
-        store, plan, touched, Registry(store).current().queries() if queries is None else queries, watermark
-    )
+    rows[QUERIES] = _upsert_query_results(store, plan, touched, queries, watermark)
+    seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
+    rows[LAST_SEEN] = _upsert_last_seen(store, plan, seen, rules, alerting.absence_lookback_s)
+    clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
+    rows[ALERTS] = _commit_alerts(store, plan, rules, queries, clock, alerting.absence_lookback_s)
     if plan.ends:
         commit_offsets(store, CONSUMER, plan.topic, plan.ends)
     return BatchOutcome(
@@ -455,6 +481,90 @@ def commit_batch(
         watermark_ms=plan.watermark_ms,
         seconds=time.monotonic() - started,
     )
+
+
+def _upsert_last_seen(store: Store, plan: BatchPlan, seen: pa.Table, rules: list[AlertRule], lookback_s: int) -> int:
+    """Rewrite ``last_seen`` with the batch's newest times merged in (and a newly watched metric's first rows from
+    the windows), with its positions; returns the rows it now holds."""
+    watched = watched_metrics(rules)
+    written = 0
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        old_files = snapshot_files(store, LAST_SEEN, table)
+        existing = read_last_seen(store, table, old_files)
+        new_metrics = [m for m in watched if table.transaction_version(watched_app_id(m)) is None]
+        clock = append_clock_us(pa.concat_tables([existing.cast(SEEN), seen.cast(SEEN)]))
+        initial = SEEN.empty_table()
+        if new_metrics and clock is not None:
+            initial = initial_last_seen(store, new_metrics, clock, lookback_s)
+        rows = updated_last_seen(existing, seen, initial, watched, lookback_s)
+        commit_changes(
+            table,
+            LAST_SEEN,
+            write_data_files(store, LAST_SEEN, rows),
+            [remove_action(f) for f in old_files],
+            transactions=offset_transactions(CONSUMER, plan.topic, advances)
+            + [Transaction(watched_app_id(m), 1) for m in new_metrics],
+            operation="STREAMING LAST SEEN",
+        )
+        written = rows.num_rows
+
+    return written if _commit_with_positions(store, plan, LAST_SEEN, commit) else 0
+
+
+def watched_app_id(metric: str) -> str:
+    """The ``txn`` appId with which ``last_seen`` records that it holds ``metric``'s series (filled from windows)."""
+    return f"{CONSUMER}/last-seen/{metric}"
+
+
+_ALERT_LOGS: dict[str, AlertLog] = {}
+
+
+def _commit_alerts(
+    store: Store,
+    plan: BatchPlan,
+    rules: list[AlertRule],
+    queries: list[StoredQuery],
+    threshold_at_us: int | None,
+    lookback_s: int,
+) -> int:
+    """Evaluate every alert rule on the committed tables and append the transitions to ``alerts`` with the batch's
+    positions (:mod:`metrics_lake.core.speed.alerting`); returns the transitions recorded."""
+    alert_log = _ALERT_LOGS.setdefault(store.root, AlertLog(store))
+    recorded = 0
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal recorded
+        active = alert_log.refresh(table)  # what the committed transitions leave active: the state to go on from
+        values = {}
+        if threshold_at_us is not None and any(r.kind == "threshold" for r in rules):
+            by_name = {q.name: q for q in queries}
+            values = threshold_values(store, open_table(store, QUERIES), rules, by_name, threshold_at_us)
+        last_seen = read_last_seen(store, open_table(store, LAST_SEEN))
+        transitions = evaluate(
+            rules,
+            active,
+            threshold_at_us=threshold_at_us,
+            threshold_values=values,
+            absence_at_us=append_clock_us(last_seen),
+            last_seen=last_seen,
+            lookback_s=lookback_s,
+        )
+        rows = transitions_table(transitions, dt.datetime.now(dt.UTC))
+        commit_changes(
+            table,
+            ALERTS,
+            write_data_files(store, ALERTS, rows),
+            [],
+            transactions=offset_transactions(CONSUMER, plan.topic, advances),
+            operation="STREAMING ALERTS",
+        )
+        recorded = rows.num_rows
+        if recorded:
+            log.info("alerts: %s", "; ".join(f"{t.state} {t.summary}" for t in transitions))
+
+    return recorded if _commit_with_positions(store, plan, ALERTS, commit) else 0
 
 
 def _upsert_query_results(
@@ -580,7 +690,7 @@ def _result_files(store: Store, table, starts: dict, cutoffs: dict, by_name: dic
     hi = max([newest, *(int(s[-1]) for s in starts.values() if len(s))])
     if hi < lo:
         return []
-    return _files_with_windows(store, table, _days_between(lo, hi + 1), lo, hi, name=QUERIES)
+    return windowed_files(store, QUERIES, table, days_between(lo, hi + 1), lo, hi)
 
 
 def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | None]) -> np.ndarray:
@@ -605,7 +715,7 @@ def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | 
 def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) -> pa.Table:
     """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table."""
     table = open_table(store, WINDOWS)
-    candidates = _files_with_windows(store, table, _days_between(lo_us, hi_us), lo_us, hi_us - 1)
+    candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
     rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, WINDOW_STATE.names)
     start = pc.cast(rows.column("window_start"), pa.int64())
     keep = pc.and_(
@@ -613,13 +723,6 @@ def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) ->
         pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)),
     )
     return rows.filter(keep)
-
-
-def _days_between(lo_us: int, hi_us: int) -> list[str]:
-    """ISO dates of the UTC days that ``[lo_us, hi_us)`` (epoch µs) overlaps."""
-    first = dt.datetime.fromtimestamp(lo_us / 1e6, dt.UTC).date()
-    last = dt.datetime.fromtimestamp((hi_us - 1) / 1e6, dt.UTC).date()
-    return [(first + dt.timedelta(days=d)).isoformat() for d in range((last - first).days + 1)]
 
 
 def run_batch_in_process(
@@ -631,15 +734,34 @@ def run_batch_in_process(
     clock_skew_seconds: int,
     chunk_records: int = 500_000,
     queries: list[StoredQuery] | None = None,
+    rules: list[AlertRule] | None = None,
+    alerting: AlertOptions | None = None,
 ) -> BatchOutcome | None:
     """Plan, process (chunk after chunk, in this process) and commit one batch; ``None`` if nothing to do.
 
     The same steps the Spark job runs, without Spark: for tests, tools and
-    the benchmarks' "library without Spark" peer.
+    the benchmarks' "library without Spark" peer. ``queries``, ``rules``
+    and ``alerting`` as for :func:`commit_batch`.
     """
     started = time.monotonic()
-    plan = plan_batch(store, topic, ends, watermark_seconds=watermark_seconds, chunk_records=chunk_records)
+    plan = plan_batch(
+        store,
+        topic,
+        ends,
+        watermark_seconds=watermark_seconds,
+        chunk_records=chunk_records,
+        watched=None if rules is None else watched_metrics(rules),
+    )
     if not plan.chunks:
         return None
     results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds) for chunk in plan.chunks]
-    return commit_batch(store, plan, results, watermark_seconds=watermark_seconds, started=started, queries=queries)
+    return commit_batch(
+        store,
+        plan,
+        results,
+        watermark_seconds=watermark_seconds,
+        started=started,
+        queries=queries,
+        rules=rules,
+        alerting=alerting,
+    )

@@ -12,6 +12,12 @@ running it: where a stream without a checkpoint starts
 (:func:`rewritable_from`), how fresh the windows are (:func:`newest_window_end`,
 the dashboard and the quality checks), and which revision of each stored
 query ``query_results`` holds (:func:`query_progress`).
+
+``last_seen`` and ``alerts`` describe the present, not the history: when
+they first appear in a lake that already holds data (an upgrade), they
+start from the windows table's positions instead of the log's start
+(:func:`table_positions`), so adding them does not make the speed layer
+read the whole retained log again.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ __all__ = [
     "window_start_bounds",
     "rewritable_from",
     "starting_offsets",
+    "table_positions",
     "watermark_app_id",
 ]
 
@@ -54,6 +61,8 @@ CONSUMER = "speed-layer"
 WINDOW_SECONDS = TABLES[Table.METRIC_WINDOWS_1M].window_seconds
 #: Tables the speed layer rewrites (upserts); the others it only appends to.
 _REWRITTEN = (Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
+#: Tables that start where the windows are when they first appear (module docstring).
+_FOLLOWERS = (Table.LAST_SEEN, Table.ALERTS)
 
 
 def watermark_app_id(topic: str) -> str:
@@ -131,20 +140,34 @@ def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
     return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=newest, seconds=WINDOW_SECONDS)
 
 
+def table_positions(store: Store, name: str, topic: str, partitions) -> dict[int, int | None]:
+    """Per log partition, the next offset table ``name`` holds for the speed layer (None: nothing yet).
+
+    A table of :data:`_FOLLOWERS` that never committed starts at the windows
+    table's positions (module docstring).
+    """
+    marks = committed_offsets(ensure_table(store, name), CONSUMER, topic, partitions)
+    if name in _FOLLOWERS and all(mark is None for mark in marks.values()):
+        return committed_offsets(ensure_table(store, Table.METRIC_WINDOWS_1M), CONSUMER, topic, partitions)
+    return marks
+
+
 def starting_offsets(store: Store, topic: str) -> dict[int, int]:
     """Where a speed layer with no checkpoint starts: per partition, the lowest position any of its tables holds."""
     log = SegmentLog(store)
     first = start_offsets(log, topic)
-    tables = [ensure_table(store, name) for name in STREAM.writes]
-    marks = [committed_offsets(table, CONSUMER, topic, first) for table in tables]
+    marks = [table_positions(store, name, topic, first) for name in STREAM.writes]
     return {p: min(max(m[p] or 0, first[p]) for m in marks) for p in first}
 
 
 def rewritable_from(store: Store, table: str) -> dt.date | None:
     """The first day of ``table`` the speed layer may still rewrite (compaction must leave it alone), or None.
 
-    Only ``metric_windows_1m`` and ``query_results`` are rewritten (bronze and quarantine are append-only).
+    Only ``metric_windows_1m`` and ``query_results`` are rewritten day by day (bronze, quarantine and alerts are
+    append-only); ``last_seen`` is rewritten whole by every micro-batch, so every day of it stays open.
     """
+    if table == Table.LAST_SEEN:
+        return dt.date.min
     return first_open_day(store) if table in _REWRITTEN else None
 
 

@@ -9,6 +9,7 @@ values. Tables needing reader features this code does not implement
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -22,7 +23,15 @@ from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
 from metrics_lake.lake_schemas.errors import InputError
 
-__all__ = ["DataFile", "check_readable", "read_data_file", "read_data_files", "snapshot_files"]
+__all__ = [
+    "DataFile",
+    "check_readable",
+    "days_between",
+    "read_data_file",
+    "read_data_files",
+    "snapshot_files",
+    "windowed_files",
+]
 
 #: Reader features whose semantics this reader does not implement.
 UNSUPPORTED_READER_FEATURES = {"deletionVectors", "columnMapping"}
@@ -82,6 +91,37 @@ def snapshot_files(
         if wanted is None or dict(values).get(partition[0]) in wanted:
             files.append(DataFile(full, relative, int(row["size_bytes"]), values, row.get("num_records")))
     return files
+
+
+def windowed_files(
+    store: Store, name: str, table: DeltaTable, days: list[str], lo_us: int, hi_us: int
+) -> list[DataFile]:
+    """Active files of windowed table ``name`` on ``days`` (ISO dates of its day partition) whose ``window_start``
+    statistics overlap ``[lo_us, hi_us]`` (epoch µs); a file without statistics is kept."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return []
+    wanted = set()
+    for row in actions.select(["path", "partition.event_date", "min.window_start", "max.window_start"]).to_pylist():
+        day = row["partition.event_date"]
+        day = day.isoformat() if hasattr(day, "isoformat") else str(day)
+        low, high = row["min.window_start"], row["max.window_start"]
+        if day not in days:
+            continue
+        if (
+            low is None
+            or high is None
+            or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
+        ):
+            wanted.add(row["path"])
+    return [f for f in snapshot_files(store, name, table) if f.relative in wanted]
+
+
+def days_between(lo_us: int, hi_us: int) -> list[str]:
+    """ISO dates of the UTC days that ``[lo_us, hi_us)`` (epoch µs) overlaps."""
+    first = dt.datetime.fromtimestamp(lo_us / 1e6, dt.UTC).date()
+    last = dt.datetime.fromtimestamp((hi_us - 1) / 1e6, dt.UTC).date()
+    return [(first + dt.timedelta(days=d)).isoformat() for d in range((last - first).days + 1)]
 
 
 def _text(value) -> str:

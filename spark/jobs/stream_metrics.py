@@ -34,6 +34,7 @@ from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.registry import Registry
+from metrics_lake.core.speed.alerting import AlertOptions
 from metrics_lake.core.speed.micro_batch import (
     BatchOutcome,
     BatchPlan,
@@ -101,7 +102,14 @@ def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutco
     if not plan.chunks:
         return None
     results = process_on_executors(spark, settings, plan)
-    return commit_batch(store, plan, results, watermark_seconds=settings.watermark_seconds, started=started)
+    return commit_batch(
+        store,
+        plan,
+        results,
+        watermark_seconds=settings.watermark_seconds,
+        started=started,
+        alerting=AlertOptions.from_settings(settings),
+    )
 
 
 def start_stream(

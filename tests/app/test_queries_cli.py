@@ -77,9 +77,13 @@ def test_a_declarations_file_shows_its_diff_then_applies_with_yes(lake, store, t
     assert "+ disk: FROM * SELECT host.disk WINDOW 1h COMPUTE max" in dry.stdout
     assert "- fleet_rpc_latency_5m" in dry.stdout and "dry run" in dry.stderr
     assert Registry(store).current().version == 1
+    refused = one_line(lake("queries", "--from-file", str(file), "--yes", expect=2))  # a seeded rule uses the query
+    assert "removes stored query 'fleet_rpc_latency_5m', which alert rule 'rpc_latency_p99_high'" in refused
+    assert Registry(store).current().version == 1  # nothing half-applied
+    lake("alerts", "rm", "rpc_latency_p99_high")
     lake("queries", "--from-file", str(file), "--yes")
     assert sorted(Registry(store).current().entries) == ["disk", "web_p99"]
     assert "nothing to apply" in lake("queries", "--from-file", str(file), "--yes").stderr
     file.write_text(file.read_text() + '\n[[queries]]\nname = "bad"\nquery = "FROM * SELECT m WINDOW 5m COMPUTE p99"\n')
     assert "cannot compute 'p99'" in one_line(lake("queries", "--from-file", str(file), "--yes", expect=2))
-    assert Registry(store).current().version == 2
+    assert Registry(store).current().version == 3

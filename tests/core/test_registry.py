@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from metrics_lake.core import keys
-from metrics_lake.core.registry import Change, Registry, declared_changes, read_declarations
-from metrics_lake.lake_schemas.errors import NotFoundError, RegistryConflictError, StoredQueryError
+from metrics_lake.core.registry import ALERT, QUERY, Change, Registry, declared_changes, read_declarations
+from metrics_lake.lake_schemas.errors import AlertRuleError, NotFoundError, RegistryConflictError, StoredQueryError
 
 SEED = """
 [[queries]]
@@ -121,3 +122,72 @@ def test_a_declarations_file_applies_as_a_diff(registry, tmp_path):
     after = registry.apply(changes)
     assert sorted(after.entries) == ["cpu", "disk"] and after.entry("cpu").description == "fleet cpu, hourly"
     assert declared_changes(after, read_declarations(file)) == []
+
+
+RULE = "lat.p99 > 250 FOR 3m LABELS severity=page"
+
+
+def test_alert_rules_live_beside_queries_with_their_own_names_revisions_and_history(registry):
+    registry.ensure_seeded()
+    v2 = registry.apply(
+        [Change("put", "lat", LAT), Change("put", "lat", "lat.p99  >  250 FOR 3m LABELS severity=page", "slow", ALERT)],
+        by="alice",
+    )  # a query and a rule may share a name: each kind has its own
+    assert v2.entry("lat", ALERT).text == RULE and v2.rules["lat"].revision == 2  # the text as parsed, normalised
+    assert [r.name for r in v2.alert_rules()] == ["lat"] and v2.alert_rules()[0].description == "slow"
+    v3 = registry.apply([Change("put", "quiet", "ABSENT host.cpu FOR 2m", kind=ALERT)], by="bob")
+    assert [c.describe() for c in v3.changes] == ["+ alert quiet: ABSENT host.cpu FOR 2m"]
+    assert [v.version for v in registry.history("lat", ALERT)] == [2] and len(registry.history("lat")) == 1
+    fresh = Registry(registry.store).current()  # read back from the stored object
+    assert fresh.rules == v3.rules and fresh.entries == v3.entries
+    with pytest.raises(NotFoundError, match="no alert rule 'nope'.*known: lat, quiet"):
+        registry.apply([Change("delete", "nope", kind=ALERT)])
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ([Change("put", "r", "nope.p99 > 1", kind=ALERT)], "unknown stored query 'nope' (known: cpu)"),
+        ([Change("put", "r", "cpu.p99 > 1", kind=ALERT)], "'cpu' computes avg, not 'p99'"),
+        ([Change("put", "r", "cpu.avg >> 1", kind=ALERT)], "expected '<query>.<aggregate> <op> <number>"),
+        ([Change("put", "r", "ABSENT cpu FOR 2d", kind=ALERT)], "shorter than 1d"),
+        ([Change("delete", "cpu")], "this edit removes stored query 'cpu', which alert rule 'hot'"),
+        (
+            [Change("put", "cpu", "FROM * SELECT host.cpu WINDOW 5m COMPUTE max")],
+            "this edit changes stored query 'cpu'",
+        ),
+        ([Change("put", "r", "cpu.avg > 1", kind=ALERT)] * 2, "an edit names an entry twice: ['r']"),
+    ],
+)
+def test_a_rule_naming_what_the_registry_lacks_is_refused_and_nothing_is_applied(registry, changes, words):
+    registry.ensure_seeded()
+    registry.apply([Change("put", "hot", "cpu.avg > 90", kind=ALERT)])
+    with pytest.raises(AlertRuleError) as raised:
+        registry.apply(changes)
+    assert words in str(raised.value)
+    assert registry.versions() == [1, 2]
+
+
+def test_rule_declarations_apply_as_a_diff_of_rules_only(registry, tmp_path):
+    registry.ensure_seeded()
+    registry.apply([Change("put", "old", "ABSENT cpu FOR 1m", kind=ALERT)])
+    file = tmp_path / "rules.toml"
+    file.write_text('[[alerts]]\nname = "hot"\nrule = "cpu.avg > 90 FOR 5m"\ndescription = "busy"\n')
+    changes = declared_changes(registry.current(), read_declarations(file, ALERT), ALERT)
+    assert [c.describe() for c in changes] == ["+ alert hot: cpu.avg > 90 FOR 5m", "- alert old"]
+    after = registry.apply(changes)
+    assert sorted(after.rules) == ["hot"] and sorted(after.entries) == ["cpu"]  # queries untouched
+    file.write_text('[[alerts]]\nname = "a"\nrule = "x.avg > 1"\n[[alerts]]\nname = "a"\nrule = "x.avg > 2"\n')
+    with pytest.raises(AlertRuleError, match="'a' used twice"):
+        read_declarations(file, ALERT)
+
+
+def test_a_version_written_before_alert_rules_existed_reads_with_none(registry, store):
+    registry.ensure_seeded()
+    doc = json.loads(store.read(keys.registry_version_key(1)))
+    doc.pop("alerts")
+    for change in doc["changes"]:
+        change.pop("kind")
+    store.create(keys.registry_version_key(2), json.dumps({**doc, "version": 2}).encode())
+    old = Registry(store).read(2)
+    assert old.rules == {} and sorted(old.entries) == ["cpu"] and old.changes[0].kind == QUERY

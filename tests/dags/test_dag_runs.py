@@ -62,7 +62,9 @@ def test_nightly_recomputes_rolls_up_and_evaluates_yesterday(dagbag, lake_env, s
         logical_date=dt.datetime.combine(DAY + dt.timedelta(days=1), dt.time(0, 30), dt.UTC)
     )
     steps = ["target_day", "recompute", "quality_gate", "rollups", "rollup_quality_gate", "stored_queries"]
-    assert task_states(run) == dict.fromkeys(steps, SUCCESS)
+    assert task_states(run) == dict.fromkeys([*steps, "alert_rules"], SUCCESS)
+    (alerts,) = returned(run, "alert_rules")  # the shipped latency rule: no fleet p99 over 250 ms in this data
+    assert (alerts["day"], alerts["episodes"], alerts["rows"], alerts["skipped"]) == (DAY.isoformat(), 0, 0, False)
     assert returned(run, "quality_gate")["tables"]["metric_windows_1m"] == {"rows": 360, "passed": 13, "failed": 0}
     assert returned(run, "target_day") == DAY.isoformat()
 
@@ -92,7 +94,9 @@ def test_a_failed_critical_expectation_stops_the_nightly_before_rollups(dagbag, 
     )
     states = task_states(run)
     assert (states["recompute"], states["quality_gate"]) == (SUCCESS, "failed")
-    assert {states[t] for t in ("rollups", "rollup_quality_gate", "stored_queries")} == {"upstream_failed"}
+    assert {states[t] for t in ("rollups", "rollup_quality_gate", "stored_queries", "alert_rules")} == {
+        "upstream_failed"
+    }
     assert (
         open_table(store, "metric_rollup_1h").to_pyarrow_table().num_rows == 0
         if store.exists("tables/metric_rollup_1h/_delta_log")

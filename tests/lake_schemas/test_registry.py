@@ -35,7 +35,14 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Folders whose Python files must name tables through the registry.
 SCANNED = ("lake_schemas", "core", "agents", "spark", "infra", "quality", "app", "dags", "bench")
 DECLARED_IN = Path("lake_schemas/tables.py")
-NAME_WORD = re.compile(r"\b(" + "|".join(re.escape(name) for name in Table) + r")\b")
+NAME_WORD = re.compile(r"\b(" + "|".join(re.escape(name) for name in Table if "_" in name) + r")\b")
+#: Names that are also English words (``alerts``) count only where they name a table: in SQL or a storage path.
+WORD_NAME = re.compile(
+    r"(?:\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+|tables/)("
+    + "|".join(re.escape(n) for n in Table if "_" not in n)
+    + r")\b",
+    re.IGNORECASE,
+)
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
@@ -55,7 +62,7 @@ def table_name_literals(path: Path) -> list[tuple[int, str]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-            if NAME_WORD.search(node.value):
+            if NAME_WORD.search(node.value) or WORD_NAME.search(node.value):
                 found.append((node.lineno, node.value))
     return found
 
@@ -67,8 +74,14 @@ def test_the_scan_finds_a_literal_and_skips_docstrings(tmp_path):
         "def f(t):\n"
         '    """Writes query_results."""\n'
         '    return t == "metric_windows_1m" or f"SELECT * FROM dq_results WHERE {t}"\n'
+        'print("no alerts fired", "SELECT * FROM alerts")\n'
     )
-    assert table_name_literals(sample) == [(4, "metric_windows_1m"), (4, "SELECT * FROM dq_results WHERE ")]
+    found = table_name_literals(sample)
+    assert sorted(found) == [
+        (4, "SELECT * FROM dq_results WHERE "),
+        (4, "metric_windows_1m"),
+        (5, "SELECT * FROM alerts"),
+    ]
 
 
 def test_no_table_name_is_written_as_a_literal_outside_the_registry():
@@ -99,7 +112,9 @@ def test_operations_derive_what_the_registry_says():
         Table.QUARANTINE_EVENTS,
         Table.METRIC_WINDOWS_1M,
         Table.QUERY_RESULTS,
-    )  # the speed layer's commit order: query results are evaluated from committed windows
+        Table.LAST_SEEN,
+        Table.ALERTS,
+    )  # the speed layer's commit order: query results from committed windows, alerts from both and last_seen
     assert [spec.name for spec in rollup_chain()] == [Table.METRIC_ROLLUP_1H, Table.METRIC_ROLLUP_1D]
     assert set(RECOMPUTE.writes) == {Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION}
     assert set(QUALITY.reads) >= {name for name, spec in TABLES.items() if spec.quality_suite}

@@ -35,6 +35,7 @@ from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
+from metrics_lake.lake_schemas.tables import Table
 from tests.helpers import assert_quantile_within_bound, expected_windows, positions
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute boundary
@@ -135,6 +136,8 @@ def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(sto
         BRONZE: 0,
         QUARANTINE: 0,
         QUERIES: 0,
+        Table.LAST_SEEN: 0,
+        Table.ALERTS: 0,
     }
     # A plan whose starting positions another writer has since moved (two streams on one topic) is refused.
     with pytest.raises(ConcurrentWriterError, match="another speed layer committed positions"):

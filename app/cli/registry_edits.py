@@ -1,0 +1,71 @@
+"""What ``lake queries`` and ``lake alerts`` share: the registry of the configured lake, a declarations file applied
+as a diff, the history of edits, and the ``--by`` option.
+
+Every edit is one new registry version (:mod:`metrics_lake.core.registry`);
+a running ``lake stream`` picks it up on its next micro-batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import table as rich_table
+from rich.markup import escape
+
+from metrics_lake.app.cli.options import settings
+from metrics_lake.app.console import err, out
+
+__all__ = ["ByOption", "FromFileOption", "YesOption", "apply_file", "open_registry", "print_history"]
+
+ByOption = Annotated[
+    str | None, typer.Option("--by", help="Who makes the edit, for the history (default: LAKE_AUTHOR or your user).")
+]
+FromFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--from-file",
+        help="Make the registry hold exactly the entries this TOML file declares: shows the diff, applies it with --yes.",
+    ),
+]
+YesOption = Annotated[bool, typer.Option("--yes", help="With --from-file: apply the diff (else a dry run).")]
+
+
+def open_registry():
+    """The registry of the configured lake, checking absence rules against its lookback."""
+    from metrics_lake.core.registry import Registry
+    from metrics_lake.core.storage import open_store
+
+    config = settings()
+    return Registry(open_store(config), absence_lookback_s=config.alert_absence_lookback_seconds)
+
+
+def apply_file(path: Path, yes: bool, by: str | None, kind: str, hint=lambda changes: "") -> None:
+    """Make the registry's entries of ``kind`` exactly those ``path`` declares: print the diff; apply it (one
+    version) with ``yes``. Every entry is parsed first, so a bad one fails before anything is applied."""
+    from metrics_lake.core.registry import declared_changes, read_declarations
+
+    registry = open_registry()
+    declared = read_declarations(path, kind)
+    current = registry.current()
+    changes = declared_changes(current, declared, kind)
+    if not changes:
+        err.print(f"the registry (version {current.version}) already holds exactly {path}: nothing to apply")
+        return
+    for change in changes:
+        out.print(escape(change.describe()), soft_wrap=True)
+    if not yes:
+        err.print(f"dry run: {len(changes)} change(s) against version {current.version}; apply them with --yes")
+        return
+    new = registry.apply(changes, by=by, expected=current.version)
+    err.print(f"applied {len(changes)} change(s): registry version {new.version}{hint(changes)}")
+
+
+def print_history(name: str | None, kind: str | None) -> None:
+    """The registry's versions (only those touching ``name`` of ``kind``, if given): who changed what, when."""
+    listing = rich_table.Table("version", "at", "by", "changes")
+    for version in open_registry().history(name, kind):
+        changes = [c for c in version.changes if name is None or c.name == name]
+        listing.add_row(str(version.version), version.at, version.by, "\n".join(c.describe() for c in changes))
+    out.print(listing)

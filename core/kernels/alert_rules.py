@@ -1,0 +1,673 @@
+"""Alert rules: the grammar, its parser, and their evaluation (a state machine per alert) over Arrow columns.
+
+Two kinds of rule, managed in the registry beside the stored queries
+(:mod:`metrics_lake.core.registry`)::
+
+    <query>.<aggregate> <op> <number> [FOR <duration>] [LABELS k=v[,k=v...]]
+    ABSENT <metric> [FROM <servers>] FOR <duration> [LABELS k=v[,k=v...]]
+
+- **Threshold** rules compare a stored query's aggregate (its label in
+  ``query_results``: ``p99``, ``p99.9``, ``avg``, ``count``...) with a number;
+  ``<op>`` is one of ``> >= < <= == !=``. A ``PER SERVER`` query gives one
+  alert per server (label ``server``); any other query one fleet-wide alert
+  (its fleet row).
+- **Absence** rules ("missing data is a signal"): a server that sent
+  ``<metric>`` within the lookback (a day by default) and has sent nothing
+  for ``<duration>`` fires for that server, resolved when data returns.
+  ``<servers>`` as in stored queries: names and shell globs, ``*`` for all.
+- ``<duration>``: ``<n>s``, ``<n>m``, ``<n>h`` or ``<n>d``; for threshold
+  rules at most a day (omitted: 0, fire at once), for absence rules at least
+  a second and shorter than the lookback. ``LABELS`` are added to every alert
+  of the rule; names follow Prometheus (``[a-zA-Z_][a-zA-Z0-9_]*``), values
+  are free text without ``,`` or spaces; ``alertname`` and ``server`` are set
+  by the lake.
+
+Keywords are case-insensitive. :func:`parse_rule` raises
+:class:`~metrics_lake.lake_schemas.errors.AlertRuleError` naming the rule and
+the clause.
+
+**Evaluation** (:func:`evaluate`) follows Prometheus's alerting rules
+(``rules/alerting.go``): an alert whose condition holds becomes *pending*
+with ``active_since`` the evaluation time, and *firing* once the condition
+has held for ``FOR`` (at once when ``FOR`` is 0); one whose condition stops
+holding is *resolved*. An absence alert goes straight to firing, its
+``active_since`` being the moment the silence reached ``FOR`` (last seen +
+``FOR``). What the evaluator carries from one evaluation to the next is the
+set of :class:`ActiveAlert`, keyed by fingerprint; every change of it is one
+:class:`Transition`, a row of the ``alerts`` table, so the state of any
+evaluation can be rebuilt from the table (:func:`apply`).
+
+A series' **value at time T** (threshold rules): the query window that
+contains T with the earliest start (for a hopping query the one holding the
+most of the trailing data; for a tumbling one the window of T), else the
+newest window that ended at most one step before T; with neither, the series
+has no value and its condition does not hold (Prometheus's staleness).
+
+Fingerprints are Alertmanager's: FNV-1a 64 over the labels sorted by name,
+each name and value followed by the byte 0xff (``prometheus/common``
+``model.LabelSet.Fingerprint``), printed as 16 hex digits, so the lake's and
+Alertmanager's API name an alert alike.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.core.kernels.stored_queries import StoredQuery, server_pattern
+from metrics_lake.lake_schemas.contract import METRIC_NAME
+from metrics_lake.lake_schemas.errors import AlertRuleError
+from metrics_lake.lake_schemas.tables import ALERTS
+from metrics_lake.lake_schemas.types import UTC_US
+
+__all__ = [
+    "ABSENCE",
+    "OPERATORS",
+    "THRESHOLD",
+    "ActiveAlert",
+    "AlertRule",
+    "Transition",
+    "apply",
+    "evaluate",
+    "fingerprint",
+    "format_duration",
+    "parse_rule",
+    "series_values",
+    "transitions_table",
+]
+
+THRESHOLD, ABSENCE = "threshold", "absence"
+PENDING, FIRING, RESOLVED, INACTIVE = "pending", "firing", "resolved", "inactive"
+#: The comparison operators of threshold rules, as numpy ufuncs.
+OPERATORS = {
+    ">": np.greater,
+    ">=": np.greater_equal,
+    "<": np.less,
+    "<=": np.less_equal,
+    "==": np.equal,
+    "!=": np.not_equal,
+}
+DAY_S = 86_400
+_US = 1_000_000
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": DAY_S}
+_NAME = re.compile(r"[a-z0-9_]{1,64}")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_RESERVED_LABELS = {"alertname", "server"}
+_TAIL = r"(?:\s+FOR\s+(?P<for>\S+))?(?:\s+LABELS\s+(?P<labels>\S+))?\s*$"
+_THRESHOLD = re.compile(
+    r"^\s*(?P<query>[^\s.]+)\.(?P<aggregate>\S+?)\s*(?P<op>>=|<=|==|!=|>|<)\s*(?P<number>\S+)" + _TAIL,
+    re.IGNORECASE,
+)
+_ABSENCE = re.compile(r"^\s*ABSENT\s+(?P<metric>\S+)(?:\s+FROM\s+(?P<servers>\S+))?" + _TAIL, re.IGNORECASE)
+_AGGREGATE = re.compile(r"count|sum|min|max|avg|p[0-9]+(?:\.[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class AlertRule:
+    """A parsed alert rule (module docstring); ``for_s`` in seconds, ``labels`` sorted ``(name, value)`` pairs.
+
+    Threshold rules set ``query``, ``aggregate``, ``op`` and ``threshold``;
+    absence rules ``metric`` and ``servers``. ``revision``: the registry
+    version at which the text was defined (0 for a file's).
+    """
+
+    name: str
+    text: str
+    kind: str
+    for_s: int
+    labels: tuple[tuple[str, str], ...] = ()
+    query: str | None = None
+    aggregate: str | None = None
+    op: str | None = None
+    threshold: float | None = None
+    metric: str | None = None
+    servers: tuple[str, ...] = ("*",)
+    description: str = ""
+    revision: int = 0
+
+    def alert_labels(self, server: str | None) -> tuple[tuple[str, str], ...]:
+        """The labels of this rule's alert for ``server`` (None: fleet-wide), sorted by name."""
+        labels = dict(self.labels)
+        labels["alertname"] = self.name
+        if server is not None:
+            labels["server"] = server
+        return tuple(sorted(labels.items()))
+
+    def condition(self) -> str:
+        """The rule's condition in words, for summaries: ``fleet_rpc_latency_5m p99 > 250``."""
+        if self.kind == ABSENCE:
+            return f"no {self.metric} for {format_duration(self.for_s)}"
+        return f"{self.query} {self.aggregate} {self.op} {self.threshold:g}"
+
+
+def format_duration(seconds: float) -> str:
+    """``2m 5s``, ``1h``, ``45s``: a duration for people (whole seconds)."""
+    seconds = int(round(seconds))
+    parts = []
+    for unit, size in (("d", DAY_S), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    if seconds or not parts:
+        parts.append(f"{seconds}s")
+    return " ".join(parts)
+
+
+def _seconds(name: str, text: str, *, low: int, high: int, limit: str) -> int:
+    match = re.fullmatch(r"([0-9]+)([smhd])", text.lower())
+    if not match:
+        raise AlertRuleError(f"alert rule {name!r}: FOR {text!r} is not <n>s, <n>m, <n>h or <n>d")
+    seconds = int(match[1]) * _UNITS[match[2]]
+    if not low <= seconds <= high:
+        raise AlertRuleError(f"alert rule {name!r}: FOR {text!r} must be {limit}")
+    return seconds
+
+
+def _labels(name: str, text: str | None) -> tuple[tuple[str, str], ...]:
+    if not text:
+        return ()
+    labels = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not _LABEL_NAME.fullmatch(key) or not value or "=" in value:
+            raise AlertRuleError(f"alert rule {name!r}: LABELS item {item!r} is not name=value")
+        if key in _RESERVED_LABELS:
+            raise AlertRuleError(f"alert rule {name!r}: LABELS may not set {key!r}; the lake sets it")
+        if key in labels:
+            raise AlertRuleError(f"alert rule {name!r}: LABELS names {key!r} twice")
+        labels[key] = value
+    return tuple(sorted(labels.items()))
+
+
+def parse_rule(name: str, text: str, description: str = "", *, absence_lookback_s: int = DAY_S) -> AlertRule:
+    """Parse one rule text (grammar in the module docstring); raises :class:`AlertRuleError` naming the clause.
+
+    ``absence_lookback_s``: how long a silent server stays expected; an
+    absence rule's ``FOR`` must be shorter. Whether a threshold rule's query
+    exists and computes its aggregate is checked against the registry
+    (:func:`check_against_queries`), not here.
+    """
+    if not _NAME.fullmatch(name):
+        raise AlertRuleError(f"alert rule name {name!r} must match [a-z0-9_]{{1,64}}")
+    absence = _ABSENCE.match(text)
+    if absence:
+        metric = absence["metric"]
+        if not METRIC_NAME.fullmatch(metric):
+            raise AlertRuleError(f"alert rule {name!r}: ABSENT {metric!r} is not a metric name ([a-z0-9_.]{{1,128}})")
+        if absence["for"] is None:
+            raise AlertRuleError(f"alert rule {name!r}: an ABSENT rule needs FOR <duration>: how long a silence fires")
+        lookback = format_duration(absence_lookback_s)
+        for_s = _seconds(
+            name, absence["for"], low=1, high=absence_lookback_s - 1, limit=f"at least 1s and shorter than {lookback}"
+        )
+        servers = tuple(s for s in (absence["servers"] or "*").split(",") if s)
+        return AlertRule(
+            name,
+            " ".join(text.split()),
+            ABSENCE,
+            for_s,
+            _labels(name, absence["labels"]),
+            metric=metric,
+            servers=servers or ("*",),
+            description=description,
+        )
+    if text.strip().upper().startswith("ABSENT"):
+        raise AlertRuleError(
+            f"alert rule {name!r}: expected 'ABSENT <metric> [FROM <servers>] FOR <duration> [LABELS k=v,...]', "
+            f"got {text!r}"
+        )
+    threshold = _THRESHOLD.match(text)
+    if not threshold:
+        raise AlertRuleError(
+            f"alert rule {name!r}: expected '<query>.<aggregate> <op> <number> [FOR <duration>] [LABELS k=v,...]' "
+            f"or 'ABSENT <metric> ...', got {text!r}"
+        )
+    if not _NAME.fullmatch(threshold["query"]):
+        raise AlertRuleError(f"alert rule {name!r}: {threshold['query']!r} is not a stored query name")
+    aggregate = threshold["aggregate"].lower()
+    if not _AGGREGATE.fullmatch(aggregate):
+        raise AlertRuleError(
+            f"alert rule {name!r}: aggregate {threshold['aggregate']!r} is not count, sum, min, max, avg or p<n>"
+        )
+    try:
+        number = float(threshold["number"])
+    except ValueError:
+        raise AlertRuleError(f"alert rule {name!r}: {threshold['number']!r} is not a number") from None
+    if not np.isfinite(number):
+        raise AlertRuleError(f"alert rule {name!r}: the threshold {threshold['number']!r} must be finite")
+    for_s = 0
+    if threshold["for"] is not None:
+        for_s = _seconds(name, threshold["for"], low=0, high=DAY_S, limit="at most 1d")
+    return AlertRule(
+        name,
+        " ".join(text.split()),
+        THRESHOLD,
+        for_s,
+        _labels(name, threshold["labels"]),
+        query=threshold["query"],
+        aggregate=aggregate,
+        op=threshold["op"],
+        threshold=number,
+        description=description,
+    )
+
+
+def check_against_queries(rule: AlertRule, queries: dict[str, StoredQuery]) -> None:
+    """Raise :class:`AlertRuleError` if a threshold rule names a stored query that is not in ``queries`` or that
+    does not compute its aggregate (absence rules need none)."""
+    if rule.kind != THRESHOLD:
+        return
+    query = queries.get(rule.query or "")
+    if query is None:
+        known = ", ".join(sorted(queries)) or "none"
+        raise AlertRuleError(f"alert rule {rule.name!r}: unknown stored query {rule.query!r} (known: {known})")
+    labels = [a.label for a in query.aggregates]
+    if rule.aggregate not in labels:
+        raise AlertRuleError(
+            f"alert rule {rule.name!r}: stored query {rule.query!r} computes {', '.join(labels)}, "
+            f"not {rule.aggregate!r}"
+        )
+
+
+def fingerprint(labels: tuple[tuple[str, str], ...]) -> str:
+    """Alertmanager's fingerprint of a label set (module docstring): 16 lower-case hex digits."""
+    value = 14695981039346656037  # FNV-1a 64 offset basis
+    for name, label in sorted(labels):
+        for part in (name, label):
+            for byte in part.encode() + b"\xff":
+                value = ((value ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return f"{value:016x}"
+
+
+@dataclass(frozen=True)
+class ActiveAlert:
+    """An alert that is pending or firing, as its latest transition left it (times in epoch µs)."""
+
+    rule: str
+    fingerprint: str
+    server: str | None
+    labels: tuple[tuple[str, str], ...]
+    state: str
+    active_since_us: int
+    since_us: int
+    value: float | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of an alert's state: a row of the ``alerts`` table (columns there; times in epoch µs).
+
+    ``value``: the aggregate (threshold) or the seconds of silence (absence)
+    at ``at_us``; ``threshold``: the rule's number, or its ``FOR`` in seconds
+    for absence; ``window_start_us``/``window_end_us``: the query window
+    whose value decided (threshold), or the last time the server was seen
+    and None (absence).
+    """
+
+    rule: AlertRule
+    server: str | None
+    labels: tuple[tuple[str, str], ...]
+    state: str
+    previous_state: str
+    at_us: int
+    active_since_us: int
+    value: float | None
+    window_start_us: int | None
+    window_end_us: int | None
+    summary: str
+    source: str = "live"
+
+    @property
+    def fingerprint(self) -> str:
+        """The alert's fingerprint (its labels')."""
+        return fingerprint(self.labels)
+
+    @property
+    def id(self) -> str:
+        """Unique per transition: ``<fingerprint>-<state>-<at µs>`` (one transition per alert per evaluation)."""
+        return f"{self.fingerprint}-{self.state}-{self.at_us}"
+
+
+@dataclass
+class SeriesValues:
+    """Per series of one threshold rule: ``servers`` (None for the fleet), ``values``, window bounds (epoch µs)."""
+
+    servers: list[str | None]
+    values: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def empty(cls) -> SeriesValues:
+        """No series at all."""
+        return cls([], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def series_values(rows: pa.Table, query: StoredQuery, aggregate: str, at_us: int) -> SeriesValues:
+    """Each series' value at ``at_us`` (module docstring) from ``query_results`` rows of ``query``.
+
+    ``rows`` has the columns ``query, server, window_start, window_end,
+    aggregate, value`` (other queries' rows are ignored). A ``PER SERVER``
+    query's series are its servers (its fleet rows are left out), any other
+    query's its one fleet row.
+    """
+    keep = pc.and_(pc.equal(rows.column("query"), query.name), pc.equal(rows.column("aggregate"), aggregate))
+    keep = pc.and_(keep, pc.is_valid(rows.column("server")) if query.per_server else pc.is_null(rows.column("server")))
+    rows = rows.filter(keep)
+    if rows.num_rows == 0:
+        return SeriesValues.empty()
+    starts = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+    ends = pc.cast(rows.column("window_end"), pa.int64()).to_numpy(zero_copy_only=False)
+    step_us = query.slide_s * _US
+    candidate = (starts <= at_us) & (ends > at_us - step_us)
+    if not candidate.any():
+        return SeriesValues.empty()
+    rows, starts, ends = rows.filter(pa.array(candidate)), starts[candidate], ends[candidate]
+    servers = pc.fill_null(rows.column("server"), "").to_numpy(zero_copy_only=False).astype(object)
+    codes = pc.dictionary_encode(pa.array(servers, pa.string())).indices.to_numpy(zero_copy_only=False)
+    containing = ends > at_us
+    # Windows holding T first (the one ending soonest), then the newest that ended: the first row per series wins.
+    order = np.lexsort((np.where(containing, ends, -ends), ~containing, codes))
+    first = order[np.unique(codes[order], return_index=True)[1]]
+    values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+    return SeriesValues(
+        [s or None for s in servers[first]] if query.per_server else [None] * len(first),
+        values[first],
+        starts[first],
+        ends[first],
+    )
+
+
+@dataclass
+class _Evaluation:
+    """The transitions of one evaluation, and the alerts it saw (to resolve those it did not)."""
+
+    at_us: int
+    active: dict[str, ActiveAlert]
+    transitions: list[Transition] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+    def hold(
+        self,
+        rule: AlertRule,
+        server: str | None,
+        *,
+        state: str,
+        active_since_us: int,
+        value: float | None,
+        window: tuple[int | None, int | None],
+        summary: str,
+        at_us: int | None = None,
+    ) -> None:
+        """The alert of ``rule`` for ``server`` is in ``state`` now: record a transition if it was not."""
+        labels = rule.alert_labels(server)
+        key = fingerprint(labels)
+        self.seen.add(key)
+        previous = self.active.get(key)
+        if previous is not None and previous.state == state:
+            return
+        self.transitions.append(
+            Transition(
+                rule,
+                server,
+                labels,
+                state,
+                INACTIVE if previous is None else previous.state,
+                self.at_us if at_us is None else at_us,
+                active_since_us if previous is None else previous.active_since_us,
+                value,
+                window[0],
+                window[1],
+                summary,
+            )
+        )
+
+
+def evaluate(
+    rules: list[AlertRule],
+    active: dict[str, ActiveAlert],
+    *,
+    threshold_at_us: int | None,
+    threshold_values: dict[str, SeriesValues],
+    absence_at_us: int | None,
+    last_seen: pa.Table,
+    lookback_s: int = DAY_S,
+) -> list[Transition]:
+    """Evaluate ``rules`` once; returns the transitions from ``active`` (by fingerprint, :func:`apply` builds it).
+
+    ``threshold_at_us``: the evaluation time of threshold rules (the event
+    clock minus the evaluation delay; None: not yet known, they are not
+    evaluated and keep their state); ``threshold_values``: per rule name,
+    its series' values at that time (:func:`series_values`);
+    ``absence_at_us``: the evaluation time of absence rules (the lake's
+    append clock); ``last_seen``: rows ``(server, metric, last_seen_at)``
+    of the ``last_seen`` table. Alerts in ``active`` whose rule is gone, whose
+    labels changed or whose series no longer holds are resolved.
+    """
+    evaluation = _Evaluation(0, active)
+    for rule in rules:
+        if rule.kind == THRESHOLD:
+            if threshold_at_us is None:
+                evaluation.seen.update(k for k, a in active.items() if a.rule == rule.name)
+                continue
+            evaluation.at_us = threshold_at_us
+            _threshold(evaluation, rule, threshold_values.get(rule.name, SeriesValues.empty()))
+        elif absence_at_us is not None:
+            evaluation.at_us = absence_at_us
+            _absence(evaluation, rule, last_seen, lookback_s)
+        else:
+            evaluation.seen.update(k for k, a in active.items() if a.rule == rule.name)
+    by_name = {rule.name: rule for rule in rules}
+    for key, alert in sorted(active.items()):
+        if key in evaluation.seen:
+            continue
+        rule = by_name.get(alert.rule)
+        at_us = threshold_at_us if rule is None or rule.kind == THRESHOLD else absence_at_us
+        if at_us is None:
+            at_us = max(alert.since_us, threshold_at_us or 0, absence_at_us or 0)
+        why = "rule removed" if rule is None else _gone(rule, alert, lookback_s)
+        evaluation.transitions.append(
+            Transition(
+                rule or AlertRule(alert.rule, "", THRESHOLD, 0),
+                alert.server,
+                alert.labels,
+                RESOLVED,
+                alert.state,
+                at_us,
+                alert.active_since_us,
+                None,
+                None,
+                None,
+                f"{alert.rule}{'' if alert.server is None else ' on ' + alert.server}: {why}",
+            )
+        )
+    return evaluation.transitions
+
+
+def _gone(rule: AlertRule, alert: ActiveAlert, lookback_s: int) -> str:
+    if rule.alert_labels(alert.server) != alert.labels:
+        return "rule changed (new labels)"
+    if rule.kind == ABSENCE:
+        return f"silent for over {format_duration(lookback_s)}: no longer expected"
+    return "no value (the series stopped)"
+
+
+def _threshold(evaluation: _Evaluation, rule: AlertRule, series: SeriesValues) -> None:
+    at_us = evaluation.at_us
+    holds = OPERATORS[rule.op](series.values, rule.threshold) if len(series.values) else np.zeros(0, bool)
+    for i in np.flatnonzero(holds):
+        server, value = series.servers[i], float(series.values[i])
+        key = fingerprint(rule.alert_labels(server))
+        previous = evaluation.active.get(key)
+        since = at_us if previous is None else previous.active_since_us
+        state = FIRING if at_us - since >= rule.for_s * _US else PENDING
+        where = "" if server is None else f" on {server}"
+        held = f" for {format_duration((at_us - since) / _US)}" if state == FIRING and rule.for_s else ""
+        evaluation.hold(
+            rule,
+            server,
+            state=state,
+            active_since_us=since,
+            value=value,
+            window=(int(series.starts[i]), int(series.ends[i])),
+            summary=f"{rule.query} {rule.aggregate} = {value:.6g} {rule.op} {rule.threshold:g}{where}{held}",
+        )
+    for i in np.flatnonzero(~holds):  # a series that no longer holds: resolved with the value that cleared it
+        server, value = series.servers[i], float(series.values[i])
+        key = fingerprint(rule.alert_labels(server))
+        previous = evaluation.active.get(key)
+        if previous is None:
+            continue
+        evaluation.seen.add(key)
+        where = "" if server is None else f" on {server}"
+        evaluation.transitions.append(
+            Transition(
+                rule,
+                server,
+                previous.labels,
+                RESOLVED,
+                previous.state,
+                at_us,
+                previous.active_since_us,
+                value,
+                int(series.starts[i]),
+                int(series.ends[i]),
+                f"{rule.query} {rule.aggregate} = {value:.6g}, no longer {rule.op} {rule.threshold:g}{where}",
+            )
+        )
+
+
+def _absence(evaluation: _Evaluation, rule: AlertRule, last_seen: pa.Table, lookback_s: int) -> None:
+    at_us = evaluation.at_us
+    rows = last_seen.filter(pc.equal(last_seen.column("metric"), rule.metric))
+    pattern = server_pattern(rule.servers)
+    if pattern is not None and rows.num_rows:
+        rows = rows.filter(pc.match_substring_regex(rows.column("server"), pattern))
+    seen_us = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
+    expected = seen_us >= at_us - lookback_s * _US
+    silent = expected & (at_us - seen_us >= rule.for_s * _US)
+    servers = rows.column("server").to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(silent):
+        server, last = str(servers[i]), int(seen_us[i])
+        silence = (at_us - last) / _US
+        evaluation.hold(
+            rule,
+            server,
+            state=FIRING,
+            active_since_us=last + rule.for_s * _US,
+            value=silence,
+            window=(last, None),
+            summary=f"no {rule.metric} from {server} for {format_duration(silence)} "
+            f"(last seen {dt.datetime.fromtimestamp(last / _US, dt.UTC):%Y-%m-%d %H:%M:%S}Z)",
+        )
+    for i in np.flatnonzero(expected & ~silent):  # data returned: resolved by the newest record
+        server, last = str(servers[i]), int(seen_us[i])
+        key = fingerprint(rule.alert_labels(server))
+        previous = evaluation.active.get(key)
+        if previous is None:
+            continue
+        evaluation.seen.add(key)
+        evaluation.transitions.append(
+            Transition(
+                rule,
+                server,
+                previous.labels,
+                RESOLVED,
+                previous.state,
+                at_us,
+                previous.active_since_us,
+                (at_us - last) / _US,
+                last,
+                None,
+                f"{rule.metric} from {server} again (seen {dt.datetime.fromtimestamp(last / _US, dt.UTC):%H:%M:%S}Z)",
+            )
+        )
+
+
+def apply(active: dict[str, ActiveAlert], transitions: pa.Table) -> dict[str, ActiveAlert]:
+    """``active`` after the ``alerts`` rows ``transitions`` (in commit order), as a new dict.
+
+    Rows of the nightly evaluation (``source`` other than ``live``) record
+    the past and change nothing here.
+    """
+    result = dict(active)
+    if transitions.num_rows == 0:
+        return result
+    columns = ["rule", "fingerprint", "server", "labels", "state", "active_since", "at", "value", "source"]
+    for row in transitions.select(columns).to_pylist():
+        if row["source"] != "live":
+            continue
+        if row["state"] == RESOLVED:
+            result.pop(row["fingerprint"], None)
+            continue
+        result[row["fingerprint"]] = ActiveAlert(
+            row["rule"],
+            row["fingerprint"],
+            row["server"],
+            tuple(sorted(row["labels"])),
+            row["state"],
+            _micros(row["active_since"]),
+            _micros(row["at"]),
+            row["value"],
+        )
+    return result
+
+
+def _micros(moment: dt.datetime) -> int:
+    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+
+
+def transitions_table(transitions: list[Transition], recorded_at: dt.datetime) -> pa.Table:
+    """``alerts`` rows (schema :data:`~metrics_lake.lake_schemas.tables.ALERTS`) of ``transitions``, in order."""
+    if not transitions:
+        return ALERTS.empty_table()
+
+    def times(values) -> pa.Array:
+        return pa.array(values, pa.int64()).cast(UTC_US)
+
+    at = times([t.at_us for t in transitions])
+    table = pa.table(
+        {
+            "rule": [t.rule.name for t in transitions],
+            "kind": [t.rule.kind for t in transitions],
+            "server": pa.array([t.server for t in transitions], pa.string()),
+            "fingerprint": [t.fingerprint for t in transitions],
+            "labels": pa.array([list(t.labels) for t in transitions], ALERTS.field("labels").type),
+            "state": [t.state for t in transitions],
+            "previous_state": [t.previous_state for t in transitions],
+            "at": at,
+            "active_since": times([t.active_since_us for t in transitions]),
+            "value": pa.array([t.value for t in transitions], pa.float64()),
+            "threshold": pa.array(
+                [t.rule.threshold if t.rule.kind == THRESHOLD else float(t.rule.for_s) for t in transitions],
+                pa.float64(),
+            ),
+            "window_start": times([t.window_start_us for t in transitions]),
+            "window_end": times([t.window_end_us for t in transitions]),
+            "summary": [t.summary for t in transitions],
+            "rule_text": [t.rule.text for t in transitions],
+            "rule_revision": pa.array([t.rule.revision for t in transitions], pa.int64()),
+            "source": [t.source for t in transitions],
+            "id": [t.id for t in transitions],
+            "seq": pa.array(range(len(transitions)), pa.int32()),
+            "recorded_at": pa.array([recorded_at] * len(transitions), UTC_US),
+            "event_date": pc.cast(at, pa.date32()),
+        }
+    )
+    return table.select(ALERTS.names).cast(ALERTS)
+
+
+def matches(servers: tuple[str, ...], server: str) -> bool:
+    """Whether ``server`` is one of ``servers`` (names and shell globs; ``*`` for all)."""
+    return any(fnmatchcase(server, pattern) for pattern in servers)
+
+
+def with_revision(rule: AlertRule, revision: int) -> AlertRule:
+    """``rule`` carrying registry ``revision``."""
+    return replace(rule, revision=revision)

@@ -1,0 +1,276 @@
+"""The speed layer's alert step: when each server was last heard from, and the alert rules over the committed tables.
+
+After a micro-batch has committed its windows and stored query results, it
+commits two more tables (:mod:`metrics_lake.core.speed.micro_batch` calls the
+functions here inside its exactly-once commits, each with the batch's log
+positions):
+
+1. ``last_seen``: the batch's newest append time per server, and per
+   (metric, server) for the metrics absence rules watch (:func:`seen_rows`
+   in each task, :func:`updated_last_seen` at commit). A metric an absence
+   rule starts to watch is first filled from the last day of 1-minute
+   windows (:func:`initial_last_seen`), so servers already silent are
+   expected too.
+2. ``alerts``: every alert rule evaluated once
+   (:func:`metrics_lake.core.kernels.alert_rules.evaluate`), its transitions
+   appended. The state carried from one evaluation to the next is what the
+   table's transitions leave active (:class:`AlertLog`), so a batch replayed
+   after a crash, or after the checkpoint was lost, continues from what was
+   committed and records no transition twice.
+
+**Clocks.** Threshold rules are evaluated at the stream's *event clock*
+(the watermark plus ``LAKE_WATERMARK_SECONDS``: the newest event time, as
+the windows table records it) minus ``LAKE_ALERT_EVALUATION_DELAY_SECONDS``;
+absence rules at the lake's *append clock* (the newest ``last_seen_at``), so
+an agent whose clock is off neither looks silent nor makes others look so.
+Both are read from committed tables, so a replayed batch evaluates at the
+time it did. When no record arrives at all, no batch runs and neither clock
+moves: a whole fleet going silent is the freshness check's to report
+(``/api/health``, ``lake quality``), like Prometheus's own ``up`` needs an
+outside watcher.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.alert_rules import (
+    ABSENCE,
+    DAY_S,
+    THRESHOLD,
+    ActiveAlert,
+    AlertRule,
+    SeriesValues,
+    apply,
+    series_values,
+)
+from metrics_lake.core.kernels.stored_queries import StoredQuery
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.core.tables.snapshots import (
+    DataFile,
+    days_between,
+    read_data_files,
+    snapshot_files,
+    windowed_files,
+)
+from metrics_lake.lake_schemas.tables import ALERTS, LAST_SEEN, METRIC_WINDOWS_1M, QUERY_RESULTS, Table
+
+__all__ = [
+    "SEEN",
+    "AlertLog",
+    "AlertOptions",
+    "append_clock_us",
+    "event_clock_us",
+    "initial_last_seen",
+    "read_last_seen",
+    "seen_rows",
+    "silent_servers",
+    "threshold_values",
+    "updated_last_seen",
+    "watched_metrics",
+]
+
+_US = 1_000_000
+#: A micro-batch's view of ``last_seen`` rows: the table's columns without its partition column.
+SEEN = pa.schema([LAST_SEEN.field(n) for n in ("server", "metric", "last_seen_at", "last_event_at")])
+
+
+@dataclass(frozen=True)
+class AlertOptions:
+    """How the speed layer evaluates alert rules: ``evaluation_delay_s`` behind the event clock (threshold rules),
+    ``absence_lookback_s`` for which a silent server stays expected (seconds; ``LAKE_ALERT_*`` settings)."""
+
+    evaluation_delay_s: float = 0.0
+    absence_lookback_s: int = DAY_S
+
+    @classmethod
+    def from_settings(cls, settings: LakeSettings) -> AlertOptions:
+        """The options ``settings`` configure."""
+        return cls(settings.alert_evaluation_delay_seconds, settings.alert_absence_lookback_seconds)
+
+
+def watched_metrics(rules: list[AlertRule]) -> tuple[str, ...]:
+    """The metrics absence rules watch, sorted, each once."""
+    return tuple(sorted({r.metric for r in rules if r.kind == ABSENCE and r.metric}))
+
+
+def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
+    """:data:`SEEN` rows of bronze ``events``: per server (``metric`` null) and per (metric, server) of ``watched``
+    metrics, the newest append time and event time."""
+    if events.num_rows == 0:
+        return SEEN.empty_table()
+    aggregates = [("ingested_at", "max"), ("ts", "max")]
+    per_server = events.group_by(["server"]).aggregate(aggregates)
+    pieces = [per_server.append_column("metric", pa.nulls(per_server.num_rows, pa.string()))]
+    if watched:
+        mine = events.filter(pc.is_in(events.column("metric"), pa.array(watched, pa.string())))
+        if mine.num_rows:
+            pieces.append(mine.group_by(["server", "metric"]).aggregate(aggregates))
+    return pa.concat_tables(
+        [
+            pa.table(
+                {
+                    "server": p.column("server"),
+                    "metric": p.column("metric"),
+                    "last_seen_at": p.column("ingested_at_max"),
+                    "last_event_at": p.column("ts_max"),
+                }
+            ).cast(SEEN)
+            for p in pieces
+        ]
+    )
+
+
+def _max_per_series(rows: pa.Table) -> pa.Table:
+    merged = rows.group_by(["server", "metric"], use_threads=False).aggregate(
+        [("last_seen_at", "max"), ("last_event_at", "max")]
+    )
+    return pa.table(
+        {
+            "server": merged.column("server"),
+            "metric": merged.column("metric"),
+            "last_seen_at": merged.column("last_seen_at_max"),
+            "last_event_at": merged.column("last_event_at_max"),
+        }
+    ).cast(SEEN)
+
+
+def updated_last_seen(
+    existing: pa.Table, batch: pa.Table, initial: pa.Table, watched: tuple[str, ...], lookback_s: int
+) -> pa.Table:
+    """The ``last_seen`` table after a batch: ``existing`` rows, the ``batch``'s and ``initial`` ones merged by max
+    per (server, metric); rows of metrics no longer ``watched`` dropped, and rows older than ``lookback_s``
+    before the newest append time (the append clock)."""
+    rows = pa.concat_tables([existing.select(SEEN.names).cast(SEEN), batch.cast(SEEN), initial.cast(SEEN)])
+    metric = rows.column("metric")
+    rows = rows.filter(pc.or_(pc.is_null(metric), pc.is_in(metric, pa.array(watched, pa.string()))))
+    if rows.num_rows == 0:
+        return LAST_SEEN.empty_table()
+    rows = _max_per_series(rows)
+    seen = pc.cast(rows.column("last_seen_at"), pa.int64())
+    clock = pc.max(seen).as_py()
+    rows = rows.filter(pc.greater_equal(seen, clock - lookback_s * _US))
+    rows = rows.sort_by([("server", "ascending"), ("metric", "ascending")])
+    return rows.append_column("seen_date", pc.cast(rows.column("last_seen_at"), pa.date32())).cast(LAST_SEEN)
+
+
+def initial_last_seen(store: Store, metrics: list[str], clock_us: int, lookback_s: int) -> pa.Table:
+    """:data:`SEEN` rows of ``metrics`` from the 1-minute windows of the ``lookback_s`` before ``clock_us``: per
+    server the end of its newest window (capped at the clock), for both times (an event-time stand-in for the
+    append time the table keeps, used once when an absence rule starts to watch a metric)."""
+    if not metrics:
+        return SEEN.empty_table()
+    lo = clock_us - lookback_s * _US
+    windows = ensure_table(store, Table.METRIC_WINDOWS_1M)
+    files = windowed_files(store, Table.METRIC_WINDOWS_1M, windows, days_between(lo, clock_us + 1), lo, clock_us)
+    rows = read_data_files(store, files, METRIC_WINDOWS_1M, ["metric", "server", "window_start", "window_end"])
+    start = pc.cast(rows.column("window_start"), pa.int64())
+    rows = rows.filter(
+        pc.and_(pc.is_in(rows.column("metric"), pa.array(metrics, pa.string())), pc.greater_equal(start, lo))
+    )
+    if rows.num_rows == 0:
+        return SEEN.empty_table()
+    newest = rows.group_by(["server", "metric"]).aggregate([("window_end", "max")])
+    capped = pc.min_element_wise(pc.cast(newest.column("window_end_max"), pa.int64()), clock_us)
+    at = pc.cast(capped, pa.int64()).cast(SEEN.field("last_seen_at").type)
+    return pa.table(
+        {"server": newest.column("server"), "metric": newest.column("metric"), "last_seen_at": at, "last_event_at": at}
+    ).cast(SEEN)
+
+
+def read_last_seen(store: Store, table: DeltaTable, files: list[DataFile] | None = None) -> pa.Table:
+    """Every row of the ``last_seen`` snapshot ``table`` (schema :data:`SEEN`); ``files``: its active files, if the
+    caller listed them already."""
+    files = snapshot_files(store, Table.LAST_SEEN, table) if files is None else files
+    return read_data_files(store, files, LAST_SEEN, SEEN.names)
+
+
+def append_clock_us(last_seen: pa.Table) -> int | None:
+    """The lake's append clock (epoch µs): the newest ``last_seen_at``; None before any record."""
+    if last_seen.num_rows == 0:
+        return None
+    return int(pc.max(pc.cast(last_seen.column("last_seen_at"), pa.int64())).as_py())
+
+
+def threshold_values(
+    store: Store, query_results: DeltaTable, rules: list[AlertRule], queries: dict[str, StoredQuery], at_us: int
+) -> dict[str, SeriesValues]:
+    """Per threshold rule, its series' values at ``at_us`` (epoch µs), read from the ``query_results`` snapshot.
+
+    Only the files whose ``window_start`` statistics reach the windows that
+    may hold ``at_us`` (one window and one step back) are read.
+    """
+    chosen = [r for r in rules if r.kind == THRESHOLD and r.query in queries]
+    if not chosen:
+        return {}
+    used = {r.query: queries[r.query] for r in chosen}
+    reach = max(q.duration_s + q.slide_s for q in used.values()) * _US
+    files = windowed_files(
+        store, Table.QUERY_RESULTS, query_results, days_between(at_us - reach, at_us + reach), at_us - reach, at_us
+    )
+    columns = ["query", "server", "window_start", "window_end", "aggregate", "value"]
+    rows = read_data_files(store, files, QUERY_RESULTS, columns)
+    by_query = {name: rows.filter(pc.equal(rows.column("query"), name)) for name in used}
+    return {r.name: series_values(by_query[r.query], used[r.query], r.aggregate, at_us) for r in chosen}
+
+
+class AlertLog:
+    """The ``alerts`` table of one lake read incrementally: its transitions and the alerts they leave active.
+
+    :meth:`refresh` reads only the files added since the last call; a file
+    that disappeared (compaction, retention) makes it read the table again
+    from scratch. Transitions apply in commit order (``recorded_at``, then
+    ``seq``; :func:`~metrics_lake.core.kernels.alert_rules.apply`).
+    Thread-safe.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._files: dict[str, pa.Table] = {}
+        self._active: dict[str, ActiveAlert] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self, table: DeltaTable | None = None) -> dict[str, ActiveAlert]:
+        """Catch up with ``table`` (default: the table's latest snapshot); returns the active alerts by fingerprint."""
+        table = table if table is not None else ensure_table(self.store, Table.ALERTS)
+        files = {f.relative: f for f in snapshot_files(self.store, Table.ALERTS, table)}
+        with self._lock:
+            if any(path not in files for path in self._files):
+                self._files, self._active = {}, {}
+            new = [f for path, f in files.items() if path not in self._files]
+            if new:
+                added = {f.relative: read_data_files(self.store, [f], ALERTS) for f in new}
+                rows = pa.concat_tables(added.values()).sort_by([("recorded_at", "ascending"), ("seq", "ascending")])
+                self._active = apply(self._active, rows)
+                self._files.update(added)
+            return dict(self._active)
+
+    def transitions(self) -> pa.Table:
+        """Every transition read so far, in commit order (call :meth:`refresh` first)."""
+        with self._lock:
+            parts = list(self._files.values())
+        if not parts:
+            return ALERTS.empty_table()
+        return pa.concat_tables(parts).sort_by([("recorded_at", "ascending"), ("seq", "ascending")])
+
+
+def event_clock_us(watermark_ms: int | None, watermark_seconds: int, delay_seconds: float) -> int | None:
+    """Threshold rules' evaluation time (epoch µs): the newest event time the windows hold, minus the delay."""
+    if watermark_ms is None:
+        return None
+    return int((watermark_ms + watermark_seconds * 1000) * 1000 - delay_seconds * _US)
+
+
+def silent_servers(last_seen: pa.Table, clock_us: int, after_s: float) -> np.ndarray:
+    """Servers (``metric`` null rows) not heard from for ``after_s`` seconds at ``clock_us``."""
+    rows = last_seen.filter(pc.is_null(last_seen.column("metric")))
+    seen = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
+    return rows.column("server").to_numpy(zero_copy_only=False)[clock_us - seen >= after_s * _US]
