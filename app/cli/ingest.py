@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -123,23 +122,19 @@ def agent(
     server: Annotated[str | None, typer.Option(help="Server name to report (default: hostname).")] = None,
     gateway: GatewayOption = None,
 ) -> None:
-    """Run the host agent: this machine's CPU, memory, swap, disk, network, load and process metrics."""
-    from metrics_lake.agents.host import HostAgent
+    """Run the host agent: this machine's CPU, memory, swap, disk, network, load and process metrics, and a
+    heartbeat; under systemd it reports ready and pings the watchdog (docs/lake-agent.service)."""
+    from metrics_lake.agents.host import HostAgent, systemd_notify
 
     config = settings()
     host = HostAgent(server)
-    stop = threading.Event()
+    stop = stop_on_signals()  # SIGTERM (systemctl stop) ends it between samples, flushing what it holds
     err.print(
         f"host agent for {host.server!r}: sampling every {interval:g} s into topic {config.topic!r}; Ctrl-C stops"
     )
-    try:
-        with _sink(config, gateway) as producer:
-            sent = host.run(producer, interval=interval, duration=duration, stop=stop)
-    except KeyboardInterrupt:
-        stop.set()
-        err.print("stopped")
-        return
-    err.print(f"sent {sent:,} events")
+    with _sink(config, gateway) as producer:
+        sent = host.run(producer, interval=interval, duration=duration, stop=stop, notify=systemd_notify())
+    err.print(f"{'stopped: ' if stop.is_set() else ''}sent {sent:,} events")
 
 
 def gateway(
