@@ -256,8 +256,10 @@ class AlertNotifier:
                 done = self.deliver()
                 if failing:
                     log.warning("Alertmanager at %s accepts alerts again", self.settings.alertmanager_url)
-                if done.delivered or done.resent:
-                    log.info("alerts: %d transitions delivered, %d firing alerts resent", done.delivered, done.resent)
+                if done.delivered:
+                    log.info("alerts: %d transition(s) delivered to Alertmanager", done.delivered)
+                elif done.resent:
+                    log.debug("alerts: %d firing alert(s) sent again", done.resent)
                 backoff, failing = 1.0, False
             except (LakeError, OSError) as exc:
                 if not failing:

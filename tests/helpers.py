@@ -134,3 +134,46 @@ def positions(rows: pa.Table | list[dict]) -> list[tuple[str, int, int]]:
     if isinstance(rows, pa.Table):
         rows = rows.select(["topic", "partition", "offset"]).to_pylist()
     return [(r["topic"], r["partition"], r["offset"]) for r in rows]
+
+
+class WebhookReceiver:
+    """An HTTP server on 127.0.0.1 collecting what Alertmanager's webhook receiver POSTs (one JSON body each).
+
+    :meth:`seen` lists ``(status, alertname, server)`` per alert of every
+    notification, in arrival order. Use as a context manager (closes the server).
+    """
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        bodies = self.bodies = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def seen(self) -> list[tuple[str, str, str | None]]:
+        """``(status, alertname, server)`` of every alert of every notification so far."""
+        return [
+            (alert["status"], alert["labels"]["alertname"], alert["labels"].get("server"))
+            for body in list(self.bodies)
+            for alert in body["alerts"]
+        ]
+
+    def __enter__(self) -> WebhookReceiver:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
