@@ -180,6 +180,11 @@ class PartitionIndex:
         first = max(bisect.bisect_right(bases, start) - 1, 0)
         return [info for info in self.segments[first:] if info.base_offset < end and info.end_offset > start]
 
+    def appended_at(self, offset: int) -> int | None:
+        """Append time (epoch ms) of the record at ``offset``; None if the index holds no such record."""
+        found = self.segments_for(offset, offset + 1)
+        return int(found[0].ingested_at(offset, offset + 1)[0]) if found else None
+
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset of the earliest segment that may hold an event at or after ``ts_ms``.
 

@@ -21,10 +21,13 @@ positions):
 **Clocks.** Threshold rules are evaluated at the stream's *event clock*
 (the watermark plus ``LAKE_WATERMARK_SECONDS``: the newest event time, as
 the windows table records it) minus ``LAKE_ALERT_EVALUATION_DELAY_SECONDS``;
-absence rules at the lake's *append clock* (the newest ``last_seen_at``), so
-an agent whose clock is off neither looks silent nor makes others look so.
-Both are read from committed tables, so a replayed batch evaluates at the
-time it did. When no record arrives at all, no batch runs and neither clock
+absence rules at the lake's *append clock*, so an agent whose clock is off
+neither looks silent nor makes others look so: the newest ``last_seen_at``,
+but no later than the append time up to which every partition has been read
+(a batch catching up on a backlog reads some partitions further than others,
+and a server whose records wait unread is not silent), never moving back
+(the alerts table records it). Both are read from committed tables, so a
+replayed batch evaluates at the time it did. When no record arrives at all, no batch runs and neither clock
 moves: a whole fleet going silent is the freshness check's to report
 (``/api/health``, ``lake quality``), like Prometheus's own ``up`` needs an
 outside watcher.
@@ -52,6 +55,7 @@ from metrics_lake.core.kernels.alert_rules import (
     series_values,
 )
 from metrics_lake.core.kernels.stored_queries import StoredQuery
+from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import ensure_table
 from metrics_lake.core.tables.snapshots import (
@@ -67,6 +71,8 @@ __all__ = [
     "SEEN",
     "AlertLog",
     "AlertOptions",
+    "absence_clock_app_id",
+    "absence_clock_ms",
     "append_clock_us",
     "event_clock_us",
     "initial_last_seen",
@@ -191,6 +197,20 @@ def read_last_seen(store: Store, table: DeltaTable, files: list[DataFile] | None
     caller listed them already."""
     files = snapshot_files(store, Table.LAST_SEEN, table) if files is None else files
     return read_data_files(store, files, LAST_SEEN, SEEN.names)
+
+
+def absence_clock_app_id(topic: str) -> str:
+    """The ``txn`` appId under which ``alerts`` records the absence rules' clock (epoch ms) of ``topic``."""
+    return f"{CONSUMER}/{topic}/absence-clock"
+
+
+def absence_clock_ms(newest_us: int | None, read_through_ms: int | None, previous_ms: int | None) -> int | None:
+    """The absence rules' clock (epoch ms; module docstring): the newest append time ``newest_us`` (µs), capped at
+    ``read_through_ms``, never before ``previous_ms``; None before any record."""
+    if newest_us is None:
+        return previous_ms
+    clock = newest_us // 1000 if read_through_ms is None else min(newest_us // 1000, read_through_ms)
+    return clock if previous_ms is None else max(clock, previous_ms)
 
 
 def append_clock_us(last_seen: pa.Table) -> int | None:

@@ -67,7 +67,7 @@ from metrics_lake.core.kernels.stored_queries import (
     window_states,
 )
 from metrics_lake.core.kernels.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
-from metrics_lake.core.log.consumer import read_range, start_offsets
+from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.registry import Registry
@@ -75,6 +75,8 @@ from metrics_lake.core.speed.alerting import (
     SEEN,
     AlertLog,
     AlertOptions,
+    absence_clock_app_id,
+    absence_clock_ms,
     append_clock_us,
     event_clock_us,
     initial_last_seen,
@@ -172,7 +174,11 @@ class BatchPlan:
     (where its records start); ``watermark_ms``: events older than this
     are left out of windows (``None`` before the first batch); ``chunks``:
     the ranges to read; ``watched``: the metrics absence rules watch (their
-    per-series last-seen times are kept besides each server's).
+    per-series last-seen times are kept besides each server's);
+    ``read_through_ms``: the append time up to which every partition is read
+    once the batch is (the last record it reads of each partition it leaves
+    records in; None when it reads every partition to the end): no server
+    can look silent before it (:mod:`metrics_lake.core.speed.alerting`).
     """
 
     topic: str
@@ -181,6 +187,7 @@ class BatchPlan:
     watermark_ms: int | None
     chunks: tuple[Chunk, ...]
     watched: tuple[str, ...] = ()
+    read_through_ms: int | None = None
 
     @property
     def records(self) -> int:
@@ -243,7 +250,9 @@ def plan_batch(
     A position below the log's start offset (retention removed records a
     table never got; ``lake consumers`` reports it) starts at the log start.
     """
-    first = start_offsets(SegmentLog(store), topic)
+    log_ = SegmentLog(store)
+    indexes = {p: log_.index(topic, p) for p in ends}
+    first = {p: index.start_offset for p, index in indexes.items()}
     marks: dict[str, dict[int, int]] = {}
     for name in SPEED_TABLES:
         committed = table_positions(store, name, topic, ends)
@@ -269,7 +278,9 @@ def plan_batch(
     watermark = ensure_table(store, WINDOWS).transaction_version(watermark_app_id(topic))
     if watched is None:
         watched = watched_metrics(Registry(store).current().alert_rules())
-    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched)
+    behind = [indexes[p].appended_at(end - 1) for p, end in ends.items() if 0 < end < indexes[p].next_offset]
+    read_through = min((at for at in behind if at is not None), default=None)
+    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through)
 
 
 def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
@@ -542,22 +553,28 @@ def _commit_alerts(
             by_name = {q.name: q for q in queries}
             values = threshold_values(store, open_table(store, QUERIES), rules, by_name, threshold_at_us)
         last_seen = read_last_seen(store, open_table(store, LAST_SEEN))
+        clock_ms = absence_clock_ms(
+            append_clock_us(last_seen),
+            plan.read_through_ms,
+            table.transaction_version(absence_clock_app_id(plan.topic)),
+        )
         transitions = evaluate(
             rules,
             active,
             threshold_at_us=threshold_at_us,
             threshold_values=values,
-            absence_at_us=append_clock_us(last_seen),
+            absence_at_us=None if clock_ms is None else clock_ms * 1000,
             last_seen=last_seen,
             lookback_s=lookback_s,
         )
         rows = transitions_table(transitions, dt.datetime.now(dt.UTC))
+        clock = [] if clock_ms is None else [Transaction(absence_clock_app_id(plan.topic), clock_ms)]
         commit_changes(
             table,
             ALERTS,
             write_data_files(store, ALERTS, rows),
             [],
-            transactions=offset_transactions(CONSUMER, plan.topic, advances),
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + clock,
             operation="STREAMING ALERTS",
         )
         recorded = rows.num_rows

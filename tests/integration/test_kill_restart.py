@@ -1,4 +1,5 @@
-"""Exactly once across crashes: `lake stream` killed with SIGKILL (and its checkpoint deleted), restarted, no loss, no duplicate."""
+"""Exactly once across crashes: `lake stream` killed with SIGKILL (and its checkpoint deleted), restarted, no loss, no
+duplicate: in bronze, the windows, the stored queries' results and the alerts' transitions."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.stored_queries import load_stored_queries
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.tables.delta import open_table
 from tests.helpers import assert_query_results, expected_windows
 
@@ -30,6 +32,8 @@ START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute bound
 #: offset, so they land mid-stream with later batches under way on any
 #: machine speed.
 KILL_AFTER_COMMIT = [None, 0.0, 0.4, 0.9, 1.5]
+#: The CPU line of the test's threshold rule: some servers' 15-minute max is above it at the end, some below.
+HOT = 75
 
 
 def lake_env(settings) -> dict[str, str]:
@@ -51,10 +55,19 @@ def bronze_version(store) -> int:
 
 def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     env = lake_env(settings)
+    registry = Registry(store)
+    registry.ensure_seeded()
+    registry.apply(
+        [
+            Change("put", "hot", f"server_cpu_15m.max > {HOT}", kind=ALERT),
+            Change("put", "quiet", "ABSENT host.cpu.utilization FOR 1s", kind=ALERT),
+        ]
+    )
     bronze_versions = []
     for phase, offset in enumerate(KILL_AFTER_COMMIT):
+        servers = 10 if phase < len(KILL_AFTER_COMMIT) - 1 else 9  # sim-0009 goes silent in the last phase
         sim = FleetSimulator(
-            servers=10, metrics=5, seconds=60, rate=2.0, seed=phase, start_ms=START_MS + phase * 60_000
+            servers=servers, metrics=5, seconds=60, rate=2.0, seed=phase, start_ms=START_MS + phase * 60_000
         )
         with Producer(log, settings.topic, partitions=settings.partitions) as producer:
             producer.send(sim.generate())
@@ -84,7 +97,7 @@ def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     produced = pa.concat_tables(
         read_range(log, settings.topic, p, 0, end) for p, end in end_offsets(log, settings.topic).items()
     )
-    assert produced.num_rows == 5 * 10 * 5 * 120
+    assert produced.num_rows == (4 * 10 + 9) * 5 * 120
     bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["topic", "partition", "offset"])
     positions = Counter(zip(*(bronze.column(c).to_pylist() for c in ("topic", "partition", "offset")), strict=True))
     duplicates = {pos: n for pos, n in positions.items() if n > 1}
@@ -102,6 +115,30 @@ def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     ]
     results = open_table(store, "query_results").to_pyarrow_table().to_pylist()
     assert_query_results(results, events, load_stored_queries())  # the live stored queries, exact too
+    assert_alerts_exactly_once(store, events)
+
+
+def assert_alerts_exactly_once(store, events: list[dict]) -> None:
+    """Every alert's transitions form one unbroken sequence (none twice, none lost: each starts from the state the
+    one before left), and the alerts active at the end are those an independent computation finds at the final
+    clocks: the servers whose 15-minute CPU max holding the newest event time is over HOT, and sim-0009, silent."""
+    rows = open_table(store, "alerts").to_pyarrow_table().sort_by([("recorded_at", "ascending"), ("seq", "ascending")])
+    rows = rows.to_pylist()
+    assert len({r["id"] for r in rows}) == len(rows)
+    state: dict[str, str] = {}
+    for r in rows:
+        assert r["previous_state"] == state.get(r["fingerprint"], "inactive"), r
+        state[r["fingerprint"]] = "inactive" if r["state"] == "resolved" else r["state"]
+    active = {(r["rule"], r["server"]) for r in rows if state[r["fingerprint"]] == "firing"}
+    newest = max(e["ts"] for e in events)  # the event clock once every record is read (watermark + its seconds)
+    window = newest - newest % 900_000
+    maxima: dict[str, float] = {}
+    for e in events:
+        if e["metric"] == "host.cpu.utilization" and window <= e["ts"] < window + 900_000:
+            maxima[e["server"]] = max(maxima.get(e["server"], float("-inf")), e["value"])
+    hot = {("hot", server) for server, value in maxima.items() if value > HOT}
+    assert hot and len(hot) < len(maxima)  # the threshold splits the fleet: both outcomes are checked
+    assert active == hot | {("quiet", "sim-0009")}
 
 
 def test_sigterm_stops_the_stream_cleanly_and_keeps_what_it_committed(settings, log, store, tmp_path):

@@ -199,3 +199,22 @@ def test_the_alert_log_reads_new_files_only_and_starts_over_when_files_go(store,
     table.optimize.compact()  # rewrites the files: the log must read them again, not keep stale ones
     assert [a.server for a in alert_log.refresh().values()] == ["sim-0001"]
     assert alert_log.transitions().num_rows == 1
+
+
+def test_catching_up_unevenly_does_not_make_the_servers_of_a_partition_read_later_look_silent(store, log):
+    """A backlog of two appends 2 s apart; a batch reads partition 0 to its end but partition 1 only through the
+    first append: partition 1's servers are not silent (their next records wait unread), so nothing fires."""
+    rules = [parse_rule("quiet", "ABSENT host.cpu.utilization FOR 1s")]
+    produce(log, sim(6, 1, NOW_MS))
+    batch(store, log, queries=[], rules=rules)
+    produce(log, sim(6, 2, NOW_MS + 60_000))
+    first_append = end_offsets(log, TOPIC)
+    time.sleep(2)
+    produce(log, sim(6, 3, NOW_MS + 120_000))
+    uneven = {0: end_offsets(log, TOPIC)[0], 1: first_append[1]}
+    speed_layer.run_batch_in_process(
+        store, TOPIC, uneven, watermark_seconds=60, clock_skew_seconds=300, queries=[], rules=rules
+    )
+    assert transitions(store) == []  # the clock stops where partition 1 was read: its servers' silence is not known
+    batch(store, log, queries=[], rules=rules)
+    assert transitions(store) == []
