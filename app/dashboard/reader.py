@@ -39,18 +39,28 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.alert_rules import ABSENCE, matches
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.registry import Registry, RegistryVersion
+from metrics_lake.core.speed.alerting import AlertLog, append_clock_us, read_last_seen
 from metrics_lake.core.speed.progress import QueryProgress, newest_window_end, query_progress, watermark_app_id
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.errors import LakeError, RangeError
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["CACHE_AFTER_SECONDS", "MAX_POINTS", "RANGES", "STEPS", "DashboardReader", "choose_step"]
+__all__ = [
+    "CACHE_AFTER_SECONDS",
+    "MAX_POINTS",
+    "RANGES",
+    "SILENT_AFTER_SECONDS",
+    "STEPS",
+    "DashboardReader",
+    "choose_step",
+]
 
 #: The range picker's choices, in seconds.
 RANGES = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "7d": 604_800, "30d": 2_592_000}
@@ -60,6 +70,10 @@ MAX_POINTS = 1500
 STEPS = (60, 300, 900, 3600, 21_600, 86_400)
 #: Windows that ended longer ago than this are cached.
 CACHE_AFTER_SECONDS = 600
+#: A server not heard from for this long is shown silent when no absence rule says how long is too long.
+SILENT_AFTER_SECONDS = 60
+#: Transitions the alerts panel lists.
+RECENT_TRANSITIONS = 20
 HOUR, DAY = 3600, 86_400
 _US = 1_000_000
 
@@ -124,6 +138,7 @@ class DashboardReader:
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self.cache_hits = self.cache_misses = 0
+        self.alert_log = AlertLog(self.store)
 
     # -- stored queries -----------------------------------------------------------------------------------------
 
@@ -326,6 +341,105 @@ class DashboardReader:
             if minutes is not None:
                 pieces.append(minutes)
         return pa.concat_tables(pieces).cast(WINDOW_STATE) if pieces else WINDOW_STATE.empty_table()
+
+    # -- alerts and servers -------------------------------------------------------------------------------------
+
+    def alerts(self) -> dict:
+        """The alert rules, the active alerts (firing first, then pending) and the latest transitions.
+
+        ``{"rules": [{"name", "kind", "rule", "description", "revision", "firing", "pending"}],
+        "active": [{"rule", "server", "state", "since", "value", "labels", "summary", "fingerprint"}],
+        "recent": [{"at", "rule", "server", "previous_state", "state", "summary"}], "registry_version"}``;
+        times are epoch ms, ``server`` null for a fleet-wide alert.
+        """
+        version = self.registry_version()
+        table = self.table(Table.ALERTS)
+        active = self.alert_log.refresh(table) if table is not None else {}
+        rows = self.alert_log.transitions().to_pylist() if table is not None else []
+        latest = {r["fingerprint"]: r for r in rows if r["source"] == "live"}
+        listed = []
+        for alert in sorted(active.values(), key=lambda a: (a.state != "firing", a.rule, a.server or "")):
+            listed.append(
+                {
+                    "rule": alert.rule,
+                    "server": alert.server,
+                    "state": alert.state,
+                    "since": alert.active_since_us // 1000,
+                    "value": alert.value,
+                    "labels": dict(alert.labels),
+                    "summary": latest[alert.fingerprint]["summary"] if alert.fingerprint in latest else "",
+                    "fingerprint": alert.fingerprint,
+                }
+            )
+        rules = []
+        for rule in version.alert_rules():
+            mine = [a for a in active.values() if a.rule == rule.name]
+            rules.append(
+                {
+                    "name": rule.name,
+                    "kind": rule.kind,
+                    "rule": rule.text,
+                    "description": rule.description,
+                    "revision": rule.revision,
+                    "firing": sum(a.state == "firing" for a in mine),
+                    "pending": sum(a.state == "pending" for a in mine),
+                }
+            )
+        recent = [
+            {
+                "at": int(r["at"].timestamp() * 1000),
+                "rule": r["rule"],
+                "server": r["server"],
+                "previous_state": r["previous_state"],
+                "state": r["state"],
+                "summary": r["summary"],
+            }
+            for r in rows[-RECENT_TRANSITIONS:][::-1]
+        ]
+        return {"rules": rules, "active": listed, "recent": recent, "registry_version": version.version}
+
+    def servers(self) -> dict:
+        """Every server's status by the lake's append clock: ``up``, ``silent`` (not heard from for the shortest
+        FOR of the absence rules watching it, else :data:`SILENT_AFTER_SECONDS`, or an absence alert fires for
+        it) or ``never seen`` (named in an absence rule's FROM but never heard from within the lookback).
+
+        ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen", "silent_seconds", "alerts"}]}``,
+        silent servers first.
+        """
+        table = self.table(Table.LAST_SEEN)
+        seen = read_last_seen(self.store, table) if table is not None else pa.table({"server": [], "metric": []})
+        rows = seen.filter(pc.is_null(seen.column("metric"))).to_pylist() if seen.num_rows else []
+        clock_us = append_clock_us(seen) if seen.num_rows else None
+        absence = [r for r in self.registry_version().alert_rules() if r.kind == ABSENCE]
+        alerting: dict[str, list[str]] = {}
+        for alert in self.alerts()["active"]:
+            if alert["server"] is not None and alert["state"] == "firing":
+                alerting.setdefault(alert["server"], []).append(alert["rule"])
+        servers = []
+        for row in rows:
+            server, last_us = row["server"], int(row["last_seen_at"].timestamp() * 1_000_000)
+            silent_s = max(0.0, (clock_us - last_us) / 1e6) if clock_us is not None else 0.0
+            watching = [r.for_s for r in absence if matches(r.servers, server)]
+            limit = min(watching, default=SILENT_AFTER_SECONDS)
+            status = "silent" if silent_s >= limit or server in alerting else "up"
+            servers.append(
+                {
+                    "server": server,
+                    "status": status,
+                    "last_seen": last_us // 1000,
+                    "silent_seconds": round(silent_s, 1),
+                    "alerts": sorted(alerting.get(server, [])),
+                }
+            )
+        known = {s["server"] for s in servers}
+        named = {n for r in absence for n in r.servers if not any(c in n for c in "*?[")}
+        for server in sorted(named - known):
+            servers.append(
+                {"server": server, "status": "never seen", "last_seen": None, "silent_seconds": None, "alerts": []}
+            )
+        order = {"silent": 0, "never seen": 1, "up": 2}
+        servers.sort(key=lambda s: (order[s["status"]], s["server"]))
+        return {"clock": None if clock_us is None else clock_us // 1000, "servers": servers}
 
     # -- freshness and pipeline ---------------------------------------------------------------------------------
 

@@ -15,6 +15,16 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
   endpoint). A bad query is a 400 whose error names the clause; an
   ``If-Match: <registry version>`` that is not the current one a 412, an
   edit that lost a race a 409 (nothing applied either way);
+- ``GET /api/alerts``: the alert rules (with how many of their alerts fire
+  or pend), the active alerts and the latest transitions
+  (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.alerts`);
+- ``GET /api/alerts/{name}``: one rule, its active alerts and edits;
+  ``PUT`` (JSON ``{"rule": …, "description": …}``) and ``DELETE`` as for
+  stored queries, admin token and all; a bad rule (or one naming an unknown
+  query or aggregate) is a 400 whose error names the clause;
+- ``GET /api/servers``: every server's status, ``up``, ``silent`` or ``never
+  seen``, with when it was last heard from
+  (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.servers`);
 - ``POST /api/preview`` (JSON ``{"query": …, "from": …, "to": …}``): a query
   text evaluated from the windows without storing it (the form's live
   preview; 400 naming the clause for a bad text);
@@ -49,8 +59,14 @@ from starlette.staticfiles import StaticFiles
 
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.http_server import serve_asgi
-from metrics_lake.core.registry import Change
-from metrics_lake.lake_schemas.errors import NotFoundError, RangeError, RegistryConflictError, StoredQueryError
+from metrics_lake.core.registry import ALERT, QUERY, Change
+from metrics_lake.lake_schemas.errors import (
+    AlertRuleError,
+    NotFoundError,
+    RangeError,
+    RegistryConflictError,
+    StoredQueryError,
+)
 
 __all__ = ["build_app", "parse_time", "serve"]
 
@@ -133,44 +149,23 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         )
 
     async def query_definition(request: Request) -> Response:
-        name = request.path_params["name"]
         if request.method == "GET":
-            return await run_in_threadpool(_definition, reader, name)
-        denied = _admin_only(request, reader)
-        if denied is not None:
-            return denied
-        expected = request.headers.get("if-match")
-        if expected is not None and not expected.strip('"').isdigit():
-            return _error(400, "If-Match must be a registry version (the ETag of GET /api/queries/{name})", "If-Match")
-        if request.method == "PUT":
-            body = await _query_body(request, '{"query": "FROM …", "description": "…"}')
-            if isinstance(body, Response):
-                return body
-            description = body.get("description")
-            change = Change("put", name, body["query"], description if isinstance(description, str) else None)
-        else:
-            change = Change("delete", name)
-        by = f"api:{request.client.host if request.client else 'unknown'}"
-        existed = name in (await run_in_threadpool(reader.registry.current)).entries
-        try:
-            version = await run_in_threadpool(
-                reader.registry.apply, [change], by=by, expected=None if expected is None else int(expected.strip('"'))
-            )
-        except StoredQueryError as exc:
-            return _error(400, str(exc), "query")
-        except NotFoundError as exc:
-            return _error(404, str(exc), "name")
-        except RegistryConflictError as exc:
-            return _error(412 if expected is not None else 409, str(exc), "If-Match" if expected else None)
-        reader.forget_registry()
-        if request.method == "DELETE":
-            return Response(status_code=204, headers={"ETag": f'"{version.version}"'})
-        answer = await run_in_threadpool(_definition, reader, name)
-        answer.status_code = 200 if existed else 201
-        return answer
+            return await run_in_threadpool(_definition, reader, request.path_params["name"])
+        return await _edit(request, reader, QUERY)
+
+    async def alert_rule(request: Request) -> Response:
+        if request.method == "GET":
+            return await run_in_threadpool(_rule_definition, reader, request.path_params["name"])
+        return await _edit(request, reader, ALERT)
+
+    async def alerts(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(reader.alerts))
+
+    async def servers(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(reader.servers))
 
     async def preview(request: Request) -> Response:
-        body = await _query_body(request, '{"query": "FROM …", "from": …, "to": …}')
+        body = await _json_body(request, "query", '{"query": "FROM …", "from": …, "to": …}')
         if isinstance(body, Response):
             return body
         now = reader.clock()
@@ -214,6 +209,9 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         Route("/api/preview", preview, methods=["POST"]),
         Route("/api/queries/{name}", query_definition, methods=["GET", "PUT", "DELETE"]),
         Route("/api/queries/{name}/series", query_series),
+        Route("/api/alerts", alerts),
+        Route("/api/alerts/{name}", alert_rule, methods=["GET", "PUT", "DELETE"]),
+        Route("/api/servers", servers),
         Route("/api/pipeline", pipeline),
         Route("/api/health", health),
     ]
@@ -222,15 +220,63 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
     return Starlette(routes=routes)
 
 
-async def _query_body(request: Request, shape: str) -> dict | Response:
-    """The request's JSON object with a string ``query``, or the 400 answer that shows the expected ``shape``."""
+async def _json_body(request: Request, field: str, shape: str) -> dict | Response:
+    """The request's JSON object with a string ``field``, or the 400 answer that shows the expected ``shape``."""
     try:
         body = json.loads(await request.body())
     except ValueError:
         body = None
-    if not isinstance(body, dict) or not isinstance(body.get("query"), str):
+    if not isinstance(body, dict) or not isinstance(body.get(field), str):
         return _error(400, f"send a JSON object {shape}", "body")
     return body
+
+
+#: Per kind of registry entry: the JSON field holding its text, and the body a PUT expects.
+_BODIES = {
+    QUERY: ("query", '{"query": "FROM …", "description": "…"}'),
+    ALERT: ("rule", '{"rule": "<query>.<aggregate> > <number> …", "description": "…"}'),
+}
+
+
+async def _edit(request: Request, reader: DashboardReader, kind: str) -> Response:
+    """PUT or DELETE of a stored query or an alert rule (module docstring): admin only, If-Match checked, a bad
+    text a 400 naming the clause; answers the definition (200 changed, 201 new) or 204 (deleted)."""
+    name = request.path_params["name"]
+    denied = _admin_only(request, reader)
+    if denied is not None:
+        return denied
+    expected = request.headers.get("if-match")
+    if expected is not None and not expected.strip('"').isdigit():
+        return _error(400, "If-Match must be a registry version (the ETag of a GET)", "If-Match")
+    if request.method == "PUT":
+        field, shape = _BODIES[kind]
+        body = await _json_body(request, field, shape)
+        if isinstance(body, Response):
+            return body
+        description = body.get("description")
+        change = Change("put", name, body[field], description if isinstance(description, str) else None, kind)
+    else:
+        change = Change("delete", name, kind=kind)
+    by = f"api:{request.client.host if request.client else 'unknown'}"
+    existed = name in (await run_in_threadpool(reader.registry.current)).of_kind(kind)
+    try:
+        version = await run_in_threadpool(
+            reader.registry.apply, [change], by=by, expected=None if expected is None else int(expected.strip('"'))
+        )
+    except StoredQueryError as exc:
+        return _error(400, str(exc), "query")
+    except AlertRuleError as exc:
+        return _error(400, str(exc), "rule")
+    except NotFoundError as exc:
+        return _error(404, str(exc), "name")
+    except RegistryConflictError as exc:
+        return _error(412 if expected is not None else 409, str(exc), "If-Match" if expected else None)
+    reader.forget_registry()
+    if request.method == "DELETE":
+        return Response(status_code=204, headers={"ETag": f'"{version.version}"'})
+    answer = await run_in_threadpool(_definition if kind == QUERY else _rule_definition, reader, name)
+    answer.status_code = 200 if existed else 201
+    return answer
 
 
 def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
@@ -251,6 +297,37 @@ def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
     return None
 
 
+def _rule_definition(reader: DashboardReader, name: str) -> Response:
+    """``GET /api/alerts/{name}``: the rule, its active alerts and the edits that touched it; ETag = registry
+    version."""
+    version = reader.registry_version()
+    entry = version.rules.get(name)
+    if entry is None:
+        return _error(404, f"no alert rule named {name!r}; GET /api/alerts lists them", "name")
+    rule = entry.rule()
+    edits = [
+        {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
+        for v in reader.registry.history(name, ALERT)
+        for c in v.changes
+        if c.name == name and c.kind == ALERT
+    ]
+    body = {
+        "name": name,
+        "rule": rule.text,
+        "kind": rule.kind,
+        "description": entry.description,
+        "revision": entry.revision,
+        "for_seconds": rule.for_s,
+        "labels": dict(rule.labels),
+        "changed_at": entry.changed_at,
+        "changed_by": entry.changed_by,
+        "active": [a for a in reader.alerts()["active"] if a["rule"] == name],
+        "registry_version": version.version,
+        "history": edits,
+    }
+    return JSONResponse(body, headers={"ETag": f'"{version.version}"'})
+
+
 def _definition(reader: DashboardReader, name: str) -> Response:
     """``GET /api/queries/{name}``: the entry, its status and the edits that touched it; ETag = registry version."""
     version = reader.registry_version()
@@ -260,9 +337,9 @@ def _definition(reader: DashboardReader, name: str) -> Response:
     entry = version.entries.get(name)
     edits = [
         {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
-        for v in reader.registry.history(name)
+        for v in reader.registry.history(name, QUERY)
         for c in v.changes
-        if c.name == name
+        if c.name == name and c.kind == QUERY
     ]
     body = {
         "name": name,

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 import numpy as np
@@ -74,9 +74,11 @@ __all__ = [
     "AlertRule",
     "Transition",
     "apply",
+    "check_against_queries",
     "evaluate",
     "fingerprint",
     "format_duration",
+    "matches",
     "parse_rule",
     "series_values",
     "transitions_table",
@@ -666,8 +668,3 @@ def transitions_table(transitions: list[Transition], recorded_at: dt.datetime) -
 def matches(servers: tuple[str, ...], server: str) -> bool:
     """Whether ``server`` is one of ``servers`` (names and shell globs; ``*`` for all)."""
     return any(fnmatchcase(server, pattern) for pattern in servers)
-
-
-def with_revision(rule: AlertRule, revision: int) -> AlertRule:
-    """``rule`` carrying registry ``revision``."""
-    return replace(rule, revision=revision)

@@ -8,6 +8,7 @@ and the range picker must change the resolution. A screenshot is saved to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from metrics_lake.core.kernels.stored_queries import load_stored_queries
-from metrics_lake.core.registry import Registry, declared_changes, read_declarations
+from metrics_lake.core.registry import ALERT, Registry, declared_changes, read_declarations
 from metrics_lake.core.tables.delta import table_uri
 from tests.app.test_dashboard import HOUR_MS, START_MS, ingest, make_events
 from tests.helpers import LAKE, expected_query_results
@@ -67,7 +68,17 @@ def dashboard(tmp_path, settings, store, log):
     events = make_events(1, START_MS, START_MS + 2 * HOUR_MS, 3000)
     ingest(store, log, events)
     registry = Registry(store)
-    registry.apply(declared_changes(registry.current(), read_declarations(queries_file)), by="test")
+    current = registry.current()  # these queries only: the shipped rules (which use shipped queries) go too
+    registry.apply(
+        declared_changes(current, read_declarations(queries_file)) + declared_changes(current, {}, ALERT), by="test"
+    )
+    with served(settings) as url:
+        yield url, events, load_stored_queries(queries_file)
+
+
+@contextlib.contextmanager
+def served(settings):
+    """``lake dashboard`` over ``settings``' lake as a process; yields its URL."""
     process = subprocess.Popen(
         [LAKE, "dashboard", "--port", "0", "--refresh", "0"],
         env={**os.environ, "LAKE_ROOT": settings.root, "LAKE_ADMIN_TOKEN": ADMIN_TOKEN},
@@ -87,7 +98,7 @@ def dashboard(tmp_path, settings, store, log):
     threading.Thread(target=watch, daemon=True).start()
     assert started.wait(60), "lake dashboard did not start"
     try:
-        yield url[0], events, load_stored_queries(queries_file)
+        yield url[0]
     finally:
         process.terminate()
         process.wait(30)
@@ -202,3 +213,38 @@ def test_a_query_added_through_the_form_is_previewed_saved_and_gets_its_panel(da
         driver.save_screenshot(str(ARTIFACTS / "dashboard-query-form.png"))
     finally:
         driver.quit()
+
+
+def test_the_alerts_and_servers_panels_show_a_silent_server_and_its_firing_alert(settings, store, log):
+    """An absence alert raised by the speed layer (in-process) is listed as firing, its server as silent."""
+    from metrics_lake.agents.simulator import FleetSimulator
+    from metrics_lake.core.log.consumer import end_offsets
+    from metrics_lake.core.log.producer import Producer
+    from metrics_lake.core.registry import Change
+    from metrics_lake.core.speed.micro_batch import run_batch_in_process
+    from tests.app.test_alerts_api import NOW_MS
+
+    Registry(store).apply([Change("put", "quiet", "ABSENT host.cpu.utilization FROM sim-* FOR 1s", kind=ALERT)])
+    for servers, seed in ((4, 0), (3, 1)):  # sim-0003 goes silent
+        sim = FleetSimulator(servers=servers, metrics=2, seconds=30, seed=seed, start_ms=NOW_MS + seed * 30_000)
+        with Producer(log, settings.topic, partitions=2) as producer:
+            producer.send(sim.generate())
+        run_batch_in_process(
+            store, settings.topic, end_offsets(log, settings.topic), watermark_seconds=60, clock_skew_seconds=300
+        )
+        time.sleep(1.2)
+    with served(settings) as url:
+        driver = browser()
+        try:
+            started = time.time()
+            driver.get(url)
+            wait_refreshed(driver, started)
+            alerts = driver.find_element(By.ID, "alerts")
+            assert alerts.get_attribute("data-firing") == "1"
+            assert "sim-0003" in alerts.text and "firing" in alerts.text and "no host.cpu.utilization" in alerts.text
+            servers = driver.find_element(By.ID, "servers")
+            assert servers.get_attribute("data-silent") == "1" and "1 silent, 3 up" in servers.text
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(ARTIFACTS / "dashboard-alerts.png"))
+        finally:
+            driver.quit()
