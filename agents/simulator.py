@@ -60,7 +60,9 @@ class FleetSimulator:
     Attributes: ``servers`` fake hosts (named ``sim-0000``...), ``metrics``
     series per host, ``seconds`` of event time, ``rate`` samples per second
     per series, ``seed`` for the RNG, ``start_ms`` first event time in epoch
-    milliseconds (default: ``seconds`` before now, so data ends "now").
+    milliseconds (default: ``seconds`` before now, so data ends "now"),
+    ``silence``: ``(server index, from s, to s)``, a server that sends
+    nothing in that part of the run (an outage, for absence alerts).
     Raises ``ValueError`` for non-positive sizes.
     """
 
@@ -70,6 +72,7 @@ class FleetSimulator:
     rate: float = 1.0
     seed: int = 42
     start_ms: int | None = None
+    silence: tuple[int, float, float] | None = None
 
     def __post_init__(self) -> None:
         for name in ("servers", "metrics", "seconds"):
@@ -80,7 +83,7 @@ class FleetSimulator:
 
     @property
     def total_events(self) -> int:
-        """Events :meth:`generate` returns."""
+        """Events :meth:`generate` returns (without ``silence``: it depends on the jitter then)."""
         return self.servers * self.metrics * self._samples_per_series
 
     @property
@@ -109,8 +112,13 @@ class FleetSimulator:
             values[:, j, :] = _series(shape, rng, t_sec[:, j, :], s, k, self.rate)
 
         order = np.argsort(ts.reshape(-1), kind="stable")
+        server_of = np.repeat(np.arange(s), m * k)  # server index of each sample of the (s, m, k) layout
+        if self.silence is not None:  # the silent server's samples inside its outage are never sent
+            server, lo, hi = self.silence
+            offset_s = (ts.reshape(-1)[order] - self._start()) / 1000.0
+            order = order[~((server_of[order] == server) & (offset_s >= lo) & (offset_s < hi))]
         ts_flat = ts.reshape(-1)[order]
-        server_idx = np.broadcast_to(np.arange(s)[:, None, None], (s, m, k)).reshape(-1)[order]
+        server_idx = server_of[order]
         metric_idx = np.broadcast_to(np.arange(m)[None, :, None], (s, m, k)).reshape(-1)[order]
         n = ts_flat.size
 

@@ -9,13 +9,33 @@ demo prints row counts, this host's CPU windows and commands to try next.
 Running it again appends to the same lake (offsets and checkpoints carry on).
 The stored queries are kept live by the speed layer, so the last lines name
 the dashboard command (``lake demo --dashboard`` serves it right away).
+
+**Missing data is a signal.** The last simulated server goes silent from a
+quarter of the run to 60 % of it, and the demo keeps an absence rule,
+``demo_server_silent`` (``FOR`` a sixth of the run, at least 3 s), in the
+registry: its alert fires during the silence and resolves when the server
+sends again. Unless ``LAKE_ALERTMANAGER_URL`` names one, the demo starts
+Debian's ``prometheus-alertmanager`` for the run (in a temporary directory,
+stopped at the end; with ``--dashboard`` when the dashboard stops) with a
+webhook that prints each notification Alertmanager sends. Without an
+installed Alertmanager the alerts are only recorded in the ``alerts`` table.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import http.server
+import json
+import shutil
+import socket
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import pyarrow as pa
 from rich import table as rich_table
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -29,6 +49,8 @@ from metrics_lake.core.tables.delta import summarize_tables
 from metrics_lake.lake_schemas.tables import Table
 
 WINDOWS = Table.METRIC_WINDOWS_1M
+#: The demo's absence rule (module docstring).
+DEMO_RULE = "demo_server_silent"
 
 #: One payload per kind of contract violation, sent once per demo run.
 MALFORMED_SAMPLES: list[str] = [
@@ -48,6 +70,11 @@ def _sql_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def demo_silence(servers: int, seconds: int) -> tuple[int, float, float, int]:
+    """(index of the simulated server that goes silent, silence start s, end s, the demo rule's FOR s)."""
+    return servers - 1, seconds * 0.25, seconds * 0.6, max(3, seconds // 6)
+
+
 def run_demo(
     settings: LakeSettings,
     *,
@@ -62,10 +89,7 @@ def run_demo(
     With ``dashboard_port`` it then serves the dashboard on that port until
     Ctrl-C or SIGTERM.
     """
-    from metrics_lake.app.console import print_batch
-    from metrics_lake.spark.jobs.sql_query import run_sql
-    from metrics_lake.spark.jobs.stream_metrics import start_stream
-    from metrics_lake.spark.session import build_session
+    from metrics_lake.core.registry import ALERT, Change, Registry
 
     wall_start = time.monotonic()
     store = open_store(settings)
@@ -74,6 +98,38 @@ def run_demo(
         f"lake root      {store.root}\ncheckpoints    {settings.checkpoint_path}\n"
         f"topic          {settings.topic} ({settings.partitions} partitions for a new topic)"
     )
+    silent, quiet_from, quiet_to, for_s = demo_silence(servers, seconds)
+    registry = Registry(store)
+    registry.ensure_seeded()
+    rule = f"ABSENT host.cpu.utilization FROM sim-* FOR {for_s}s LABELS severity=info"
+    registry.apply(
+        [Change("put", DEMO_RULE, rule, "lake demo: a simulated server goes silent part way", ALERT)], by="lake demo"
+    )
+    console.print(
+        f"alert rule     {DEMO_RULE}: {rule} (sim-{silent:04d} is silent from {quiet_from:.0f} s to {quiet_to:.0f} s)"
+    )
+    with _alertmanager(settings, console) as (settings, notifications):
+        _produce_and_stream(settings, store, seconds, servers, metrics, console, (silent, quiet_from, quiet_to))
+        if notifications is not None:  # Alertmanager's own timers (group_wait) pass before it notifies
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(n[0] == "resolved" for n in notifications):
+                time.sleep(0.2)
+        _print_alerts(store, wall_start, notifications, console)
+        _print_next_steps(settings, console)
+        console.print(f"demo finished in {time.monotonic() - wall_start:.0f} s")
+        if dashboard_port is not None:
+            _serve_dashboard(settings, dashboard_port, console)
+
+
+def _produce_and_stream(settings, store, seconds, servers, metrics, console, silence) -> None:
+    """The agents produce for ``seconds`` while the speed layer runs (and alerts go out); then the log is drained,
+    the tables summarised and this host's CPU windows shown."""
+    from metrics_lake.app.console import print_batch
+    from metrics_lake.app.notifier import notifying
+    from metrics_lake.spark.jobs.sql_query import run_sql
+    from metrics_lake.spark.jobs.stream_metrics import start_stream
+    from metrics_lake.spark.session import build_session
+
     producer = producer_for(settings, store)
     host = HostAgent()
     simulator = FleetSimulator(
@@ -83,6 +139,7 @@ def run_demo(
         rate=1.0,
         seed=int(time.time()),
         start_ms=int(time.time() * 1000),
+        silence=silence,
     )
     stop = threading.Event()
     agents = [
@@ -106,32 +163,38 @@ def run_demo(
 
     console.print("starting Spark (local) and the speed layer ...")
     spark = build_session(settings, "lake-demo")
-    query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=print_batch)
-    try:
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[events]:,} events"),
-            TimeRemainingColumn(),
-            console=console,
-        ) as bar:
-            task = bar.add_task("agents producing", total=seconds, events=0)
-            produce_start = time.monotonic()
-            while any(thread.is_alive() for thread in agents):
-                time.sleep(0.5)
-                bar.update(
-                    task, completed=min(time.monotonic() - produce_start, seconds), events=producer.stats.records
-                )
-            bar.update(task, completed=seconds, events=producer.stats.records)
-        producer.close()
-        console.print(
-            f"agents done: {producer.stats.records:,} events in {producer.stats.segments} segments; "
-            "draining the log ..."
-        )
-        query.processAllAvailable()
-    finally:
-        stop.set()
-        query.stop()
+    with notifying(settings) as wake:
+
+        def progress(outcome) -> None:
+            print_batch(outcome)
+            wake()
+
+        query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress)
+        try:
+            with Progress(
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.fields[events]:,} events"),
+                TimeRemainingColumn(),
+                console=console,
+            ) as bar:
+                task = bar.add_task("agents producing", total=seconds, events=0)
+                produce_start = time.monotonic()
+                while any(thread.is_alive() for thread in agents):
+                    time.sleep(0.5)
+                    bar.update(
+                        task, completed=min(time.monotonic() - produce_start, seconds), events=producer.stats.records
+                    )
+                bar.update(task, completed=seconds, events=producer.stats.records)
+            producer.close()
+            console.print(
+                f"agents done: {producer.stats.records:,} events in {producer.stats.segments} segments; "
+                "draining the log ..."
+            )
+            query.processAllAvailable()
+        finally:
+            stop.set()
+            query.stop()
 
     console.rule("[bold]tables")
     summary = rich_table.Table("table", "version", "files", "rows")
@@ -149,23 +212,134 @@ def run_demo(
     console.print(windows.to_string(index=False))
     spark.stop()
 
+
+def _print_alerts(store, since: float, notifications: list | None, console: Console) -> None:
+    """The alert transitions this run recorded, and what Alertmanager notified."""
+    import pyarrow.compute as pc
+
+    from metrics_lake.core.tables.delta import open_table
+
+    console.rule("[bold]alerts (missing data is a signal)")
+    started = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=time.monotonic() - since)
+    rows = open_table(store, Table.ALERTS).to_pyarrow_table()
+    rows = rows.filter(
+        pc.greater_equal(rows.column("recorded_at"), pa.scalar(started, rows.schema.field("recorded_at").type))
+    )
+    listing = rich_table.Table("at (UTC)", "rule", "server", "transition", "what")
+    for row in rows.sort_by([("recorded_at", "ascending"), ("seq", "ascending")]).to_pylist():
+        listing.add_row(
+            f"{row['at']:%H:%M:%S}",
+            row["rule"],
+            row["server"] or "(fleet)",
+            f"{row['previous_state']} -> {row['state']}",
+            row["summary"],
+        )
+    console.print(listing if rows.num_rows else "no alert changed state during this run")
+    if notifications is None:
+        return
+    console.print(f"Alertmanager sent {len(notifications)} notification(s) to the demo's webhook:")
+    for status, name, server in notifications:
+        console.print(f"  {status.upper()}: alertname={name} server={server}")
+
+
+def _print_next_steps(settings: LakeSettings, console: Console) -> None:
     console.rule("[bold]try next")
     console.print(
-        "lake dashboard        # then open http://127.0.0.1:8050/ (stored queries, freshness, pipeline)\n"
+        "lake dashboard        # then open http://127.0.0.1:8050/ (stored queries, alerts, servers, pipeline)\n"
         "lake tables\n"
         'lake sql "SELECT metric, count(*) AS windows, round(avg(p99), 2) AS avg_p99 '
         f'FROM {WINDOWS} GROUP BY metric ORDER BY metric"\n'
         f'lake sql "SELECT reason, raw FROM {Table.QUARANTINE_EVENTS}" --format json\n'
         f'lake sql "SELECT server, count(*) FROM {Table.BRONZE_EVENTS} GROUP BY server ORDER BY 2 DESC LIMIT 5"\n'
         f'lake sql --version {WINDOWS}=1 "SELECT count(*) FROM {WINDOWS}"   # time travel\n'
+        f"lake alerts list; lake alerts show {DEMO_RULE}\n"
+        'eval "$(lake infra alertmanager up)"   # a local Alertmanager for `lake stream` (web UI on :9093)\n'
         "(inside the project's virtualenv: .venv/bin/lake, or python3 run.py lake ...)",
         soft_wrap=True,
         highlight=False,
         markup=False,
     )
-    console.print(f"demo finished in {time.monotonic() - wall_start:.0f} s")
-    if dashboard_port is not None:
-        _serve_dashboard(settings, dashboard_port, console)
+
+
+class _NotificationPrinter:
+    """A webhook receiver on 127.0.0.1 printing each notification Alertmanager POSTs; ``seen`` keeps
+    ``(status, alertname, server)`` per alert."""
+
+    def __init__(self, console: Console) -> None:
+        seen = self.seen = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                for alert in body.get("alerts", []):
+                    labels = alert.get("labels", {})
+                    seen.append((alert.get("status", "?"), labels.get("alertname"), labels.get("server")))
+                    console.print(
+                        f"[bold]Alertmanager notified[/]: {alert.get('status', '?').upper()} "
+                        f"{labels.get('alertname')} on {labels.get('server', 'the fleet')}: "
+                        f"{alert.get('annotations', {}).get('summary', '')}",
+                        highlight=False,
+                    )
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/notifications"
+        threading.Thread(target=self.server.serve_forever, name="demo-webhook", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop listening."""
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@contextlib.contextmanager
+def _alertmanager(settings: LakeSettings, console: Console) -> Iterator[tuple[LakeSettings, list | None]]:
+    """Settings pointing at an Alertmanager for the run, and the list of its notifications (None: not watched).
+
+    ``LAKE_ALERTMANAGER_URL`` is used as it is; else Debian's Alertmanager
+    is started in a temporary directory (port 9093 if free) with the
+    printing webhook, and stopped on exit; else alerts stay in the table.
+    """
+    from metrics_lake.infra.alertmanager import LocalAlertmanager, binary, start, stop
+    from metrics_lake.infra.processes import bind_error
+    from metrics_lake.lake_schemas.errors import AlertmanagerError
+
+    if settings.alertmanager_url is not None:
+        console.print(f"alerts to      {settings.alertmanager_url} (LAKE_ALERTMANAGER_URL)")
+        yield settings, None
+        return
+    try:
+        binary()
+    except AlertmanagerError:
+        console.print(
+            "alerts to      the alerts table only: no Alertmanager installed (apt-get install prometheus-alertmanager)"
+        )
+        yield settings, None
+        return
+    receiver = _NotificationPrinter(console)
+    directory = Path(tempfile.mkdtemp(prefix="lake-demo-alertmanager-"))
+    port = 9093 if bind_error(9093) is None else _free_port()
+    manager = LocalAlertmanager(directory, port, webhook=receiver.url)
+    try:
+        start(manager, log=lambda line: None)
+        console.print(
+            f"alerts to      Alertmanager {manager.url} (started for the demo; web UI {manager.url}/#/alerts)"
+        )
+        yield settings.model_copy(update={"alertmanager_url": manager.url}), receiver.seen
+    finally:
+        stop(manager, log=lambda line: None)
+        receiver.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _serve_dashboard(settings: LakeSettings, port: int, console: Console) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -62,3 +63,12 @@ def test_second_batches_cover_every_event_once():
     batches = list(sim.second_batches())
     assert sum(b.num_rows for _, b in batches) == sim.total_events
     assert [offset for offset, _ in batches] == sorted(offset for offset, _ in batches)
+
+
+def test_a_silence_drops_one_servers_samples_inside_it_and_nothing_else():
+    plain = FleetSimulator(servers=3, metrics=2, seconds=60, seed=5, start_ms=0).generate()
+    quiet = FleetSimulator(servers=3, metrics=2, seconds=60, seed=5, start_ms=0, silence=(1, 20, 40)).generate()
+    ms = plain.column("ts").cast(pa.int64()).to_numpy()
+    dropped = (np.array(plain.column("server").to_pylist()) == "sim-0001") & (ms >= 20_000) & (ms < 40_000)
+    assert 0 < dropped.sum() < plain.num_rows and quiet.num_rows == plain.num_rows - dropped.sum()
+    assert quiet.equals(plain.filter(pa.array(~dropped)))

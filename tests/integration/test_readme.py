@@ -62,3 +62,9 @@ def test_demo_command_runs_end_to_end_in_under_three_minutes(tmp_path):
     assert rows["quarantine_events"] == 9  # one per malformed sample the demo sends
     assert rows["bronze_events"] > 20 * 8 * 50 and rows["metric_windows_1m"] > 20 * 8
     assert "host.cpu.utilization" in output or "window_start" in output
+    # The last simulated server goes silent part way: the demo's absence rule fires and resolves, and the demo's
+    # Alertmanager (.ci/run installs Debian's) notifies its webhook of both.
+    assert re.search(r"demo_server_silent\s*│\s*sim-0019\s*│\s*inactive -> firing", output), output[-4000:]
+    assert re.search(r"demo_server_silent\s*│\s*sim-0019\s*│\s*firing -> resolved", output)
+    assert "FIRING: alertname=demo_server_silent server=sim-0019" in output
+    assert "RESOLVED: alertname=demo_server_silent server=sim-0019" in output
