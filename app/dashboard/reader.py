@@ -403,7 +403,7 @@ class DashboardReader:
         FOR of the absence rules watching it, else :data:`SILENT_AFTER_SECONDS`, or an absence alert fires for
         it) or ``never seen`` (named in an absence rule's FROM but never heard from within the lookback).
 
-        ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen", "silent_seconds", "alerts"}]}``,
+        ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen_at", "silent_seconds", "alerts"}]}``,
         silent servers first.
         """
         table = self.table(Table.LAST_SEEN)
@@ -426,7 +426,7 @@ class DashboardReader:
                 {
                     "server": server,
                     "status": status,
-                    "last_seen": last_us // 1000,
+                    "last_seen_at": last_us // 1000,
                     "silent_seconds": round(silent_s, 1),
                     "alerts": sorted(alerting.get(server, [])),
                 }
@@ -435,7 +435,7 @@ class DashboardReader:
         named = {n for r in absence for n in r.servers if not any(c in n for c in "*?[")}
         for server in sorted(named - known):
             servers.append(
-                {"server": server, "status": "never seen", "last_seen": None, "silent_seconds": None, "alerts": []}
+                {"server": server, "status": "never seen", "last_seen_at": None, "silent_seconds": None, "alerts": []}
             )
         order = {"silent": 0, "never seen": 1, "up": 2}
         servers.sort(key=lambda s: (order[s["status"]], s["server"]))

@@ -111,6 +111,6 @@ def test_active_alerts_and_server_statuses(tmp_path):
         "db-9": "never seen",  # named by the rule, never heard from
     }
     assert statuses["sim-0002"]["alerts"] == ["quiet"] and statuses["sim-0002"]["silent_seconds"] >= 1
-    assert statuses["db-9"]["last_seen"] is None
+    assert statuses["db-9"]["last_seen_at"] is None
     page = client.get("/").text
     assert "drawAlerts" in page and "drawServers" in page

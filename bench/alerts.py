@@ -1,0 +1,337 @@
+"""Benchmark: stored-query and alert latencies under steady load, and the cost of 1,000 rules over 10,000 servers.
+
+The issue's four figures, each printed beside its peer from the same run:
+
+1. **query change -> first live row**: under ``--rate`` events/s, a stored
+   query is added (``lake queries add``); reported: the micro-batches
+   (``query_results`` commits) and seconds until it has rows;
+2. **threshold crossed -> alert at Alertmanager**: ``--crossings`` servers
+   each send one value over a threshold rule's line (event time = now);
+   latency = when a real Alertmanager (Debian's, polled every 50 ms on its
+   API v2) first lists the alert, minus the event's time;
+3. **a server goes silent -> absence alert at Alertmanager**: servers sending
+   a heartbeat every second stop one by one; latency = when Alertmanager
+   lists the alert, minus the last heartbeat, minus the rule's FOR (N);
+4. **1,000 rules over 10,000 servers**: the same micro-batches (10,000
+   servers x 10 metrics) committed with and without 1,000 rules (900
+   threshold rules on 10 per-server queries, 100 absence rules), in process,
+   so the difference is the alert step's cost per batch: what the rules add
+   to every batch, hence at most what they add to the windows lag.
+
+Runners for 1-3: **lake** (``lake stream --trigger 1``, Spark local[2], with
+its alert relay) and **peer: no Spark** (the same speed layer,
+``run_batch_in_process``, on a 1-second trigger in this process, with the
+same relay in a thread). For reference, Prometheus evaluates alerting rules
+every ``evaluation_interval`` (default 1 min) on samples scraped every
+``scrape_interval`` (default 1 min), so its threshold -> Alertmanager latency
+is up to two minutes plus ``for``. Run: ``python bench/alerts.py [--rate
+100000] [--crossings 20] [--silences 10] [--skip-probes]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import requests
+from common import LAKE, lake_env, scratch_dir
+from deltalake import DeltaTable
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.app.notifier import AlertNotifier
+from metrics_lake.core import keys
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.kernels.alert_rules import parse_rule
+from metrics_lake.core.kernels.stored_queries import parse_query
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer, producer_for
+from metrics_lake.core.registry import ALERT, QUERY, Change, Registry
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.infra.alertmanager import LocalAlertmanager, start, stop
+from metrics_lake.infra.processes import bind_error
+from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.tables import Table
+
+METRICS_PER_SERVER = 100
+SPIKE_QUERY = "FROM spike-* SELECT bench.spike WINDOW 1m COMPUTE max PER SERVER"
+SPIKE_RULE = "spike.max > 500"
+QUIET_FOR_S = 10
+QUIET_RULE = f"ABSENT bench.heartbeat FROM quiet-* FOR {QUIET_FOR_S}s"
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on (probed from 19100 up)."""
+    return next(p for p in range(19100, 19900) if bind_error(p) is None)
+
+
+class Load:
+    """``rate`` simulator events/s in real time, plus the probes: heartbeats of ``quiet`` servers (until each is
+    silenced) and spikes queued by :meth:`spike`. Records when each probe was handed to the log (epoch s)."""
+
+    def __init__(self, settings, rate: int, seconds: int, quiet: int) -> None:
+        servers = max(rate // METRICS_PER_SERVER, 1)
+        self.simulator = FleetSimulator(
+            servers=servers, metrics=METRICS_PER_SERVER, seconds=seconds, seed=1, start_ms=int(time.time() * 1000)
+        )
+        self.settings = settings
+        self.quiet = {f"quiet-{i}": None for i in range(quiet)}  # server -> time of its last heartbeat once silenced
+        self.last_beat: dict[str, float] = {}
+        self.spikes: list[dict] = []
+        self.sent_at: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self.produced = 0
+        self.done = threading.Event()
+
+    def spike(self, server: str) -> None:
+        """Queue one event over the spike rule's line for ``server``, sent with the next second's batch."""
+        with self.lock:
+            self.spikes.append({"server": server, "metric": "bench.spike", "value": 1000.0})
+
+    def silence(self, server: str) -> None:
+        """Stop ``server``'s heartbeats from now on."""
+        with self.lock:
+            self.quiet[server] = self.last_beat.get(server, time.time())
+
+    def run(self) -> None:
+        """Produce until the simulator's seconds are done (the load's own thread)."""
+        batches = list(self.simulator.second_batches())
+        with producer_for(self.settings, linger_ms=250) as producer:
+            started = time.monotonic()
+            for offset, batch in batches:
+                time.sleep(max(0.0, started + offset - time.monotonic()))
+                now = time.time()
+                with self.lock:
+                    probes = [{**p, "ts": int(now * 1000)} for p in self.spikes]
+                    self.spikes = []
+                    beating = [s for s, silenced in self.quiet.items() if silenced is None]
+                probes += [
+                    {"ts": int(now * 1000), "server": s, "metric": "bench.heartbeat", "value": 1.0} for s in beating
+                ]
+                producer.send(batch)
+                producer.send_payloads(probes)
+                producer.flush()
+                sent = time.time()
+                for p in probes:
+                    if p["metric"] == "bench.spike":
+                        self.sent_at[p["server"]] = p["ts"] / 1000
+                    else:
+                        self.last_beat[p["server"]] = sent
+                self.produced += batch.num_rows + len(probes)
+        self.done.set()
+
+
+class AlertmanagerWatch:
+    """Polls Alertmanager's API v2 every 50 ms; ``first_seen[(alertname, server)]`` = epoch s it was first listed."""
+
+    def __init__(self, url: str) -> None:
+        self.url = f"{url}/api/v2/alerts"
+        self.first_seen: dict[tuple[str, str | None], float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                for alert in requests.get(self.url, timeout=2).json():
+                    key = (alert["labels"]["alertname"], alert["labels"].get("server"))
+                    self.first_seen.setdefault(key, time.time())
+            except (requests.RequestException, ValueError):
+                pass
+            self.stop.wait(0.05)
+
+
+def query_results_state(root: str, name: str) -> tuple[int, bool]:
+    """(``query_results``' Delta version, whether it holds a row of query ``name``)."""
+    path = Path(root) / keys.table_prefix(Table.QUERY_RESULTS)
+    if not (path / "_delta_log").exists():
+        return -1, False
+    table = DeltaTable(str(path))
+    rows = table.to_pyarrow_table(columns=["query"], filters=[("query", "=", name)])
+    return table.version(), rows.num_rows > 0
+
+
+def latencies(values: list[float]) -> str:
+    """``p50 / p99 / max`` of ``values`` in seconds (n)."""
+    if not values:
+        return "none arrived"
+    a = np.array(values)
+    return f"p50 {np.percentile(a, 50):5.1f} s  p99 {np.percentile(a, 99):5.1f} s  max {a.max():5.1f} s  (n={len(a)})"
+
+
+def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
+    """Targets 1-3 with ``runner`` ("lake" or "peer") on a fresh lake and a fresh Alertmanager."""
+    work = scratch_dir(f"lake-alerts-{runner}-")
+    env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250", LAKE_WATERMARK_SECONDS="10")
+    manager = LocalAlertmanager(work / "alertmanager", free_port())
+    start(manager, log=lambda _: None)
+    env["LAKE_ALERTMANAGER_URL"] = manager.url
+    settings = load_settings(
+        root=env["LAKE_ROOT"],
+        checkpoint_dir=env["LAKE_CHECKPOINT_DIR"],
+        watermark_seconds=10,
+        alertmanager_url=manager.url,
+    )
+    store = LocalStore(settings.root)
+    SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
+    registry = Registry(store)
+    registry.ensure_seeded()
+    registry.apply(
+        [Change("put", "spike", SPIKE_QUERY), Change("put", "spike", SPIKE_RULE, kind=ALERT)]
+        + [Change("put", "quiet", QUIET_RULE, kind=ALERT)]
+    )
+    duration = 40 + crossings * 2 + silences * 2 + QUIET_FOR_S
+    load = Load(settings, rate, duration, silences)
+    watch = AlertmanagerWatch(manager.url)
+    stream, stop_peer = None, threading.Event()
+    if runner == "lake":
+        stream = subprocess.Popen([LAKE, "stream"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    else:
+        notifier = AlertNotifier(settings, store)
+        relay = threading.Thread(target=notifier.run, daemon=True)
+        relay.start()
+
+        def loop() -> None:
+            while not stop_peer.is_set():
+                started = time.monotonic()
+                run_batch_in_process(
+                    store, settings.topic, end_offsets(SegmentLog(store), settings.topic), watermark_seconds=10,
+                    clock_skew_seconds=300,
+                )  # fmt: skip
+                notifier.wake()
+                stop_peer.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+
+        threading.Thread(target=loop, daemon=True).start()
+    producer = threading.Thread(target=load.run, daemon=True)
+    producer.start()
+    try:
+        while query_results_state(settings.root, "spike")[0] < 3:  # the consumer is up and committing
+            time.sleep(0.2)
+        time.sleep(8)  # warm-up under load
+        # 1. a new stored query: micro-batches and seconds to its first row
+        before, _ = query_results_state(settings.root, "cpu_max")
+        added = time.monotonic()
+        if runner == "lake":
+            subprocess.run([LAKE, "queries", "add", "cpu_max", "FROM * SELECT host.cpu.utilization WINDOW 1m COMPUTE max"], env=env, check=True, capture_output=True)  # fmt: skip
+        else:
+            registry.apply([Change("put", "cpu_max", "FROM * SELECT host.cpu.utilization WINDOW 1m COMPUTE max", kind=QUERY)])  # fmt: skip
+        while not (state := query_results_state(settings.root, "cpu_max"))[1]:
+            time.sleep(0.05)
+        query = {"batches": state[0] - before, "seconds": time.monotonic() - added}
+        # 2. threshold crossings, one new server each, 2 s apart
+        for i in range(crossings):
+            load.spike(f"spike-{i:03d}")
+            time.sleep(2)
+        # 3. silences, 2 s apart
+        for i in range(silences):
+            load.silence(f"quiet-{i}")
+            time.sleep(2)
+        deadline = time.monotonic() + 120
+        wanted = [("spike", f"spike-{i:03d}") for i in range(crossings)] + [
+            ("quiet", f"quiet-{i}") for i in range(silences)
+        ]
+        while time.monotonic() < deadline and not all(k in watch.first_seen for k in wanted):
+            time.sleep(0.2)
+    finally:
+        watch.stop.set()
+        stop_peer.set()
+        if stream is not None:
+            stream.terminate()
+            stream.wait(60)
+        stop(manager, log=lambda _: None)
+    spikes = [watch.first_seen[("spike", s)] - at for s, at in load.sent_at.items() if ("spike", s) in watch.first_seen]
+    quiet = [
+        watch.first_seen[("quiet", s)] - silenced - QUIET_FOR_S
+        for s, silenced in load.quiet.items()
+        if silenced is not None and ("quiet", s) in watch.first_seen
+    ]
+    return {"query": query, "threshold": spikes, "absence": quiet, "produced": load.produced / duration}
+
+
+def rules_cost(servers: int = 10_000, metrics: int = 10, rules: int = 1000) -> dict:
+    """Target 4 in process: one batch of ``servers x metrics`` events committed with and without ``rules`` rules."""
+    names = [f"app.m{m}" for m in range(metrics)]
+    queries = [
+        parse_query(f"q{m}", f"FROM * SELECT {name} WINDOW 1m COMPUTE max, avg PER SERVER")
+        for m, name in enumerate(names)
+    ]
+    threshold = rules * 9 // 10
+    parsed = [parse_rule(f"hot_{i}", f"q{i % metrics}.max > {1000 + i} FOR 1m") for i in range(threshold)]
+    parsed += [
+        parse_rule(f"quiet_{i}", f"ABSENT {names[i % metrics]} FROM srv-{i % 10}* FOR 5m")
+        for i in range(rules - threshold)
+    ]
+    timings = {}
+    for label, chosen in (("without rules", []), (f"{rules} rules", parsed)):
+        work = scratch_dir("lake-alerts-cost-")
+        store = LocalStore(str(work / "lakehouse"))
+        log = SegmentLog(store)
+        now_ms = int(time.time() * 1000) // 60_000 * 60_000
+        seconds = []
+        for round_ in range(3):  # the first batch creates everything; the next two are the steady state
+            n = servers * metrics
+            server = np.repeat(np.arange(servers), metrics)
+            table = pa.table(
+                {
+                    "ts": pa.array(now_ms + round_ * 20_000 + server % 1000, pa.int64()).cast(
+                        LOG_RECORD.field("ts").type
+                    ),
+                    "server": pa.array([f"srv-{s:05d}" for s in range(servers)]).take(pa.array(server)),
+                    "metric": pa.array(names * servers),
+                    "value": pa.array(((server * 7 + round_) % 100).astype(np.float64)),
+                    "tags": pa.nulls(n, LOG_RECORD.field("tags").type),
+                    "raw": pa.nulls(n, pa.string()),
+                    "reason": pa.nulls(n, pa.string()),
+                },
+                schema=LOG_RECORD,
+            )
+            with Producer(log, "metrics", partitions=4) as producer:
+                producer.send(table)
+            started = time.perf_counter()
+            outcome = run_batch_in_process(
+                store, "metrics", end_offsets(log, "metrics"), watermark_seconds=120, clock_skew_seconds=300,
+                queries=queries, rules=chosen,
+            )  # fmt: skip
+            seconds.append(time.perf_counter() - started)
+        timings[label] = {"seconds": seconds[1:], "records": outcome.records}
+    return timings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=100_000)
+    parser.add_argument("--crossings", type=int, default=20)
+    parser.add_argument("--silences", type=int, default=10)
+    parser.add_argument("--skip-probes", action="store_true", help="Only the cost of 1,000 rules (target 4).")
+    args = parser.parse_args()
+    results = {}
+    if not args.skip_probes:
+        for runner, label in (("lake", "lake stream --trigger 1"), ("peer", "peer: same code, no Spark")):
+            r = results[runner] = run_probes(runner, args.rate, args.crossings, args.silences)
+            print(f"== {label}: {r['produced']:,.0f} ev/s produced", flush=True)
+            print(
+                f"   query added -> first live row: {r['query']['batches']} micro-batches, {r['query']['seconds']:.1f} s"
+            )
+            print(f"   threshold crossed -> at Alertmanager: {latencies(r['threshold'])}")
+            print(
+                f"   silent server -> at Alertmanager, minus FOR ({QUIET_FOR_S} s): {latencies(r['absence'])}",
+                flush=True,
+            )
+    cost = rules_cost()
+    for label, c in cost.items():
+        per = ", ".join(f"{s:.2f}" for s in c["seconds"])
+        print(f"== one micro-batch of {c['records']:,} records over 10,000 servers, {label}: {per} s")
+    base = np.mean(cost["without rules"]["seconds"])
+    (with_rules,) = [np.mean(c["seconds"]) for label, c in cost.items() if label != "without rules"]
+    print(f"   the alert step of 1,000 rules costs {with_rules - base:+.2f} s per batch (mean of two batches)")
+
+
+if __name__ == "__main__":
+    main()
