@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import numpy as np
@@ -386,51 +386,6 @@ def series_values(rows: pa.Table, query: StoredQuery, aggregate: str, at_us: int
     )
 
 
-@dataclass
-class _Evaluation:
-    """The transitions of one evaluation, and the alerts it saw (to resolve those it did not)."""
-
-    at_us: int
-    active: dict[str, ActiveAlert]
-    transitions: list[Transition] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
-
-    def hold(
-        self,
-        rule: AlertRule,
-        server: str | None,
-        *,
-        state: str,
-        active_since_us: int,
-        value: float | None,
-        window: tuple[int | None, int | None],
-        summary: str,
-        at_us: int | None = None,
-    ) -> None:
-        """The alert of ``rule`` for ``server`` is in ``state`` now: record a transition if it was not."""
-        labels = rule.alert_labels(server)
-        key = fingerprint(labels)
-        self.seen.add(key)
-        previous = self.active.get(key)
-        if previous is not None and previous.state == state:
-            return
-        self.transitions.append(
-            Transition(
-                rule,
-                server,
-                labels,
-                state,
-                INACTIVE if previous is None else previous.state,
-                self.at_us if at_us is None else at_us,
-                active_since_us if previous is None else previous.active_since_us,
-                value,
-                window[0],
-                window[1],
-                summary,
-            )
-        )
-
-
 def evaluate(
     rules: list[AlertRule],
     active: dict[str, ActiveAlert],
@@ -451,145 +406,208 @@ def evaluate(
     append clock); ``last_seen``: rows ``(server, metric, last_seen_at)``
     of the ``last_seen`` table. Alerts in ``active`` whose rule is gone, whose
     labels changed or whose series no longer holds are resolved.
+
+    The work per rule is vectorised over its series; only series whose
+    condition holds, and alerts already active, are looked at one by one
+    (1,000 rules over 10,000 servers: ``bench/alerts.py``).
     """
-    evaluation = _Evaluation(0, active)
+    by_rule: dict[str, dict[str | None, ActiveAlert]] = {}
+    for alert in active.values():
+        by_rule.setdefault(alert.rule, {})[alert.server] = alert
+    silent_rows: dict[str, pa.Table] | None = None
+    transitions: list[Transition] = []
     for rule in rules:
+        mine = by_rule.pop(rule.name, {})
         if rule.kind == THRESHOLD:
-            if threshold_at_us is None:
-                evaluation.seen.update(k for k, a in active.items() if a.rule == rule.name)
-                continue
-            evaluation.at_us = threshold_at_us
-            _threshold(evaluation, rule, threshold_values.get(rule.name, SeriesValues.empty()))
+            if threshold_at_us is not None:  # else no event clock yet: the rule keeps its state
+                series = threshold_values.get(rule.name, SeriesValues.empty())
+                transitions += _threshold(rule, series, mine, threshold_at_us)
         elif absence_at_us is not None:
-            evaluation.at_us = absence_at_us
-            _absence(evaluation, rule, last_seen, lookback_s)
-        else:
-            evaluation.seen.update(k for k, a in active.items() if a.rule == rule.name)
-    by_name = {rule.name: rule for rule in rules}
-    for key, alert in sorted(active.items()):
-        if key in evaluation.seen:
-            continue
-        rule = by_name.get(alert.rule)
-        at_us = threshold_at_us if rule is None or rule.kind == THRESHOLD else absence_at_us
-        if at_us is None:
-            at_us = max(alert.since_us, threshold_at_us or 0, absence_at_us or 0)
-        why = "rule removed" if rule is None else _gone(rule, alert, lookback_s)
-        evaluation.transitions.append(
-            Transition(
-                rule or AlertRule(alert.rule, "", THRESHOLD, 0),
-                alert.server,
-                alert.labels,
-                RESOLVED,
-                alert.state,
-                at_us,
-                alert.active_since_us,
-                None,
-                None,
-                None,
-                f"{alert.rule}{'' if alert.server is None else ' on ' + alert.server}: {why}",
+            if silent_rows is None:  # grouped once for every absence rule
+                silent_rows = _by_metric(last_seen)
+            transitions += _absence(rule, silent_rows.get(rule.metric), mine, absence_at_us, lookback_s)
+    clock = max(threshold_at_us or 0, absence_at_us or 0)
+    for name, leftovers in sorted(by_rule.items()):  # alerts of removed rules
+        for alert in leftovers.values():
+            gone = AlertRule(name, "", THRESHOLD, 0)
+            where = "" if alert.server is None else f" on {alert.server}"
+            transitions.append(
+                _resolved(gone, alert, max(clock, alert.since_us), None, (None, None), f"{name}{where}: rule removed")
             )
+    return transitions
+
+
+def _resolved(
+    rule: AlertRule, alert: ActiveAlert, at_us: int, value: float | None, window: tuple, summary: str
+) -> Transition:
+    """The transition resolving ``alert`` (its own labels: those it fired with)."""
+    return Transition(
+        rule,
+        alert.server,
+        alert.labels,
+        RESOLVED,
+        alert.state,
+        at_us,
+        alert.active_since_us,
+        value,
+        window[0],
+        window[1],
+        summary,
+    )
+
+
+def _holds(
+    rule: AlertRule,
+    server: str | None,
+    previous: ActiveAlert | None,
+    at_us: int,
+    *,
+    state_for,
+    value: float,
+    window: tuple[int | None, int | None],
+    summary,
+    new_since: int | None = None,
+) -> list[Transition]:
+    """The transitions of a series whose condition holds: none if its alert already is in the state it is due,
+    else the new state (after resolving an alert of the rule's former labels). ``state_for(active since)`` gives
+    the state due; a new alert is active since ``new_since`` (default: now); ``summary(active since)`` its text."""
+    labels = rule.alert_labels(server)
+    transitions = []
+    if previous is not None and previous.labels != labels:
+        where = "" if server is None else f" on {server}"
+        transitions.append(
+            _resolved(rule, previous, at_us, value, window, f"{rule.name}{where}: rule changed (new labels)")
         )
-    return evaluation.transitions
+        previous = None
+    since = (at_us if new_since is None else new_since) if previous is None else previous.active_since_us
+    state = state_for(since)
+    if previous is None or previous.state != state:
+        before = INACTIVE if previous is None else previous.state
+        transitions.append(
+            Transition(rule, server, labels, state, before, at_us, since, value, window[0], window[1], summary(since))
+        )
+    return transitions
 
 
-def _gone(rule: AlertRule, alert: ActiveAlert, lookback_s: int) -> str:
-    if rule.alert_labels(alert.server) != alert.labels:
-        return "rule changed (new labels)"
-    if rule.kind == ABSENCE:
-        return f"silent for over {format_duration(lookback_s)}: no longer expected"
-    return "no value (the series stopped)"
-
-
-def _threshold(evaluation: _Evaluation, rule: AlertRule, series: SeriesValues) -> None:
-    at_us = evaluation.at_us
+def _threshold(
+    rule: AlertRule, series: SeriesValues, mine: dict[str | None, ActiveAlert], at_us: int
+) -> list[Transition]:
     holds = OPERATORS[rule.op](series.values, rule.threshold) if len(series.values) else np.zeros(0, bool)
+    transitions: list[Transition] = []
+    handled = set()
     for i in np.flatnonzero(holds):
         server, value = series.servers[i], float(series.values[i])
-        key = fingerprint(rule.alert_labels(server))
-        previous = evaluation.active.get(key)
-        since = at_us if previous is None else previous.active_since_us
-        state = FIRING if at_us - since >= rule.for_s * _US else PENDING
+        handled.add(server)
         where = "" if server is None else f" on {server}"
-        held = f" for {format_duration((at_us - since) / _US)}" if state == FIRING and rule.for_s else ""
-        evaluation.hold(
+
+        def summary(since: int, server=server, value=value, where=where) -> str:
+            held = at_us - since
+            lasted = f" for {format_duration(held / _US)}" if rule.for_s and held >= rule.for_s * _US else ""
+            return f"{rule.query} {rule.aggregate} = {value:.6g} {rule.op} {rule.threshold:g}{where}{lasted}"
+
+        transitions += _holds(
             rule,
             server,
-            state=state,
-            active_since_us=since,
+            mine.get(server),
+            at_us,
+            state_for=lambda since: FIRING if at_us - since >= rule.for_s * _US else PENDING,
             value=value,
             window=(int(series.starts[i]), int(series.ends[i])),
-            summary=f"{rule.query} {rule.aggregate} = {value:.6g} {rule.op} {rule.threshold:g}{where}{held}",
+            summary=summary,
         )
-    for i in np.flatnonzero(~holds):  # a series that no longer holds: resolved with the value that cleared it
-        server, value = series.servers[i], float(series.values[i])
-        key = fingerprint(rule.alert_labels(server))
-        previous = evaluation.active.get(key)
-        if previous is None:
-            continue
-        evaluation.seen.add(key)
-        where = "" if server is None else f" on {server}"
-        evaluation.transitions.append(
-            Transition(
-                rule,
-                server,
-                previous.labels,
-                RESOLVED,
-                previous.state,
-                at_us,
-                previous.active_since_us,
-                value,
-                int(series.starts[i]),
-                int(series.ends[i]),
-                f"{rule.query} {rule.aggregate} = {value:.6g}, no longer {rule.op} {rule.threshold:g}{where}",
+    left = {server: alert for server, alert in mine.items() if server not in handled}
+    if left:  # the rule's alerts whose series no longer holds: resolved with the value that cleared it
+        index = {server: i for i, server in enumerate(series.servers)}
+        for server, alert in sorted(left.items(), key=lambda item: item[0] or ""):
+            where = "" if server is None else f" on {server}"
+            i = index.get(server)
+            if i is None:
+                transitions.append(
+                    _resolved(
+                        rule, alert, at_us, None, (None, None), f"{rule.name}{where}: no value (the series stopped)"
+                    )
+                )
+                continue
+            value = float(series.values[i])
+            transitions.append(
+                _resolved(
+                    rule,
+                    alert,
+                    at_us,
+                    value,
+                    (int(series.starts[i]), int(series.ends[i])),
+                    f"{rule.query} {rule.aggregate} = {value:.6g}, no longer {rule.op} {rule.threshold:g}{where}",
+                )
             )
-        )
+    return transitions
 
 
-def _absence(evaluation: _Evaluation, rule: AlertRule, last_seen: pa.Table, lookback_s: int) -> None:
-    at_us = evaluation.at_us
-    rows = last_seen.filter(pc.equal(last_seen.column("metric"), rule.metric))
-    pattern = server_pattern(rule.servers)
-    if pattern is not None and rows.num_rows:
-        rows = rows.filter(pc.match_substring_regex(rows.column("server"), pattern))
-    seen_us = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
+def _by_metric(last_seen: pa.Table) -> dict[str, pa.Table]:
+    """``last_seen`` rows of watched series (metric not null) by metric."""
+    rows = last_seen.filter(pc.is_valid(last_seen.column("metric")))
+    if rows.num_rows == 0:
+        return {}
+    rows = rows.sort_by([("metric", "ascending")])
+    metrics = rows.column("metric").to_numpy(zero_copy_only=False)
+    bounds = np.flatnonzero(metrics[1:] != metrics[:-1]) + 1
+    starts, ends = np.concatenate([[0], bounds]), np.concatenate([bounds, [len(metrics)]])
+    return {str(metrics[a]): rows.slice(int(a), int(b - a)) for a, b in zip(starts, ends, strict=True)}
+
+
+def _absence(
+    rule: AlertRule, rows: pa.Table | None, mine: dict[str | None, ActiveAlert], at_us: int, lookback_s: int
+) -> list[Transition]:
+    transitions: list[Transition] = []
+    servers, seen_us = np.zeros(0, object), np.zeros(0, np.int64)
+    if rows is not None:
+        pattern = server_pattern(rule.servers)
+        if pattern is not None:
+            rows = rows.filter(pc.match_substring_regex(rows.column("server"), pattern))
+        servers = rows.column("server").to_numpy(zero_copy_only=False)
+        seen_us = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
     expected = seen_us >= at_us - lookback_s * _US
     silent = expected & (at_us - seen_us >= rule.for_s * _US)
-    servers = rows.column("server").to_numpy(zero_copy_only=False)
+    handled = set()
     for i in np.flatnonzero(silent):
         server, last = str(servers[i]), int(seen_us[i])
+        handled.add(server)
         silence = (at_us - last) / _US
-        evaluation.hold(
+        when = dt.datetime.fromtimestamp(last / _US, dt.UTC)
+        transitions += _holds(
             rule,
             server,
-            state=FIRING,
-            active_since_us=last + rule.for_s * _US,
+            mine.get(server),
+            at_us,
+            state_for=lambda since: FIRING,
             value=silence,
             window=(last, None),
-            summary=f"no {rule.metric} from {server} for {format_duration(silence)} "
-            f"(last seen {dt.datetime.fromtimestamp(last / _US, dt.UTC):%Y-%m-%d %H:%M:%S}Z)",
+            summary=lambda since, server=server, silence=silence, when=when: (
+                f"no {rule.metric} from {server} for {format_duration(silence)} (last seen {when:%Y-%m-%d %H:%M:%S}Z)"
+            ),
+            new_since=last + rule.for_s * _US,  # the moment the silence reached FOR
         )
-    for i in np.flatnonzero(expected & ~silent):  # data returned: resolved by the newest record
-        server, last = str(servers[i]), int(seen_us[i])
-        key = fingerprint(rule.alert_labels(server))
-        previous = evaluation.active.get(key)
-        if previous is None:
-            continue
-        evaluation.seen.add(key)
-        evaluation.transitions.append(
-            Transition(
-                rule,
-                server,
-                previous.labels,
-                RESOLVED,
-                previous.state,
-                at_us,
-                previous.active_since_us,
-                (at_us - last) / _US,
-                last,
-                None,
-                f"{rule.metric} from {server} again (seen {dt.datetime.fromtimestamp(last / _US, dt.UTC):%H:%M:%S}Z)",
+    left = {server: alert for server, alert in mine.items() if server not in handled}
+    if left:
+        index = {str(server): i for i, server in enumerate(servers)}
+        for server, alert in sorted(left.items(), key=lambda item: item[0] or ""):
+            i = index.get(server)
+            if i is None or not expected[i]:
+                why = f"{rule.name} on {server}: silent for over {format_duration(lookback_s)}: no longer expected"
+                transitions.append(_resolved(rule, alert, at_us, None, (None, None), why))
+                continue
+            last = int(seen_us[i])
+            seen = dt.datetime.fromtimestamp(last / _US, dt.UTC)
+            transitions.append(
+                _resolved(
+                    rule,
+                    alert,
+                    at_us,
+                    (at_us - last) / _US,
+                    (last, None),
+                    f"{rule.metric} from {server} again (seen {seen:%H:%M:%S}Z)",
+                )
             )
-        )
+    return transitions
 
 
 def apply(active: dict[str, ActiveAlert], transitions: pa.Table) -> dict[str, ActiveAlert]:

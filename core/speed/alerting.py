@@ -239,7 +239,11 @@ def threshold_values(
     columns = ["query", "server", "window_start", "window_end", "aggregate", "value"]
     rows = read_data_files(store, files, QUERY_RESULTS, columns)
     by_query = {name: rows.filter(pc.equal(rows.column("query"), name)) for name in used}
-    return {r.name: series_values(by_query[r.query], used[r.query], r.aggregate, at_us) for r in chosen}
+    values: dict[tuple[str, str], SeriesValues] = {}  # rules sharing a query and aggregate share its series
+    for r in chosen:
+        if (r.query, r.aggregate) not in values:
+            values[(r.query, r.aggregate)] = series_values(by_query[r.query], used[r.query], r.aggregate, at_us)
+    return {r.name: values[(r.query, r.aggregate)] for r in chosen}
 
 
 class AlertLog:

@@ -192,7 +192,7 @@ def test_changed_labels_and_removed_rules_resolve_what_they_raised():
     relabelled = parse_rule("hot", "q.max > 10 LABELS severity=page")
     active, moves, rows = _step([relabelled], active, 60, {"hot": _values(60, a=11)})
     assert sorted(moves) == [("a", "firing", "resolved"), ("a", "inactive", "firing")]
-    assert "rule changed (new labels)" in rows.column("summary").to_pylist()[-1]
+    assert rows.column("summary").to_pylist()[0] == "hot on a: rule changed (new labels)"  # resolved first
     active, moves, rows = _step([], active, 120)
     assert moves == [("a", "firing", "resolved")] and rows.column("summary").to_pylist() == ["hot on a: rule removed"]
     assert active == {}
