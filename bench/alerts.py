@@ -87,7 +87,8 @@ class Load:
         self.sent_at: dict[str, float] = {}
         self.lock = threading.Lock()
         self.produced = 0
-        self.done = threading.Event()
+        self.started: float | None = None
+        self.stop = threading.Event()
 
     def spike(self, server: str) -> None:
         """Queue one event over the spike rule's line for ``server``, sent with the next second's batch."""
@@ -100,12 +101,13 @@ class Load:
             self.quiet[server] = self.last_beat.get(server, time.time())
 
     def run(self) -> None:
-        """Produce until the simulator's seconds are done (the load's own thread)."""
+        """Produce until the simulator's seconds are done or :attr:`stop` is set (the load's own thread)."""
         batches = list(self.simulator.second_batches())
         with producer_for(self.settings, linger_ms=250) as producer:
-            started = time.monotonic()
+            started = self.started = time.monotonic()
             for offset, batch in batches:
-                time.sleep(max(0.0, started + offset - time.monotonic()))
+                if self.stop.wait(max(0.0, started + offset - time.monotonic())):
+                    break
                 now = time.time()
                 with self.lock:
                     probes = [{**p, "ts": int(now * 1000)} for p in self.spikes]
@@ -124,7 +126,10 @@ class Load:
                     else:
                         self.last_beat[p["server"]] = sent
                 self.produced += batch.num_rows + len(probes)
-        self.done.set()
+
+    def rate(self) -> float:
+        """Events per second handed to the log so far."""
+        return self.produced / max(time.monotonic() - (self.started or time.monotonic()), 1e-9)
 
 
 class AlertmanagerWatch:
@@ -240,6 +245,9 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         while time.monotonic() < deadline and not all(k in watch.first_seen for k in wanted):
             time.sleep(0.2)
     finally:
+        rate = load.rate()
+        load.stop.set()
+        producer.join(60)
         watch.stop.set()
         stop_peer.set()
         if stream is not None:
@@ -252,7 +260,7 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         for s, silenced in load.quiet.items()
         if silenced is not None and ("quiet", s) in watch.first_seen
     ]
-    return {"query": query, "threshold": spikes, "absence": quiet, "produced": load.produced / duration}
+    return {"query": query, "threshold": spikes, "absence": quiet, "produced": rate}
 
 
 def rules_cost(servers: int = 10_000, metrics: int = 10, rules: int = 1000) -> dict:
