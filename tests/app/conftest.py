@@ -1,13 +1,16 @@
-"""Fixtures of the application tests: gateways served in-process on free ports."""
+"""Fixtures of the application tests: gateways served in-process on free ports, the ``lake`` CLI on a test lake."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 
 import pytest
 
 from metrics_lake.app.gateway import Gateway, serve
 from metrics_lake.core.config import load_settings
+from tests.helpers import LAKE
 
 
 @pytest.fixture
@@ -34,3 +37,28 @@ def start_gateway(tmp_path):
     for stop, thread in stops:
         stop.set()
         thread.join(30)
+
+
+@pytest.fixture
+def lake(tmp_path, store):
+    """``lake(*args, expect=0, env_extra=None)``: run the ``lake`` CLI on the test's lake (as ``alice``); asserts the
+    exit code and that no traceback leaked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
+    env |= {"LAKE_ROOT": str(store.root), "LAKE_AUTHOR": "alice", "COLUMNS": "200"}
+
+    def run(*args: str, expect: int = 0, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+        result = subprocess.run(
+            [LAKE, *args], env={**env, **(env_extra or {})}, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == expect, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+        return result
+
+    return run
+
+
+def one_line(result: subprocess.CompletedProcess) -> str:
+    """The command's stderr, which must be one ``error: …`` line."""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]

@@ -3,35 +3,12 @@ diff (dry run first), bad input refused in one line naming the clause with nothi
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
 from metrics_lake.core.registry import Registry
-from tests.helpers import LAKE
+from tests.app.conftest import one_line
 
 LAT = "FROM web-* SELECT app.rpc.latency_ms WINDOW 5m COMPUTE percentile(99), count"
-
-
-@pytest.fixture
-def lake(tmp_path, store):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
-    env |= {"LAKE_ROOT": str(store.root), "LAKE_AUTHOR": "alice", "COLUMNS": "200"}
-
-    def run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-        result = subprocess.run([LAKE, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-        assert result.returncode == expect, (args, result.stdout, result.stderr)
-        assert "Traceback" not in result.stderr
-        return result
-
-    return run
-
-
-def one_line(result: subprocess.CompletedProcess) -> str:
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_add_show_list_rm_and_history(lake, store):
