@@ -51,13 +51,18 @@ import datetime as dt
 import getpass
 import json
 import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from metrics_lake.core import keys
 from metrics_lake.core.kernels.alert_rules import DAY_S, AlertRule, check_against_queries, parse_rule
-from metrics_lake.core.kernels.stored_queries import DEFAULT_FILE, StoredQuery, load_stored_queries, parse_query
+from metrics_lake.core.kernels.stored_queries import (
+    DEFAULT_FILE,
+    StoredQuery,
+    load_stored_queries,
+    parse_query,
+    read_toml,
+)
 from metrics_lake.core.storage import ObjectExistsError, Store
 from metrics_lake.lake_schemas.errors import (
     AlertRuleError,
@@ -262,7 +267,7 @@ def read_declarations(path: str | Path, kind: str = QUERY) -> dict[str, tuple[st
     if kind == QUERY:
         return {q.name: (q.text, q.description) for q in load_stored_queries(path)}
     path = Path(path)
-    doc = _toml(path)
+    doc = read_toml(path, AlertRuleError, "declarations file")
     declared: dict[str, tuple[str, str]] = {}
     for i, item in enumerate(doc.get("alerts", [])):
         missing = {"name", "rule"} - set(item)
@@ -273,19 +278,6 @@ def read_declarations(path: str | Path, kind: str = QUERY) -> dict[str, tuple[st
         rule = parse_rule(item["name"], item["rule"], item.get("description", ""))
         declared[rule.name] = (rule.text, rule.description)
     return declared
-
-
-def _toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise AlertRuleError(f"declarations file {path} does not exist") from None
-    except IsADirectoryError:
-        raise AlertRuleError(f"declarations file {path} is a directory; give a .toml file") from None
-    except UnicodeDecodeError as exc:
-        raise AlertRuleError(f"declarations file {path} is not UTF-8 text: {exc.reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise AlertRuleError(f"declarations file {path}: {exc}") from None
 
 
 def declared_changes(current: RegistryVersion, declared: dict[str, tuple[str, str]], kind: str = QUERY) -> list[Change]:

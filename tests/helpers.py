@@ -136,6 +136,17 @@ def positions(rows: pa.Table | list[dict]) -> list[tuple[str, int, int]]:
     return [(r["topic"], r["partition"], r["offset"]) for r in rows]
 
 
+def wait_for(condition, what: str, timeout: float = 120) -> float:
+    """Poll ``condition()`` every 0.2 s until true; returns the seconds it took. Fails the test after ``timeout``."""
+    import time
+
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
 class WebhookReceiver:
     """An HTTP server on 127.0.0.1 collecting what Alertmanager's webhook receiver POSTs (one JSON body each).
 

@@ -15,17 +15,17 @@ import typer
 from rich import table as rich_table
 from rich.markup import escape
 
-from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings, stop_on_signals
+from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings, stop_on_signals
 from metrics_lake.app.cli.registry_edits import (
     ByOption,
     FromFileOption,
     YesOption,
-    apply_file,
+    group_callback,
     open_registry,
     print_history,
 )
 from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.errors import AlertRuleError, InputError
+from metrics_lake.lake_schemas.errors import AlertRuleError
 from metrics_lake.lake_schemas.operations import ALERTS
 from metrics_lake.lake_schemas.tables import Table
 
@@ -52,21 +52,21 @@ def alerts(
     by: ByOption = None,
 ) -> None:
     """Apply a declarations file of alert rules (--from-file), or evaluate the rules over whole days (--date)."""
-    if ctx.invoked_subcommand is not None:
-        if date or from_day or to_day or from_file:
-            raise InputError("--date/--from/--to/--from-file go without a subcommand: `lake alerts --date D`")
-        return
-    if from_file is not None:
-        if date or from_day or to_day:
-            raise InputError("--from-file applies declarations; evaluate days in a separate `lake alerts --date D`")
-        from metrics_lake.core.registry import ALERT
+    from metrics_lake.core.registry import ALERT
 
-        apply_file(from_file, yes, by, ALERT, lambda changes: _LIVE_HINT)
-        return
-    if not (date or from_day or to_day):
-        out.print(ctx.get_help())
-        return
-    _evaluate_days(days(date, from_day, to_day))
+    group_callback(
+        ctx,
+        "alerts",
+        ALERT,
+        date=date,
+        from_day=from_day,
+        to_day=to_day,
+        from_file=from_file,
+        yes=yes,
+        by=by,
+        hint=lambda changes: _LIVE_HINT,
+        evaluate=_evaluate_days,
+    )
 
 
 def _evaluate_days(chosen: list[dt.date]) -> None:

@@ -16,17 +16,17 @@ import typer
 from rich import table as rich_table
 from rich.markup import escape
 
-from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
+from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings
 from metrics_lake.app.cli.registry_edits import (
     ByOption,
     FromFileOption,
     YesOption,
-    apply_file,
+    group_callback,
     open_registry,
     print_history,
 )
 from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.errors import InputError, StoredQueryError
+from metrics_lake.lake_schemas.errors import StoredQueryError
 from metrics_lake.lake_schemas.operations import QUERIES
 from metrics_lake.lake_schemas.tables import Table
 
@@ -51,28 +51,27 @@ def queries(
     by: ByOption = None,
 ) -> None:
     """Evaluate the registry's stored queries over days into query_results (--date, or --from/--to), or apply a file."""
-    if ctx.invoked_subcommand is not None:
-        if date or from_day or to_day or from_file:
-            raise InputError("--date/--from/--to/--from-file go without a subcommand: `lake queries --date D`")
-        return
-    if from_file is not None:
-        if date or from_day or to_day:
-            raise InputError("--from-file applies declarations; evaluate days in a separate `lake queries --date D`")
-        from metrics_lake.core.registry import QUERY
+    from metrics_lake.core.registry import QUERY
 
-        apply_file(from_file, yes, by, QUERY, _backfill_hint)
-        return
-    if not (date or from_day or to_day):
-        out.print(ctx.get_help())
-        return
-    _evaluate_days(date, from_day, to_day)
+    group_callback(
+        ctx,
+        "queries",
+        QUERY,
+        date=date,
+        from_day=from_day,
+        to_day=to_day,
+        from_file=from_file,
+        yes=yes,
+        by=by,
+        hint=_backfill_hint,
+        evaluate=_evaluate_days,
+    )
 
 
-def _evaluate_days(date: str | None, from_day: str | None, to_day: str | None) -> None:
+def _evaluate_days(chosen: list) -> None:
     from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
     from metrics_lake.spark.session import build_session
 
-    chosen = days(date, from_day, to_day)
     config = settings()
     open_tables(config, *QUERIES.tables)
     declared = open_registry().current().queries()

@@ -14,10 +14,11 @@ import typer
 from rich import table as rich_table
 from rich.markup import escape
 
-from metrics_lake.app.cli.options import settings
+from metrics_lake.app.cli.options import days, settings
 from metrics_lake.app.console import err, out
+from metrics_lake.lake_schemas.errors import InputError
 
-__all__ = ["ByOption", "FromFileOption", "YesOption", "apply_file", "open_registry", "print_history"]
+__all__ = ["ByOption", "FromFileOption", "YesOption", "apply_file", "group_callback", "open_registry", "print_history"]
 
 ByOption = Annotated[
     str | None, typer.Option("--by", help="Who makes the edit, for the history (default: LAKE_AUTHOR or your user).")
@@ -39,6 +40,38 @@ def open_registry():
 
     config = settings()
     return Registry(open_store(config), absence_lookback_s=config.alert_absence_lookback_seconds)
+
+
+def group_callback(
+    ctx: typer.Context,
+    command: str,
+    kind: str,
+    *,
+    date: str | None,
+    from_day: str | None,
+    to_day: str | None,
+    from_file: Path | None,
+    yes: bool,
+    by: str | None,
+    hint,
+    evaluate,
+) -> None:
+    """What ``lake <command>`` does without a subcommand: apply a declarations file of ``kind`` (``--from-file``),
+    or ``evaluate(days)`` for ``--date``/``--from``/``--to``, or show its help; raises :class:`InputError` for
+    options that do not go together."""
+    if ctx.invoked_subcommand is not None:
+        if date or from_day or to_day or from_file:
+            raise InputError(f"--date/--from/--to/--from-file go without a subcommand: `lake {command} --date D`")
+        return
+    if from_file is not None:
+        if date or from_day or to_day:
+            raise InputError(f"--from-file applies declarations; evaluate days in a separate `lake {command} --date D`")
+        apply_file(from_file, yes, by, kind, hint)
+        return
+    if not (date or from_day or to_day):
+        out.print(ctx.get_help())
+        return
+    evaluate(days(date, from_day, to_day))
 
 
 def apply_file(path: Path, yes: bool, by: str | None, kind: str, hint=lambda changes: "") -> None:

@@ -297,6 +297,16 @@ def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
     return None
 
 
+def _edits(reader: DashboardReader, name: str, kind: str) -> list[dict]:
+    """The registry edits that touched entry ``name`` of ``kind``: version, when, who, what."""
+    return [
+        {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
+        for v in reader.registry.history(name, kind)
+        for c in v.changes
+        if c.name == name and c.kind == kind
+    ]
+
+
 def _rule_definition(reader: DashboardReader, name: str) -> Response:
     """``GET /api/alerts/{name}``: the rule, its active alerts and the edits that touched it; ETag = registry
     version."""
@@ -305,12 +315,7 @@ def _rule_definition(reader: DashboardReader, name: str) -> Response:
     if entry is None:
         return _error(404, f"no alert rule named {name!r}; GET /api/alerts lists them", "name")
     rule = entry.rule()
-    edits = [
-        {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
-        for v in reader.registry.history(name, ALERT)
-        for c in v.changes
-        if c.name == name and c.kind == ALERT
-    ]
+    edits = _edits(reader, name, ALERT)
     body = {
         "name": name,
         "rule": rule.text,
@@ -335,12 +340,7 @@ def _definition(reader: DashboardReader, name: str) -> Response:
     if query is None:
         return _error(404, f"no stored query named {name!r}; GET /api/queries lists them", "name")
     entry = version.entries.get(name)
-    edits = [
-        {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
-        for v in reader.registry.history(name, QUERY)
-        for c in v.changes
-        if c.name == name and c.kind == QUERY
-    ]
+    edits = _edits(reader, name, QUERY)
     body = {
         "name": name,
         "query": query.text,

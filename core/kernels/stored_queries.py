@@ -154,6 +154,21 @@ def parse_query(name: str, text: str, description: str = "") -> StoredQuery:
     )
 
 
+def read_toml(path: Path, error: type[Exception], what: str) -> dict:
+    """The TOML document at ``path``; ``error`` saying which ``what`` (e.g. "stored queries file") is missing, a
+    directory, not UTF-8 or not TOML, and where."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except IsADirectoryError:
+        raise error(f"{what} {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} {path} is not UTF-8 text: {exc.reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{what} {path}: {exc}") from None
+
+
 def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
     """Parse every ``[[queries]]`` entry (keys ``name``, ``query``, optional ``description``) of ``path``.
 
@@ -161,16 +176,7 @@ def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
     for a missing or malformed file, a bad query, or a duplicate name.
     """
     path = Path(path or DEFAULT_FILE)
-    try:
-        doc = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise StoredQueryError(f"stored queries file {path} does not exist") from None
-    except IsADirectoryError:
-        raise StoredQueryError(f"stored queries file {path} is a directory; give a .toml file") from None
-    except UnicodeDecodeError as exc:
-        raise StoredQueryError(f"stored queries file {path} is not UTF-8 text: {exc.reason}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise StoredQueryError(f"stored queries file {path}: {exc}") from None
+    doc = read_toml(path, StoredQueryError, "stored queries file")
     queries = []
     for i, entry in enumerate(doc.get("queries", [])):
         missing = {"name", "query"} - set(entry)

@@ -19,18 +19,10 @@ import requests
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.infra.alertmanager import LocalAlertmanager, start, stop
-from tests.helpers import LAKE, WebhookReceiver, free_port_block
+from tests.helpers import LAKE, WebhookReceiver, free_port_block, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SERVERS = ("web-1", "web-2", "web-3")
-
-
-def wait_for(condition, what: str, timeout: float = 90) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def transitions(store) -> list[tuple]:
@@ -136,7 +128,7 @@ def test_threshold_and_absence_alerts_fire_and_resolve_at_alertmanager_through_a
             wait_for(lambda: ("firing", "quiet", "web-3") in hook.seen(), "quiet on web-3 firing at the webhook")
             agents.silent.discard("web-3")
             wait_for(lambda: ("resolved", "quiet", "web-3") in hook.seen(), "quiet on web-3 resolved")
-            wait_for(lambda: ("resolved", "hot", "web-1") in hook.seen(), "hot resolved", timeout=120)
+            wait_for(lambda: ("resolved", "hot", "web-1") in hook.seen(), "hot resolved")
         finally:
             agents.stop.set()
             stream.send_signal(signal.SIGTERM)  # the driver only: it stops Spark itself

@@ -23,7 +23,7 @@ from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.progress import CONSUMER, query_progress
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table, table_uri
-from tests.helpers import LAKE, assert_query_results
+from tests.helpers import LAKE, assert_query_results, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "admin-token-for-the-test"
@@ -36,14 +36,6 @@ def rows_of(store, name: str) -> list[dict]:
 
 def live_revision(store, name: str) -> int | None:
     return query_progress(open_table(store, "query_results"), name).live_revision
-
-
-def wait_for(condition, what: str, timeout: float = 120) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return time.monotonic() - started
 
 
 def test_the_stream_follows_queries_added_changed_and_removed_while_it_runs(settings, store, log, tmp_path):
