@@ -263,7 +263,10 @@ class TableSpec:
     ``LakeSettings`` field giving the days kept (``None``: kept until deleted
     by hand); ``window_seconds``: tumbling window length in seconds (window
     and rollup tables); ``rollup_of``: the finer table it is downsampled from;
-    ``quality_suite``: whether ``lake quality`` validates it.
+    ``quality_suite``: whether ``lake quality`` validates it;
+    ``vacuum_hours``: how long VACUUM keeps files the table no longer
+    references, when shorter than ``LAKE_VACUUM_RETENTION_HOURS`` (a table
+    rewritten whole by every micro-batch and never read in the past).
     """
 
     name: Table
@@ -275,6 +278,7 @@ class TableSpec:
     window_seconds: int | None = None
     rollup_of: Table | None = None
     quality_suite: bool = False
+    vacuum_hours: int | None = None
 
     @property
     def day_column(self) -> str:
@@ -365,6 +369,7 @@ TABLES: dict[Table, TableSpec] = {
             ("seen_date",),
             ("server", "metric"),
             "when each server (and each series an absence rule watches) was last heard from",
+            vacuum_hours=1,  # a new file every micro-batch, and nobody reads an old version of it
         ),
         TableSpec(
             Table.ALERTS,

@@ -107,6 +107,13 @@ def _expired(store: Store, table: str, column: str, cutoff: dt.date) -> TableRet
     return TableRetention(table, column, cutoff, days, files, rows, size)
 
 
+def vacuum_hours(settings: LakeSettings, table: str) -> int:
+    """How long VACUUM keeps the files ``table`` no longer references: ``LAKE_VACUUM_RETENTION_HOURS``, or the
+    table's own shorter ``vacuum_hours`` (:class:`~metrics_lake.lake_schemas.tables.TableSpec`)."""
+    own = TABLES[table].vacuum_hours if table in TABLES else None
+    return settings.vacuum_retention_hours if own is None else min(own, settings.vacuum_retention_hours)
+
+
 def _vacuum(store: Store, table: str, hours: int, dry_run: bool) -> VacuumResult:
     files = retry_on_conflict(
         lambda: open_table(store, table).vacuum(
@@ -139,7 +146,7 @@ def plan_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> Re
     """What retention at ``now`` would delete from the log and every table, VACUUM included; changes nothing."""
     plan = _plan_deletions(settings, store, now)
     for table in sorted(list_tables(store)):
-        plan.vacuum.append(_vacuum(store, table, settings.vacuum_retention_hours, dry_run=True))
+        plan.vacuum.append(_vacuum(store, table, vacuum_hours(settings, table), dry_run=True))
     return plan
 
 
@@ -166,7 +173,7 @@ def apply_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> R
                 f"{expired.table} retention delete",
             )
     for table in sorted(list_tables(store)):
-        plan.vacuum.append(_vacuum(store, table, settings.vacuum_retention_hours, dry_run=False))
+        plan.vacuum.append(_vacuum(store, table, vacuum_hours(settings, table), dry_run=False))
         delta = open_table(store, table)
         delta.create_checkpoint()
         delta.cleanup_metadata()

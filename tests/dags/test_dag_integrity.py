@@ -78,7 +78,7 @@ def test_every_table_of_the_registry_is_an_asset(dagbag):
 
 def test_each_task_s_outlets_are_the_tables_its_operation_writes(dagbag):
     """Outlets come from lake_schemas/operations.py: a task updates exactly the Assets of what its step commits."""
-    from metrics_lake.lake_schemas.operations import QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM
+    from metrics_lake.lake_schemas.operations import ALERTS, QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM
 
     expected = {
         ("lake_speed_layer", "micro_batches"): STREAM,
@@ -88,6 +88,7 @@ def test_each_task_s_outlets_are_the_tables_its_operation_writes(dagbag):
         ("lake_nightly", "rollups"): ROLLUP,
         ("lake_nightly", "rollup_quality_gate"): QUALITY,
         ("lake_nightly", "stored_queries"): QUERIES,
+        ("lake_nightly", "alert_rules"): ALERTS,
         ("lake_backfill", "replay"): REPLAY,
         ("lake_backfill", "recompute"): RECOMPUTE,
         ("lake_backfill", "rollups"): ROLLUP,

@@ -57,3 +57,13 @@ def test_quality_suites_cover_the_tables_the_registry_marks(tmp_path):
 def test_unknown_table_names_the_declared_ones():
     with pytest.raises(KeyError, match="declared: bronze_events"):
         table_spec("bronze")
+
+
+def test_vacuum_keeps_the_configured_hours_but_for_a_table_rewritten_whole_every_batch():
+    from metrics_lake.core.maintenance.retention import vacuum_hours
+
+    settings = load_settings(vacuum_retention_hours=168)
+    assert {name: vacuum_hours(settings, name) for name in TABLES if vacuum_hours(settings, name) != 168} == {
+        "last_seen": 1
+    }
+    assert vacuum_hours(load_settings(vacuum_retention_hours=1), "last_seen") == 1
