@@ -237,10 +237,12 @@ def test_the_alerts_and_servers_panels_show_a_silent_server_and_its_firing_alert
         driver = browser()
         try:
             started = time.time()
-            driver.get(url)
+            driver.get(f"{url}#alert=quiet")  # the generatorURL Alertmanager links to
             wait_refreshed(driver, started)
             alerts = driver.find_element(By.ID, "alerts")
             assert alerts.get_attribute("data-firing") == "1"
+            row = alerts.find_element(By.XPATH, ".//tr[td[2][text()='quiet']]")
+            assert row.value_of_css_property("font-weight") == "700"  # the linked rule's alerts stand out
             assert "sim-0003" in alerts.text and "firing" in alerts.text and "no host.cpu.utilization" in alerts.text
             servers = driver.find_element(By.ID, "servers")
             assert servers.get_attribute("data-silent") == "1" and "1 silent, 3 up" in servers.text
