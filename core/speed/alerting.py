@@ -27,10 +27,10 @@ but no later than the append time up to which every partition has been read
 (a batch catching up on a backlog reads some partitions further than others,
 and a server whose records wait unread is not silent), never moving back
 (the alerts table records it). Both are read from committed tables, so a
-replayed batch evaluates at the time it did. When no record arrives at all, no batch runs and neither clock
-moves: a whole fleet going silent is the freshness check's to report
-(``/api/health``, ``lake quality``), like Prometheus's own ``up`` needs an
-outside watcher.
+replayed batch evaluates at the time it did. When no record arrives at all,
+no batch runs and neither clock moves: a whole fleet going silent is the
+freshness check's to report (``/api/health``, ``lake quality``), as
+Prometheus's own ``up`` needs an outside watcher.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -78,7 +77,6 @@ __all__ = [
     "initial_last_seen",
     "read_last_seen",
     "seen_rows",
-    "silent_servers",
     "threshold_values",
     "updated_last_seen",
     "watched_metrics",
@@ -291,10 +289,3 @@ def event_clock_us(watermark_ms: int | None, watermark_seconds: int, delay_secon
     if watermark_ms is None:
         return None
     return int((watermark_ms + watermark_seconds * 1000) * 1000 - delay_seconds * _US)
-
-
-def silent_servers(last_seen: pa.Table, clock_us: int, after_s: float) -> np.ndarray:
-    """Servers (``metric`` null rows) not heard from for ``after_s`` seconds at ``clock_us``."""
-    rows = last_seen.filter(pc.is_null(last_seen.column("metric")))
-    seen = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
-    return rows.column("server").to_numpy(zero_copy_only=False)[clock_us - seen >= after_s * _US]

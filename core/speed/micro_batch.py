@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
-from metrics_lake.core.kernels.alert_rules import AlertRule, evaluate, transitions_table
+from metrics_lake.core.kernels.alert_rules import THRESHOLD, AlertRule, evaluate, transitions_table
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
     affected_windows,
@@ -549,7 +549,7 @@ def _commit_alerts(
         nonlocal recorded
         active = alert_log.refresh(table)  # what the committed transitions leave active: the state to go on from
         values = {}
-        if threshold_at_us is not None and any(r.kind == "threshold" for r in rules):
+        if threshold_at_us is not None and any(r.kind == THRESHOLD for r in rules):
             by_name = {q.name: q for q in queries}
             values = threshold_values(store, open_table(store, QUERIES), rules, by_name, threshold_at_us)
         last_seen = read_last_seen(store, open_table(store, LAST_SEEN))
