@@ -49,6 +49,7 @@ import requests
 
 from metrics_lake.core import keys
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.alert_rules import epoch_us
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertLog
 from metrics_lake.core.storage import Store, open_store
@@ -75,8 +76,8 @@ class Delivery:
     requests: int
 
 
-def _iso(epoch_us: int) -> str:
-    return dt.datetime.fromtimestamp(epoch_us / _US, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _iso(us: int) -> str:
+    return dt.datetime.fromtimestamp(us / _US, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def alert_payload(row: dict, *, now_s: float, resend_s: float, dashboard_url: str) -> dict:
@@ -85,11 +86,11 @@ def alert_payload(row: dict, *, now_s: float, resend_s: float, dashboard_url: st
     A firing row is valid for four resend intervals after ``now_s`` (epoch
     seconds); a resolved one ends when it resolved, at most ``now_s``.
     """
-    starts = _micros(row["active_since"])
+    starts = epoch_us(row["active_since"])
     if row["state"] == "firing":
         ends = int((now_s + 4 * resend_s) * _US)
     else:
-        ends = min(_micros(row["at"]), int(now_s * _US))
+        ends = min(epoch_us(row["at"]), int(now_s * _US))
     annotations = {"summary": row["summary"], "rule": row["rule_text"]}
     if row.get("description"):
         annotations["description"] = row["description"]
@@ -100,10 +101,6 @@ def alert_payload(row: dict, *, now_s: float, resend_s: float, dashboard_url: st
         "endsAt": _iso(max(ends, starts)),
         "generatorURL": f"{dashboard_url}/#alert={row['rule']}",
     }
-
-
-def _micros(moment: dt.datetime) -> int:
-    return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
 
 class AlertNotifier:
@@ -149,7 +146,7 @@ class AlertNotifier:
         current = {
             r["id"]
             for r in latest.values()
-            if r["state"] == "firing" or (r["state"] == "resolved" and _micros(r["at"]) >= horizon)
+            if r["state"] == "firing" or (r["state"] == "resolved" and epoch_us(r["at"]) >= horizon)
         }
         return set(rows.column("id").to_pylist()) - current
 
@@ -170,27 +167,28 @@ class AlertNotifier:
         live = rows.filter(pc.equal(rows.column("source"), "live"))
         if self._delivered is None:
             self._delivered = self._load(live)
+        # Only the rows to send become Python dicts: the outbox, and the firing rows of alerts due a resend.
+        state = live.column("state")
         notifiable = pc.or_(
-            pc.equal(live.column("state"), "firing"),
-            pc.and_(pc.equal(live.column("state"), "resolved"), pc.equal(live.column("previous_state"), "firing")),
+            pc.equal(state, "firing"),
+            pc.and_(pc.equal(state, "resolved"), pc.equal(live.column("previous_state"), "firing")),
         )
-        known = set(live.column("id").to_pylist())
-        self._delivered &= known  # forget ids retention removed from the table
-        outbox = [r for r in live.filter(notifiable).to_pylist() if r["id"] not in self._delivered]
+        delivered = pa.array(sorted(self._delivered), pa.string())
+        outbox = live.filter(pc.and_(notifiable, pc.invert(pc.is_in(live.column("id"), delivered)))).to_pylist()
         now = self.clock()
         resend = self.settings.alert_resend_seconds
-        firing_rows = {}
-        for row in live.filter(pc.equal(live.column("state"), "firing")).to_pylist():
-            firing_rows[row["fingerprint"]] = row
         queued = {r["fingerprint"] for r in outbox}
-        due = [
-            firing_rows[key]
+        keys_due = [
+            key
             for key, alert in sorted(active.items())
-            if alert.state == "firing"
-            and key in firing_rows
-            and key not in queued
-            and now - self._last_sent.get(key, 0.0) >= resend
+            if alert.state == "firing" and key not in queued and now - self._last_sent.get(key, 0.0) >= resend
         ]
+        firing_rows = {}  # the transition that made each due alert fire: the latest firing row of its fingerprint
+        if keys_due:
+            wanted = pc.and_(pc.equal(state, "firing"), pc.is_in(live.column("fingerprint"), pa.array(keys_due)))
+            for row in live.filter(wanted).to_pylist():
+                firing_rows[row["fingerprint"]] = row
+        due = [firing_rows[key] for key in keys_due if key in firing_rows]
         batches: list[list[dict]] = []
         for row in outbox:  # in commit order; an alert's next transition goes in a later request
             for batch in batches:
@@ -221,6 +219,7 @@ class AlertNotifier:
             for row in batch:
                 self._last_sent[row["fingerprint"]] = now
                 self._delivered.add(row["id"])
+            self._delivered &= set(live.column("id").to_pylist())  # forget ids retention removed from the table
             self._save(self._delivered)
         return Delivery(len(outbox), len(due), requests_made)
 

@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.alert_rules import ABSENCE, matches
+from metrics_lake.core.kernels.alert_rules import ABSENCE, epoch_us, matches
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
@@ -353,10 +353,14 @@ class DashboardReader:
         times are epoch ms, ``server`` null for a fleet-wide alert.
         """
         version = self.registry_version()
-        table = self.table(Table.ALERTS)
-        active = self.alert_log.refresh(table) if table is not None else {}
-        rows = self.alert_log.transitions().to_pylist() if table is not None else []
-        latest = {r["fingerprint"]: r for r in rows if r["source"] == "live"}
+        active = self._active_alerts()
+        rows = self.alert_log.transitions()
+        # Only the rows shown become Python dicts: the active alerts' latest live transitions and the newest ones.
+        mine = pc.and_(
+            pc.equal(rows.column("source"), "live"),
+            pc.is_in(rows.column("fingerprint"), pa.array(sorted(active), pa.string())),
+        )
+        latest = {r["fingerprint"]: r for r in rows.filter(mine).select(["fingerprint", "summary"]).to_pylist()}
         listed = []
         for alert in sorted(active.values(), key=lambda a: (a.state != "firing", a.rule, a.server or "")):
             listed.append(
@@ -387,14 +391,14 @@ class DashboardReader:
             )
         recent = [
             {
-                "at": int(r["at"].timestamp() * 1000),
+                "at": epoch_us(r["at"]) // 1000,
                 "rule": r["rule"],
                 "server": r["server"],
                 "previous_state": r["previous_state"],
                 "state": r["state"],
                 "summary": r["summary"],
             }
-            for r in rows[-RECENT_TRANSITIONS:][::-1]
+            for r in rows.slice(max(rows.num_rows - RECENT_TRANSITIONS, 0)).to_pylist()[::-1]
         ]
         return {"rules": rules, "active": listed, "recent": recent, "registry_version": version.version}
 
@@ -412,12 +416,12 @@ class DashboardReader:
         clock_us = append_clock_us(seen) if seen.num_rows else None
         absence = [r for r in self.registry_version().alert_rules() if r.kind == ABSENCE]
         alerting: dict[str, list[str]] = {}
-        for alert in self.alerts()["active"]:
-            if alert["server"] is not None and alert["state"] == "firing":
-                alerting.setdefault(alert["server"], []).append(alert["rule"])
+        for alert in self._active_alerts().values():
+            if alert.server is not None and alert.state == "firing":
+                alerting.setdefault(alert.server, []).append(alert.rule)
         servers = []
         for row in rows:
-            server, last_us = row["server"], int(row["last_seen_at"].timestamp() * 1_000_000)
+            server, last_us = row["server"], epoch_us(row["last_seen_at"])
             silent_s = max(0.0, (clock_us - last_us) / 1e6) if clock_us is not None else 0.0
             watching = [r.for_s for r in absence if matches(r.servers, server)]
             limit = min(watching, default=SILENT_AFTER_SECONDS)
@@ -440,6 +444,11 @@ class DashboardReader:
         order = {"silent": 0, "never seen": 1, "up": 2}
         servers.sort(key=lambda s: (order[s["status"]], s["server"]))
         return {"clock": None if clock_us is None else clock_us // 1000, "servers": servers}
+
+    def _active_alerts(self) -> dict:
+        """The active alerts by fingerprint, from the alerts table's latest version (read incrementally)."""
+        table = self.table(Table.ALERTS)
+        return self.alert_log.refresh(table) if table is not None else {}
 
     # -- freshness and pipeline ---------------------------------------------------------------------------------
 

@@ -75,6 +75,7 @@ __all__ = [
     "Transition",
     "apply",
     "check_against_queries",
+    "epoch_us",
     "evaluate",
     "fingerprint",
     "format_duration",
@@ -632,14 +633,15 @@ def apply(active: dict[str, ActiveAlert], transitions: pa.Table) -> dict[str, Ac
             row["server"],
             tuple(sorted(row["labels"])),
             row["state"],
-            _micros(row["active_since"]),
-            _micros(row["at"]),
+            epoch_us(row["active_since"]),
+            epoch_us(row["at"]),
             row["value"],
         )
     return result
 
 
-def _micros(moment: dt.datetime) -> int:
+def epoch_us(moment: dt.datetime) -> int:
+    """``moment`` (timezone-aware) in whole epoch microseconds, exactly (no float rounding)."""
     return (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
 
 

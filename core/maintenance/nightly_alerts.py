@@ -42,6 +42,7 @@ from metrics_lake.core.kernels.alert_rules import (
     THRESHOLD,
     AlertRule,
     Transition,
+    epoch_us,
     format_duration,
     transitions_table,
 )
@@ -144,7 +145,7 @@ def _live_firings(alert_log: AlertLog) -> dict[tuple[str, str | None], list[tupl
     intervals: dict[tuple[str, str | None], list[tuple[int, int]]] = {}
     opened: dict[str, tuple[tuple[str, str | None], int]] = {}
     for row in rows.select(["rule", "server", "fingerprint", "state", "previous_state", "at"]).to_pylist():
-        at = int(row["at"].timestamp() * _US)
+        at = epoch_us(row["at"])
         if row["state"] == FIRING:
             opened[row["fingerprint"]] = ((row["rule"], row["server"]), at)
         elif row["state"] == RESOLVED and row["previous_state"] == FIRING and row["fingerprint"] in opened:
