@@ -81,6 +81,7 @@ __all__ = [
     "format_duration",
     "matches",
     "parse_rule",
+    "series_rows",
     "series_values",
     "transitions_table",
 ]
@@ -352,6 +353,14 @@ class SeriesValues:
         return cls([], np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
+def series_rows(rows: pa.Table, query: StoredQuery, aggregate: str) -> pa.Table:
+    """The ``query_results`` rows of ``query``'s ``aggregate`` that a rule watches: a ``PER SERVER`` query's server
+    rows (its fleet rows left out), any other query's fleet rows."""
+    keep = pc.and_(pc.equal(rows.column("query"), query.name), pc.equal(rows.column("aggregate"), aggregate))
+    servers = rows.column("server")
+    return rows.filter(pc.and_(keep, pc.is_valid(servers) if query.per_server else pc.is_null(servers)))
+
+
 def series_values(rows: pa.Table, query: StoredQuery, aggregate: str, at_us: int) -> SeriesValues:
     """Each series' value at ``at_us`` (module docstring) from ``query_results`` rows of ``query``.
 
@@ -360,9 +369,7 @@ def series_values(rows: pa.Table, query: StoredQuery, aggregate: str, at_us: int
     query's series are its servers (its fleet rows are left out), any other
     query's its one fleet row.
     """
-    keep = pc.and_(pc.equal(rows.column("query"), query.name), pc.equal(rows.column("aggregate"), aggregate))
-    keep = pc.and_(keep, pc.is_valid(rows.column("server")) if query.per_server else pc.is_null(rows.column("server")))
-    rows = rows.filter(keep)
+    rows = series_rows(rows, query, aggregate)
     if rows.num_rows == 0:
         return SeriesValues.empty()
     starts = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)

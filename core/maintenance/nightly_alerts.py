@@ -44,6 +44,7 @@ from metrics_lake.core.kernels.alert_rules import (
     Transition,
     epoch_us,
     format_duration,
+    series_rows,
     transitions_table,
 )
 from metrics_lake.core.kernels.stored_queries import StoredQuery
@@ -94,9 +95,7 @@ def nightly_app_id(day: dt.date) -> str:
 def episodes(rows: pa.Table, rule: AlertRule, query: StoredQuery) -> list[Episode]:
     """The episodes (module docstring) of ``rule`` in ``query_results`` rows of ``query`` (columns ``query, server,
     window_start, window_end, aggregate, value``)."""
-    keep = pc.and_(pc.equal(rows.column("query"), query.name), pc.equal(rows.column("aggregate"), rule.aggregate))
-    servers_valid = pc.is_valid(rows.column("server"))
-    rows = rows.filter(pc.and_(keep, servers_valid if query.per_server else pc.invert(servers_valid)))
+    rows = series_rows(rows, query, rule.aggregate)
     found = []
     step_us = query.slide_s * _US
     rows = rows.sort_by([("server", "ascending"), ("window_start", "ascending")])

@@ -79,6 +79,7 @@ __all__ = [
     "seen_rows",
     "threshold_values",
     "updated_last_seen",
+    "watched_app_id",
     "watched_metrics",
 ]
 
@@ -159,9 +160,8 @@ def updated_last_seen(
     if rows.num_rows == 0:
         return LAST_SEEN.empty_table()
     rows = _max_per_series(rows)
-    seen = pc.cast(rows.column("last_seen_at"), pa.int64())
-    clock = pc.max(seen).as_py()
-    rows = rows.filter(pc.greater_equal(seen, clock - lookback_s * _US))
+    oldest = append_clock_us(rows) - lookback_s * _US
+    rows = rows.filter(pc.greater_equal(pc.cast(rows.column("last_seen_at"), pa.int64()), oldest))
     rows = rows.sort_by([("server", "ascending"), ("metric", "ascending")])
     return rows.append_column("seen_date", pc.cast(rows.column("last_seen_at"), pa.date32())).cast(LAST_SEEN)
 
@@ -195,6 +195,11 @@ def read_last_seen(store: Store, table: DeltaTable, files: list[DataFile] | None
     caller listed them already."""
     files = snapshot_files(store, Table.LAST_SEEN, table) if files is None else files
     return read_data_files(store, files, LAST_SEEN, SEEN.names)
+
+
+def watched_app_id(metric: str) -> str:
+    """The ``txn`` appId with which ``last_seen`` records that it holds ``metric``'s series (filled from windows)."""
+    return f"{CONSUMER}/last-seen/{metric}"
 
 
 def absence_clock_app_id(topic: str) -> str:

@@ -84,6 +84,7 @@ from metrics_lake.core.speed.alerting import (
     seen_rows,
     threshold_values,
     updated_last_seen,
+    watched_app_id,
     watched_metrics,
 )
 from metrics_lake.core.speed.progress import (
@@ -524,11 +525,6 @@ def _upsert_last_seen(store: Store, plan: BatchPlan, seen: pa.Table, rules: list
     return written if _commit_with_positions(store, plan, LAST_SEEN, commit) else 0
 
 
-def watched_app_id(metric: str) -> str:
-    """The ``txn`` appId with which ``last_seen`` records that it holds ``metric``'s series (filled from windows)."""
-    return f"{CONSUMER}/last-seen/{metric}"
-
-
 _ALERT_LOGS: dict[str, AlertLog] = {}
 
 
@@ -542,7 +538,7 @@ def _commit_alerts(
 ) -> int:
     """Evaluate every alert rule on the committed tables and append the transitions to ``alerts`` with the batch's
     positions (:mod:`metrics_lake.core.speed.alerting`); returns the transitions recorded."""
-    alert_log = _ALERT_LOGS.setdefault(store.root, AlertLog(store))
+    alert_log = _ALERT_LOGS.get(store.root) or _ALERT_LOGS.setdefault(store.root, AlertLog(store))
     recorded = 0
 
     def commit(table, advances: dict[int, int]) -> None:
