@@ -130,6 +130,7 @@ def compact_log(settings: LakeSettings) -> list[dict]:
         SegmentLog(open_store(settings)),
         target_bytes=settings.log_compaction_target_bytes,
         delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
+        **settings.keyed_compaction,
     )
     return [asdict(r) for r in results]
 

@@ -20,7 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from metrics_lake.core.keys import NAME_PATTERN
+from metrics_lake.core.keys import INVENTORY_TOPIC, NAME_PATTERN
 from metrics_lake.lake_schemas.errors import ConfigError
 from metrics_lake.lake_schemas.tables import Table
 
@@ -125,6 +125,13 @@ class LakeSettings(BaseSettings):
     segment_delete_delay_seconds: float = Field(
         300.0, ge=0, description="Log segments replaced by compaction or retention are deleted after this delay."
     )
+    inventory_tombstone_retention_seconds: float = Field(
+        86_400.0,
+        ge=0,
+        description="Log compaction of the inventory topic keeps a removed server's tombstone this long (Kafka's "
+        "delete.retention.ms); superseded labels are kept as long as log segments (LAKE_RETENTION_LOG_DAYS), "
+        "since events still in the log are joined with the labels in force when they were appended.",
+    )
     log_compaction_target_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="Log compaction merges small segments up to this size."
     )
@@ -186,6 +193,13 @@ class LakeSettings(BaseSettings):
             raise ConfigError(f"{value!r} is not a supported root; use a local path or s3://bucket/prefix")
         return value.rstrip("/") or "/"
 
+    @field_validator("topic")
+    @classmethod
+    def _check_topic(cls, value: str) -> str:
+        if value == INVENTORY_TOPIC:
+            raise ConfigError(f"{value!r} is the server inventory's topic; choose another name for metric events")
+        return value
+
     @field_validator("checkpoint_dir")
     @classmethod
     def _check_checkpoint_dir(cls, value: str) -> str:
@@ -204,6 +218,14 @@ class LakeSettings(BaseSettings):
     def is_s3(self) -> bool:
         """True when the lake lives in S3-compatible object storage."""
         return self.root.startswith("s3://")
+
+    @property
+    def keyed_compaction(self) -> dict[str, int]:
+        """The keyed-compaction arguments of :func:`metrics_lake.core.log.segment_compaction.compact_log`, in ms."""
+        return {
+            "min_lag_ms": int(self.retention_log_days * 86_400_000),
+            "tombstone_retention_ms": int(self.inventory_tombstone_retention_seconds * 1000),
+        }
 
     @property
     def quality_path(self) -> Path:

@@ -8,6 +8,9 @@ or ``s3://bucket/prefix``)::
     log/<topic>/<partition>/index.json            index_key: the partition index
     log/<topic>/<partition>/<segment>.parquet     partition_key: immutable segments
     log/_consumers/<group>/<topic>.json           consumer_offsets_key: a consumer group's offsets
+    log/_consumers/<group>/<topic>.inventory/<n>.json
+                                                  inventory_pin_key: the inventory version the group joins
+                                                  events with, from which offsets on
     tables/<name>/                                table_prefix: a Delta table (_delta_log/ and data files)
     tables/_leases/<name>.json                    table_lease_key: a table's maintenance lease
     quality/<path>                                quality_key: data docs and the trend plot
@@ -40,6 +43,7 @@ from metrics_lake.lake_schemas.operations import Access, LogAccess, Operation
 
 __all__ = [
     "CONSUMERS_PREFIX",
+    "INVENTORY_TOPIC",
     "LOG_PREFIX",
     "NAME_PATTERN",
     "NOTIFICATIONS_PREFIX",
@@ -53,6 +57,8 @@ __all__ = [
     "consumer_offsets_key",
     "grants",
     "index_key",
+    "inventory_pin_key",
+    "inventory_pins_prefix",
     "is_group",
     "is_name",
     "lease_key",
@@ -82,6 +88,9 @@ REGISTRY_VERSIONS_PREFIX = f"{REGISTRY_PREFIX}/versions"
 #: What each alert receiver has accepted (the outbox's delivery records).
 NOTIFICATIONS_PREFIX = "notifications"
 
+#: The server inventory's topic (keyed, compacted: ``metrics_lake.core.inventory``); reserved, ``LAKE_TOPIC`` may
+#: not name it.
+INVENTORY_TOPIC = "inventory"
 #: Topic and table names (also the pattern of ``LAKE_TOPIC``).
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,63}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -153,6 +162,17 @@ def consumer_group_prefix(group: str) -> str:
 def consumer_offsets_key(group: str, topic: str) -> str:
     """``log/_consumers/<group>/<topic>.json``: ``group``'s committed offsets in ``topic``."""
     return f"{consumer_group_prefix(group)}/{check_name('topic', topic)}.json"
+
+
+def inventory_pins_prefix(group: str, topic: str) -> str:
+    """``log/_consumers/<group>/<topic>.inventory``: which inventory version ``group`` joined ``topic``'s events
+    with, from which offsets (``metrics_lake.core.speed.enrichment``)."""
+    return f"{consumer_group_prefix(group)}/{check_name('topic', topic)}.inventory"
+
+
+def inventory_pin_key(group: str, topic: str, inventory_end: int) -> str:
+    """``log/_consumers/<group>/<topic>.inventory/<inventory end>.json``: one pin, created once."""
+    return f"{inventory_pins_prefix(group, topic)}/{inventory_end:020d}.json"
 
 
 def table_prefix(name: str) -> str:

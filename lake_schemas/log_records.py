@@ -1,4 +1,5 @@
-"""What the segment log holds: one record per event, and the same record with its log position."""
+"""What the segment log holds: one record per event (or per inventory change), and the same record with its log
+position."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pyarrow as pa
 
 from metrics_lake.lake_schemas.types import TAGS, UTC_MS
 
-__all__ = ["LOG_RECORD", "LOG_ROW"]
+__all__ = ["INVENTORY_RECORD", "LOG_RECORD", "LOG_ROW", "RECORD_SCHEMAS"]
 
 #: One metric event as producers hand it to the log (before an offset exists).
 #: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and
@@ -35,3 +36,21 @@ LOG_ROW = pa.schema(
         pa.field("ingested_at", UTC_MS, nullable=False),
     ]
 )
+
+#: One change of the server inventory (the keyed, compacted ``inventory`` topic: ``metrics_lake.core.inventory``),
+#: keyed by ``server``: the server's whole label set from then on (``labels``), or its removal (``deleted``
+#: true, ``labels`` empty: a *tombstone*). ``ts`` is when the change was made (epoch ms, the changer's clock).
+#: Unlike events, these records carry their ``offset``: log compaction removes superseded records, so a
+#: record's position can no longer be its row number.
+INVENTORY_RECORD = pa.schema(
+    [
+        pa.field("offset", pa.int64()),
+        pa.field("ts", UTC_MS),
+        pa.field("server", pa.string()),
+        pa.field("labels", TAGS),
+        pa.field("deleted", pa.bool_()),
+    ]
+)
+
+#: The record schemas a segment may hold (one per kind of topic).
+RECORD_SCHEMAS = (LOG_RECORD, INVENTORY_RECORD)

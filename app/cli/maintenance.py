@@ -43,6 +43,7 @@ def compact(
             SegmentLog(store),
             target_bytes=config.log_compaction_target_bytes,
             delete_delay_ms=int(config.segment_delete_delay_seconds * 1000),
+            **config.keyed_compaction,
         )
         for r in results:
             view.add_row(

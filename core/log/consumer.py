@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metrics_lake.core import keys
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.segment import decode_segment
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.log_records import LOG_ROW
+from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_ROW
+
+#: What :func:`read_keyed` yields: a keyed record (it carries its offset) and its append time.
+KEYED_ROW = pa.schema([*INVENTORY_RECORD, pa.field("ingested_at", LOG_ROW.field("ingested_at").type, nullable=False)])
 
 
 def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int) -> pa.Table:
@@ -60,6 +64,35 @@ def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end:
             )
         )
     return pa.concat_tables(pieces) if pieces else LOG_ROW.empty_table()
+
+
+def read_keyed(log: SegmentLog, topic: str, partition: int, start: int = 0) -> pa.Table:
+    """Every record of a keyed topic's partition with offset ``>= start``: :data:`INVENTORY_RECORD` columns plus
+    ``ingested_at`` (its append time), in offset order.
+
+    A keyed topic's records carry their offsets, and log compaction removes
+    superseded ones (:mod:`metrics_lake.core.log.keyed_compaction`), so the
+    offsets read need not be dense. As :func:`read_range`, the index is read
+    again once if a segment it named was deleted meanwhile.
+    """
+    try:
+        return _read_keyed(log, topic, partition, start)
+    except FileNotFoundError:
+        return _read_keyed(log, topic, partition, start)
+
+
+def _read_keyed(log: SegmentLog, topic: str, partition: int, start: int) -> pa.Table:
+    index = log.index(topic, partition)
+    pieces = []
+    for info in index.segments_for(start, index.next_offset):
+        with log.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
+            records = decode_segment(source, INVENTORY_RECORD)
+        if info.base_offset < start:
+            records = records.filter(pc.greater_equal(records.column("offset"), start))
+        offsets = records.column("offset").to_numpy(zero_copy_only=False)
+        appended = pa.array(info.append_times(offsets)).cast(KEYED_ROW.field("ingested_at").type)
+        pieces.append(records.append_column("ingested_at", appended).cast(KEYED_ROW))
+    return pa.concat_tables(pieces) if pieces else KEYED_ROW.empty_table()
 
 
 def end_offsets(log: SegmentLog, topic: str) -> dict[int, int]:

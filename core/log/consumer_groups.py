@@ -54,7 +54,8 @@ def consumer_groups(store: Store) -> list[tuple[str, str]]:
     pairs = []
     for group in store.list(keys.CONSUMERS_PREFIX):
         if keys.is_group(group):
-            pairs += [(group, name.removesuffix(".json")) for name in store.list(keys.consumer_group_prefix(group))]
+            names = store.list(keys.consumer_group_prefix(group))
+            pairs += [(group, name.removesuffix(".json")) for name in names if name.endswith(".json")]
     return sorted(pairs)
 
 

@@ -2,7 +2,7 @@
 
 Layout under the lake root (a local directory or ``s3://bucket/prefix``)::
 
-    log/<topic>/topic.json                  partition count, created once
+    log/<topic>/topic.json                  partition count and cleanup policy, created once
     log/<topic>/<partition>/lease.json      the writer's lease (metrics_lake.core.leases)
     log/<topic>/<partition>/index.json      the partition index
     log/<topic>/<partition>/<base>.parquet  immutable segments
@@ -35,6 +35,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from metrics_lake.core import keys
@@ -53,6 +54,8 @@ from metrics_lake.lake_schemas.errors import FencedError, IntegrityError, TopicN
 log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_TTL_MS = 10_000
+#: A topic's cleanup policies (Kafka's ``cleanup.policy``): segments deleted by age, or compacted by key.
+DELETE, COMPACT = "delete", "compact"
 
 
 @dataclass(frozen=True)
@@ -74,26 +77,41 @@ class SegmentLog:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def ensure_topic(self, topic: str, partitions: int) -> int:
+    def ensure_topic(self, topic: str, partitions: int, *, compacted: bool = False) -> int:
         """Create ``topic`` with ``partitions`` partitions unless it exists.
 
+        ``compacted``: its cleanup policy is log compaction by key (Kafka's
+        ``cleanup.policy=compact``: :mod:`metrics_lake.core.log.keyed_compaction`)
+        instead of deletion by age (:mod:`metrics_lake.core.log.segment_retention`).
         Returns the topic's actual partition count: an existing topic keeps
         its count (re-partitioning would break per-server ordering).
         """
         key = keys.topic_key(topic)
-        doc = {"topic": topic, "partitions": partitions, "created_at": int(time.time() * 1000)}
+        doc = {
+            "topic": topic,
+            "partitions": partitions,
+            "cleanup_policy": COMPACT if compacted else DELETE,
+            "created_at": int(time.time() * 1000),
+        }
         try:
             self.store.create(key, json.dumps(doc).encode())
         except ObjectExistsError:
             pass
         return self.partitions(topic)
 
-    def partitions(self, topic: str) -> int:
-        """Partition count of ``topic``; :class:`TopicNotFoundError` if it does not exist."""
+    def _topic_doc(self, topic: str) -> dict:
         try:
-            return int(json.loads(self.store.read(keys.topic_key(topic)))["partitions"])
+            return json.loads(self.store.read(keys.topic_key(topic)))
         except FileNotFoundError:
             raise TopicNotFoundError(f"topic {topic!r} does not exist under {self.store.root}/log") from None
+
+    def partitions(self, topic: str) -> int:
+        """Partition count of ``topic``; :class:`TopicNotFoundError` if it does not exist."""
+        return int(self._topic_doc(topic)["partitions"])
+
+    def compacted(self, topic: str) -> bool:
+        """Whether ``topic`` is cleaned up by key compaction rather than by age; :class:`TopicNotFoundError` if absent."""
+        return self._topic_doc(topic).get("cleanup_policy", DELETE) == COMPACT
 
     def topics(self) -> list[str]:
         """Names of existing topics."""
@@ -241,7 +259,9 @@ class PartitionWriter:
         sources: dict[str, int] | None = None,
         digests: dict[str, str] | None = None,
     ) -> AppendResult:
-        """Append ``records`` (:data:`metrics_lake.lake_schemas.log_records.LOG_RECORD`) as one new segment.
+        """Append ``records`` (:data:`metrics_lake.lake_schemas.log_records.LOG_RECORD`, or for the keyed inventory
+        topic :data:`~metrics_lake.lake_schemas.log_records.INVENTORY_RECORD`, whose ``offset`` column this
+        fills) as one new segment.
 
         With ``producer_id``/``producer_seq``, a call whose sequence is not
         above the last one committed for that producer is a retry: nothing
@@ -269,6 +289,9 @@ class PartitionWriter:
         if producer_id is not None and producer_seq is not None:
             producers[producer_id] = producer_seq
         base = self.index.next_offset
+        if "offset" in records.schema.names:  # a keyed topic's records carry their offsets
+            offsets = pa.array(np.arange(base, base + records.num_rows, dtype=np.int64))
+            records = records.set_column(records.schema.get_field_index("offset"), "offset", offsets)
         data, info = encode_segment(
             records,
             base_offset=base,

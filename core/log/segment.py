@@ -2,7 +2,11 @@
 
 A segment is named by its zero-padded base offset
 (``00000000000000001234.parquet``) and holds :data:`metrics_lake.lake_schemas.log_records.LOG_RECORD`
-rows; row ``i`` has offset ``base_offset + i``, so offsets are not stored.
+rows; row ``i`` has offset ``base_offset + i``, so offsets are not stored. The
+keyed inventory topic's records
+(:data:`~metrics_lake.lake_schemas.log_records.INVENTORY_RECORD`) carry their
+offset instead, since its log compaction removes superseded records
+(:mod:`metrics_lake.core.log.keyed_compaction`).
 Its Parquet key-value metadata repeats what the partition index says about it
 (base offset, event-time range, writer epoch, producer sequences, append
 time), so the index can always be rebuilt from the segments alone.
@@ -30,7 +34,7 @@ import pyarrow.parquet as pq
 
 from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.lake_schemas.errors import IntegrityError
-from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.log_records import LOG_RECORD, RECORD_SCHEMAS
 
 SEGMENT_SUFFIX = ".parquet"
 OFFSET_DIGITS = 20  # enough for any int64 offset, so names sort numerically
@@ -104,11 +108,15 @@ class SegmentInfo:
 
     def ingested_at(self, start: int, end: int) -> np.ndarray:
         """Append time (epoch ms, int64) of each record with offset in ``[start, end)`` of this segment."""
+        return self.append_times(np.arange(start, end, dtype=np.int64))
+
+    def append_times(self, offsets: np.ndarray) -> np.ndarray:
+        """Append time (epoch ms, int64) of the records at ``offsets`` (int64, within this segment)."""
         if not self.parts:
-            return np.full(end - start, self.appended_at, dtype=np.int64)
+            return np.full(len(offsets), self.appended_at, dtype=np.int64)
         bases = np.array([base for base, _ in self.parts], dtype=np.int64)
         times = np.array([at for _, at in self.parts], dtype=np.int64)
-        return times[np.searchsorted(bases, np.arange(start, end, dtype=np.int64), side="right") - 1]
+        return times[np.searchsorted(bases, offsets, side="right") - 1]
 
     @property
     def record_count(self) -> int:
@@ -135,22 +143,26 @@ def encode_segment(
     digests: dict[str, str] | None = None,
     object_name: str | None = None,
     parts: list[list[int]] | None = None,
+    end_offset: int | None = None,
 ) -> tuple[bytes, SegmentInfo]:
-    """Serialise ``records`` (:data:`LOG_RECORD` rows) as a segment.
+    """Serialise ``records`` (rows of one of :data:`RECORD_SCHEMAS`) as a segment.
 
     ``object_name`` and ``parts`` are for compacted segments (see
-    :class:`SegmentInfo`). Returns the bytes and the :class:`SegmentInfo` for the index. Raises
-    ``ValueError`` if ``records`` is empty or does not match the schema.
+    :class:`SegmentInfo`); ``end_offset`` for a key-compacted one, whose
+    records (carrying their ``offset``) no longer fill its offset range
+    (default: ``base_offset`` plus the record count). Returns the bytes and
+    the :class:`SegmentInfo` for the index. Raises ``ValueError`` if
+    ``records`` is empty or matches none of the schemas.
     """
     if records.num_rows == 0:
         raise ValueError("a segment must hold at least one record")  # programming error
-    if not records.schema.equals(LOG_RECORD, check_metadata=False):
-        raise ValueError(f"records do not match LOG_RECORD:\n{records.schema}")  # programming error
+    if not any(records.schema.equals(schema, check_metadata=False) for schema in RECORD_SCHEMAS):
+        raise ValueError(f"records match none of the log's record schemas:\n{records.schema}")  # programming error
     ts = pc.min_max(records.column("ts").cast(pa.int64()))
     min_ts, max_ts = ts["min"].as_py(), ts["max"].as_py()
     info = SegmentInfo(
         base_offset=base_offset,
-        end_offset=base_offset + records.num_rows,
+        end_offset=base_offset + records.num_rows if end_offset is None else end_offset,
         min_ts=min_ts,
         max_ts=max_ts,
         appended_at=appended_at,
@@ -182,6 +194,6 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
     return SegmentInfo.from_json({**fields, "size_bytes": size_bytes})
 
 
-def decode_segment(source) -> pa.Table:
-    """Read a segment's records (:data:`LOG_RECORD`, without offsets)."""
-    return pq.read_table(source, schema=LOG_RECORD).replace_schema_metadata(None)
+def decode_segment(source, schema: pa.Schema = LOG_RECORD) -> pa.Table:
+    """Read a segment's records (``schema``: :data:`LOG_RECORD`, without offsets, for an event topic)."""
+    return pq.read_table(source, schema=schema).replace_schema_metadata(None)

@@ -212,9 +212,36 @@ def compact_topic(
     ]
 
 
-def compact_log(log_: SegmentLog, *, target_bytes: int, delete_delay_ms: int) -> list[PartitionCompaction]:
-    """Compact every partition of every topic in the log; one result per partition."""
+def compact_log(
+    log_: SegmentLog,
+    *,
+    target_bytes: int,
+    delete_delay_ms: int,
+    min_lag_ms: int = 7 * 86_400_000,
+    tombstone_retention_ms: int = 86_400_000,
+) -> list[PartitionCompaction]:
+    """Compact every partition of every topic in the log; one result per partition.
+
+    A topic whose cleanup policy is ``compact`` (the inventory) is compacted
+    by key instead, with ``min_lag_ms`` and ``tombstone_retention_ms``
+    (:mod:`metrics_lake.core.log.keyed_compaction`, which builds on this module).
+    """
+    from metrics_lake.core.log.keyed_compaction import compact_keyed_partition
+
     results = []
     for topic in log_.topics():
-        results += compact_topic(log_, topic, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
+        if not log_.compacted(topic):
+            results += compact_topic(log_, topic, target_bytes=target_bytes, delete_delay_ms=delete_delay_ms)
+            continue
+        results += [
+            compact_keyed_partition(
+                log_,
+                topic,
+                p,
+                min_lag_ms=min_lag_ms,
+                tombstone_retention_ms=tombstone_retention_ms,
+                delete_delay_ms=delete_delay_ms,
+            )
+            for p in range(log_.partitions(topic))
+        ]
     return results

@@ -134,7 +134,8 @@ def _plan_deletions(settings: LakeSettings, store: Store, now: dt.datetime) -> R
     plan = RetentionPlan(now)
     log = SegmentLog(store)
     for topic in log.topics():
-        plan.log += plan_log_retention(log, topic, log_horizon_ms(settings, now))
+        if not log.compacted(topic):  # a keyed topic is cleaned by key compaction (lake compact), never by age
+            plan.log += plan_log_retention(log, topic, log_horizon_ms(settings, now))
     existing = set(list_tables(store))
     for table, (column, cutoff) in table_cutoffs(settings, now).items():
         if table in existing:
@@ -163,7 +164,8 @@ def apply_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> R
     log = SegmentLog(store)
     delay_ms = int(settings.segment_delete_delay_seconds * 1000)
     for topic in log.topics():
-        apply_log_retention(log, topic, log_horizon_ms(settings, now), delete_delay_ms=delay_ms)
+        if not log.compacted(topic):
+            apply_log_retention(log, topic, log_horizon_ms(settings, now), delete_delay_ms=delay_ms)
     for expired in plan.tables:
         if expired.files:
             predicate = f"{expired.column} < '{expired.cutoff.isoformat()}'"
