@@ -31,6 +31,7 @@ __all__ = [
     "COMPACT",
     "CONSUMERS",
     "DEMO",
+    "INVENTORY",
     "Access",
     "OPERATIONS",
     "PRODUCE",
@@ -113,6 +114,7 @@ STREAM = Operation(
         Table.QUERY_RESULTS,
         Table.LAST_SEEN,
         Table.ALERTS,
+        Table.SERVERS,
     ),
     log=LogAccess.READ,
     registry=Access.WRITE,  # seeds a new lake's registry from the shipped declarations
@@ -166,6 +168,14 @@ QUALITY = Operation(
     reports=True,
     registry=Access.READ,
 )
+#: The server inventory: appends changes to the ``inventory`` topic and folds it into ``servers``.
+INVENTORY = Operation(
+    "inventory",
+    f"change the server inventory (labels per server) and show it; folded into {Table.SERVERS}",
+    reads=(Table.SERVERS,),
+    writes=(Table.SERVERS,),
+    log=LogAccess.WRITE,
+)
 #: Consumer groups' positions and lag (``lake consumers``).
 CONSUMERS = Operation("consumers", "show consumer groups' committed offsets and lag", log=LogAccess.INSPECT)
 #: Compaction of log segments and Delta files.
@@ -214,6 +224,7 @@ OPERATIONS: dict[str, Operation] = {
         ROLLUP,
         QUERIES,
         ALERTS,
+        INVENTORY,
         QUALITY,
         COMPACT,
         RETAIN,

@@ -38,6 +38,7 @@ __all__ = [
     "METRIC_WINDOWS_1M",
     "QUARANTINE_EVENTS",
     "QUERY_RESULTS",
+    "SERVERS",
     "TABLES",
     "Table",
     "TableSpec",
@@ -62,10 +63,13 @@ class Table(StrEnum):
     QUERY_RESULTS = "query_results"
     LAST_SEEN = "last_seen"
     ALERTS = "alerts"
+    SERVERS = "servers"
     DQ_RESULTS = "dq_results"
 
 
-#: ``tables/bronze_events``: every valid event exactly once.
+#: ``tables/bronze_events``: every valid event exactly once. ``tags`` are the event's own; ``labels`` the
+#: server's inventory labels in force at the event's log position (``metrics_lake.core.speed.enrichment``):
+#: empty for a server the inventory does not know, null for rows written before the lake had an inventory.
 BRONZE_EVENTS = pa.schema(
     [
         pa.field("topic", pa.string()),
@@ -78,6 +82,7 @@ BRONZE_EVENTS = pa.schema(
         pa.field("tags", TAGS),
         pa.field("ingested_at", UTC_US),
         pa.field("event_date", pa.date32()),
+        pa.field("labels", TAGS),
     ]
 )
 
@@ -101,7 +106,8 @@ QUARANTINE_EVENTS = pa.schema(
 #: a log-bucketed histogram (``metrics_lake.core.kernels.sketch``: the OpenTelemetry
 #: exponential-histogram layout at scale 6, packed (key int32, count int64)
 #: pairs), mergeable across windows and servers by adding bucket counts;
-#: p50/p95/p99 are read from it within 0.54 % relative error, clamped to [min, max].
+#: p50/p95/p99 are read from it within 0.54 % relative error, clamped to [min, max]. ``labels``: the
+#: series' inventory labels, those of its newest event (highest log position) in the window.
 METRIC_WINDOWS_1M = pa.schema(
     [
         pa.field("metric", pa.string()),
@@ -119,6 +125,7 @@ METRIC_WINDOWS_1M = pa.schema(
         pa.field("sketch", pa.binary()),
         pa.field("updated_at", UTC_US),
         pa.field("event_date", pa.date32()),
+        pa.field("labels", TAGS),
     ]
 )
 
@@ -251,12 +258,26 @@ ALERTS = pa.schema(
     ]
 )
 
+#: ``tables/servers``: the server inventory's current state (the ``inventory`` topic folded: one row per server
+#: it holds, ``metrics_lake.core.inventory``): its ``labels``, the inventory ``offset`` its record has (its
+#: labels are valid from there on), when the change was made (``changed_at``) and appended (``appended_at``).
+#: Rewritten whole by whoever folds new inventory records (``lake stream``, ``lake inventory``).
+SERVERS = pa.schema(
+    [
+        pa.field("server", pa.string()),
+        pa.field("labels", TAGS),
+        pa.field("valid_from_offset", pa.int64()),
+        pa.field("changed_at", UTC_US),
+        pa.field("appended_at", UTC_US),
+    ]
+)
+
 
 @dataclass(frozen=True)
 class TableSpec:
     """One Delta table's facts (module docstring).
 
-    ``partition_by``: Delta partition columns, the day column first;
+    ``partition_by``: Delta partition columns, the day column first (none: a table of current state);
     ``key``: columns unique per row (the merge key of upserted tables);
     ``day_column``: partition column with the row's UTC day (retention and
     quality work a day at a time); ``retention_setting``: name of the
@@ -281,9 +302,9 @@ class TableSpec:
     vacuum_hours: int | None = None
 
     @property
-    def day_column(self) -> str:
-        """The partition column holding the row's UTC day."""
-        return self.partition_by[0]
+    def day_column(self) -> str | None:
+        """The partition column holding the row's UTC day; None for a table of current state (not by day)."""
+        return self.partition_by[0] if self.partition_by else None
 
     @property
     def asset_uri(self) -> str:
@@ -378,6 +399,14 @@ TABLES: dict[Table, TableSpec] = {
             ("event_date", "id"),
             "every state transition of every alert (pending, firing, resolved), exactly once",
             retention_setting="retention_windows_days",
+        ),
+        TableSpec(
+            Table.SERVERS,
+            SERVERS,
+            (),
+            ("server",),
+            "the server inventory's current labels, with the log position they are valid from",
+            vacuum_hours=24,  # rewritten whole on every inventory change
         ),
         TableSpec(
             Table.DQ_RESULTS,

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.schema import Schema as DeltaSchema
 
 from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
@@ -49,17 +50,18 @@ def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
 
 
 def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable:
-    """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``.
+    """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``, and
+    adding the declared columns an existing table lacks (:func:`_add_new_columns`).
 
     Raises ``KeyError`` if it must be created and that name is not declared
     in :data:`metrics_lake.lake_schemas.tables.TABLES`.
     """
     uri = table_uri(store, name)
     try:
-        return DeltaTable(uri, storage_options=store.storage_options())
+        table = DeltaTable(uri, storage_options=store.storage_options())
     except TableNotFoundError:
         spec = table_spec(like or name)
-        return DeltaTable.create(
+        table = DeltaTable.create(
             uri,
             spec.schema,
             mode="ignore",
@@ -67,6 +69,26 @@ def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable
             name=name,
             storage_options=store.storage_options(),
         )
+    declared = like or name
+    return _add_new_columns(store, name, table, TABLES[declared].schema) if declared in TABLES else table
+
+
+def _add_new_columns(store: Store, name: str, table: DeltaTable, schema: pa.Schema) -> DeltaTable:
+    """Schema evolution: add the declared columns ``table`` lacks (a lake made by an older release), as nullable.
+
+    Columns are only ever added at the end of a declared schema, so an evolved table has the declared column
+    order. Rows written before read null there (Delta's rule for added columns). Two processes evolving the
+    same table at once: the loser's commit conflicts and it re-reads the table, which has the columns.
+    """
+    present = set(table.schema().to_arrow().names)
+    missing = [field for field in schema if field.name not in present]
+    if not missing:
+        return table
+    try:
+        table.alter.add_columns(list(DeltaSchema.from_arrow(pa.schema(missing)).fields))
+    except CommitFailedError:
+        pass  # another process added them first
+    return DeltaTable(table_uri(store, name), storage_options=store.storage_options())
 
 
 def open_table(store: Store, name: str, version: int | None = None) -> DeltaTable:

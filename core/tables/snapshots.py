@@ -133,6 +133,7 @@ def read_data_file(
 ) -> pa.Table:
     """One data file with its partition columns restored, cast to ``schema`` (only ``columns``, if given).
 
+    A column the file lacks (written before the column was added to the table) reads as null.
     String columns named in ``dictionary`` come back dictionary-encoded
     (``dictionary<int32, string>``, from Parquet's own dictionary pages):
     cheaper to read and to group by than materialised strings.
@@ -141,7 +142,15 @@ def read_data_file(
     partition = dict(data_file.partition_values)
     stored = [c for c in wanted if c not in partition]
     encoded = [c for c in dictionary if c in stored]
-    data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None)
+    try:
+        data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None)
+    except pa.ArrowInvalid:  # a file written before a column was added (schema evolution): it reads as null
+        present = set(pq.read_schema(data_file.path, filesystem=filesystem).names)
+        kept = [c for c in stored if c in present]
+        data = pq.read_table(data_file.path, filesystem=filesystem, columns=kept, read_dictionary=encoded or None)
+        for name in stored:
+            if name not in present:
+                data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
     for name in wanted:
         if name in partition and name not in data.column_names:
             column = pa.array([partition[name]] * data.num_rows, pa.string()).cast(schema.field(name).type)

@@ -114,6 +114,7 @@ def test_operations_derive_what_the_registry_says():
         Table.QUERY_RESULTS,
         Table.LAST_SEEN,
         Table.ALERTS,
+        Table.SERVERS,
     )  # the speed layer's commit order: query results from committed windows, alerts from both and last_seen
     assert [spec.name for spec in rollup_chain()] == [Table.METRIC_ROLLUP_1H, Table.METRIC_ROLLUP_1D]
     assert set(RECOMPUTE.writes) == {Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION}
