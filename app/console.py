@@ -73,6 +73,8 @@ def print_batch(outcome) -> None:
     late = f", {outcome.late_events:,} later than the watermark" if outcome.late_events else ""
     transitions = outcome.rows.get(Table.ALERTS, 0)
     alerts = f", {transitions} alert transition{'s' * (transitions != 1)}" if transitions else ""
+    unknown = outcome.unknown_servers
+    alerts += f", {unknown:,} events of servers not in the inventory (unlabelled)" if unknown else ""
     err.print(
         f"[dim]{time.strftime('%H:%M:%S')}[/] batch: {outcome.records:,} records in {outcome.seconds:.1f} s "
         f"({rate:,.0f}/s) -> {outcome.rows[Table.BRONZE_EVENTS]:,} bronze, {outcome.rows[Table.QUARANTINE_EVENTS]:,} "

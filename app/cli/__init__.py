@@ -1,7 +1,7 @@
 """The ``lake`` command line: thin commands over library functions, and its one error boundary.
 
 Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
-:mod:`.batch`, :mod:`.queries`, :mod:`.alerts`, :mod:`.maintenance`, :mod:`.analysis`,
+:mod:`.batch`, :mod:`.queries`, :mod:`.alerts`, :mod:`.inventory`, :mod:`.maintenance`, :mod:`.analysis`,
 :mod:`.dashboard`, :mod:`.local`; what they share in :mod:`.options` and :mod:`.registry_edits`) and are registered on
 :data:`app` here. Configuration comes from ``LAKE_*``
 variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
@@ -31,6 +31,7 @@ from typer.core import TyperGroup
 from metrics_lake.app.cli import analysis, batch, dashboard, ingest, maintenance, speed
 from metrics_lake.app.cli.alerts import alerts_app
 from metrics_lake.app.cli.boundary import explain, first_line, translate
+from metrics_lake.app.cli.inventory import inventory_app
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
 from metrics_lake.app.cli.queries import queries_app
@@ -44,6 +45,7 @@ from metrics_lake.lake_schemas.operations import (
     COMPACT,
     CONSUMERS,
     DEMO,
+    INVENTORY,
     PRODUCE,
     QUALITY,
     QUERIES,
@@ -69,6 +71,7 @@ COMMAND_OPERATIONS: dict[str, Operation] = {
     "rollup": ROLLUP,
     "queries": QUERIES,
     "alerts": ALERTS,
+    "inventory": INVENTORY,
     "quality": QUALITY,
     "sql": ANALYSIS,
     "tables": ANALYSIS,
@@ -158,6 +161,7 @@ for command in (batch.recompute, batch.rollup):
     app.command()(command)
 app.add_typer(queries_app, name="queries")
 app.add_typer(alerts_app, name="alerts")
+app.add_typer(inventory_app, name="inventory")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
 for command in (analysis.sql, analysis.tables, analysis.quality, dashboard.dashboard):

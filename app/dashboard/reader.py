@@ -405,10 +405,11 @@ class DashboardReader:
     def servers(self) -> dict:
         """Every server's status by the lake's append clock: ``up``, ``silent`` (not heard from for the shortest
         FOR of the absence rules watching it, else :data:`SILENT_AFTER_SECONDS`, or an absence alert fires for
-        it) or ``never seen`` (named in an absence rule's FROM but never heard from within the lookback).
+        it) or ``never seen`` (in the inventory, or named in an absence rule's FROM, but never heard from within
+        the lookback); ``labels``: the server's inventory labels (the ``servers`` table).
 
-        ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen_at", "silent_seconds", "alerts"}]}``,
-        silent servers first.
+        ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen_at", "silent_seconds", "alerts",
+        "labels"}]}``, silent servers first.
         """
         table = self.table(Table.LAST_SEEN)
         seen = read_last_seen(self.store, table) if table is not None else pa.table({"server": [], "metric": []})
@@ -436,14 +437,25 @@ class DashboardReader:
                 }
             )
         known = {s["server"] for s in servers}
+        inventory = self._inventory()
         named = {n for r in absence for n in r.servers if not any(c in n for c in "*?[")}
-        for server in sorted(named - known):
+        for server in sorted((named | set(inventory)) - known):
             servers.append(
                 {"server": server, "status": "never seen", "last_seen_at": None, "silent_seconds": None, "alerts": []}
             )
+        for entry in servers:
+            entry["labels"] = inventory.get(entry["server"], {})
         order = {"silent": 0, "never seen": 1, "up": 2}
         servers.sort(key=lambda s: (order[s["status"]], s["server"]))
         return {"clock": None if clock_us is None else clock_us // 1000, "servers": servers}
+
+    def _inventory(self) -> dict[str, dict[str, str]]:
+        """Server -> labels from the ``servers`` table (empty if the lake has no inventory)."""
+        table = self.table(Table.SERVERS)
+        if table is None:
+            return {}
+        rows = table.to_pyarrow_table(columns=["server", "labels"])
+        return dict(zip(rows.column("server").to_pylist(), map(dict, rows.column("labels").to_pylist()), strict=True))
 
     def _active_alerts(self) -> dict:
         """The active alerts by fingerprint, from the alerts table's latest version (read incrementally)."""

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 1
 #: Threads validating request bodies at once (each holds one decoded body).
 VALIDATION_THREADS = 4
+#: Largest inventory change accepted (one server's labels: at most 30 of 1 KiB values, with room to spare).
+MAX_INVENTORY_BODY = 64 * 1024
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -306,7 +308,8 @@ def _settle(watcher: asyncio.Future) -> None:
 
 def build_app(gateway: Gateway) -> Starlette:
     """The Starlette app: the ingest endpoints (:func:`~metrics_lake.app.gateway.endpoints.endpoints`),
-    ``GET /healthz``, ``GET /metrics``; other paths 404/405 in JSON."""
+    ``PUT``/``DELETE /v1/inventory/{server}`` (:meth:`Gateway.change_inventory`), ``GET /healthz``,
+    ``GET /metrics``; other paths 404/405 in JSON."""
     ingest = _Ingest(gateway)
 
     async def health(request: Request) -> Response:
@@ -317,6 +320,20 @@ def build_app(gateway: Gateway) -> Starlette:
         gateway.metrics.buffered_bytes.set(gateway.producer.buffered_bytes())
         return Response(prom.generate_latest(gateway.metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
 
+    async def inventory(request: Request) -> Response:
+        server = request.path_params["server"]
+        body = None
+        if request.method == "PUT":
+            declared = _declared_length(request)
+            if declared is not None and declared > MAX_INVENTORY_BODY:
+                return ingest.answer(JSONResponse({"error": "body over 64 KiB"}, status_code=413), close=True)
+            body = await request.body()
+            if len(body) > MAX_INVENTORY_BODY:
+                return ingest.answer(JSONResponse({"error": "body over 64 KiB"}, status_code=413))
+        loop = asyncio.get_running_loop()
+        status, answer = await loop.run_in_executor(ingest.pool, gateway.change_inventory, server, body)
+        return ingest.answer(JSONResponse(answer, status_code=int(status)))
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return ingest.answer(
             JSONResponse({"error": f"{exc.detail}: {request.method} {request.url.path}"}, status_code=exc.status_code)
@@ -325,6 +342,7 @@ def build_app(gateway: Gateway) -> Starlette:
     app = Starlette(
         routes=[
             *(ingest.route(endpoint) for endpoint in endpoints()),
+            Route("/v1/inventory/{server}", inventory, methods=["PUT", "DELETE"]),
             Route("/healthz", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],

@@ -11,6 +11,7 @@ resolved, into the HTTP answer. :meth:`Gateway.ingest` does both, blocking.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 import uuid
@@ -24,9 +25,11 @@ import pyarrow as pa
 
 from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.inventory import Change, Inventory, check_labels
 from metrics_lake.core.log.log import AppendResult
 from metrics_lake.core.log.producer import Producer, Sent, Source, producer_for
-from metrics_lake.lake_schemas.errors import SequenceConflictError
+from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.errors import InputError, SequenceConflictError
 
 __all__ = ["Accepted", "Gateway", "GatewayMetrics", "Outcome", "body_digest", "events_answer"]
 
@@ -85,6 +88,11 @@ class GatewayMetrics:
         )
         self.owned_partitions = prom.Gauge(
             "lake_gateway_owned_partitions", "Partitions this gateway holds leases on.", registry=self.registry
+        )
+        self.inventory_changes = prom.Counter(
+            "lake_gateway_inventory_changes",
+            "Server inventory changes appended (PUT and DELETE /v1/inventory/{server}).",
+            registry=self.registry,
         )
 
     def observe_append(self, partition: int, result: AppendResult, seconds: float) -> None:
@@ -156,6 +164,7 @@ class Gateway:
             **({"linger_ms": linger_ms} if linger_ms else {}),
             **({"roll_bytes": roll_bytes} if roll_bytes else {}),
         )
+        self.inventory = Inventory(open_store(settings))
         # Take every lease before serving: a predecessor's lease expires within its TTL.
         self.producer.acquire()
         self.metrics.owned_partitions.set(len(self.producer.owned))
@@ -233,6 +242,35 @@ class Gateway:
         except Exception as exc:  # storage down, lease lost: the agent retries
             log.warning("batch not made durable: %s", exc)
             return HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"not durable: {exc}"}
+
+    def change_inventory(self, server: str, body: bytes | None) -> tuple[int, dict]:
+        """``PUT /v1/inventory/{server}`` (``body``: ``{"labels": {name: value}}``, the server's whole label set)
+        or, with ``body`` None, ``DELETE``: append the change to the inventory topic, durably, before answering.
+
+        Answers 200 with the change's offset, 400 with one line for a body or
+        label that breaks the rules (:func:`metrics_lake.core.inventory.check_labels`;
+        nothing appended), 404 deleting a server the inventory does not hold.
+        """
+        if body is None:
+            if server not in self.inventory.current():
+                return HTTPStatus.NOT_FOUND, {"error": f"{server!r} is not in the inventory"}
+            change = Change(server, {}, deleted=True)
+        else:
+            try:
+                doc = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return HTTPStatus.BAD_REQUEST, {"error": f"the body is not JSON: {exc}"}
+            labels = doc.get("labels") if isinstance(doc, dict) else None
+            if labels is None:
+                return HTTPStatus.BAD_REQUEST, {"error": 'expected {"labels": {"name": "value", ...}}'}
+            try:
+                check_labels(server, labels)
+            except InputError as exc:
+                return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+            change = Change(server, labels)
+        result = self.inventory.append([change])
+        self.metrics.inventory_changes.inc()
+        return HTTPStatus.OK, {"server": server, "deleted": change.deleted, "offset": result.base_offset}
 
     def health(self) -> tuple[int, dict]:
         """200 with the owned partitions while the producer holds writers for them, else 503."""

@@ -403,6 +403,7 @@ def evaluate(
     absence_at_us: int | None,
     last_seen: pa.Table,
     lookback_s: int = DAY_S,
+    expected: pa.Table | None = None,
 ) -> list[Transition]:
     """Evaluate ``rules`` once; returns the transitions from ``active`` (by fingerprint, :func:`apply` builds it).
 
@@ -412,8 +413,12 @@ def evaluate(
     its series' values at that time (:func:`series_values`);
     ``absence_at_us``: the evaluation time of absence rules (the lake's
     append clock); ``last_seen``: rows ``(server, metric, last_seen_at)``
-    of the ``last_seen`` table. Alerts in ``active`` whose rule is gone, whose
-    labels changed or whose series no longer holds are resolved.
+    of the ``last_seen`` table; ``expected``: the servers the inventory
+    holds (``server``, ``since`` epoch µs: when its record was appended),
+    which absence rules expect to report whether or not ``last_seen`` knows
+    them (a server that never reported is silent since ``since``). Alerts in
+    ``active`` whose rule is gone, whose labels changed or whose series no
+    longer holds are resolved.
 
     The work per rule is vectorised over its series; only series whose
     condition holds, and alerts already active, are looked at one by one
@@ -433,7 +438,8 @@ def evaluate(
         elif absence_at_us is not None:
             if silent_rows is None:  # grouped once for every absence rule
                 silent_rows = _by_metric(last_seen)
-            transitions += _absence(rule, silent_rows.get(rule.metric), mine, absence_at_us, lookback_s)
+            rows = silent_rows.get(rule.metric)
+            transitions += _absence(rule, rows, mine, absence_at_us, lookback_s, expected)
     clock = max(threshold_at_us or 0, absence_at_us or 0)
     for name, leftovers in sorted(by_rule.items()):  # alerts of removed rules
         for alert in leftovers.values():
@@ -563,17 +569,34 @@ def _by_metric(last_seen: pa.Table) -> dict[str, pa.Table]:
 
 
 def _absence(
-    rule: AlertRule, rows: pa.Table | None, mine: dict[str | None, ActiveAlert], at_us: int, lookback_s: int
+    rule: AlertRule,
+    rows: pa.Table | None,
+    mine: dict[str | None, ActiveAlert],
+    at_us: int,
+    lookback_s: int,
+    inventory: pa.Table | None = None,
 ) -> list[Transition]:
     transitions: list[Transition] = []
     servers, seen_us = np.zeros(0, object), np.zeros(0, np.int64)
+    pattern = server_pattern(rule.servers)
     if rows is not None:
-        pattern = server_pattern(rule.servers)
         if pattern is not None:
             rows = rows.filter(pc.match_substring_regex(rows.column("server"), pattern))
         servers = rows.column("server").to_numpy(zero_copy_only=False)
         seen_us = pc.cast(rows.column("last_seen_at"), pa.int64()).to_numpy(zero_copy_only=False)
     expected = seen_us >= at_us - lookback_s * _US
+    unseen = np.zeros(len(servers), bool)  # held by the inventory, not seen within the lookback
+    if inventory is not None and inventory.num_rows:
+        if pattern is not None:
+            inventory = inventory.filter(pc.match_substring_regex(inventory.column("server"), pattern))
+        recent = pa.array(servers[expected].astype(str) if expected.any() else [], pa.string())
+        missing = inventory.filter(pc.invert(pc.is_in(inventory.column("server"), value_set=recent)))
+        known = ~np.isin(servers, missing.column("server").to_numpy(zero_copy_only=False))
+        servers, seen_us = servers[known], seen_us[known]
+        servers = np.concatenate([servers, missing.column("server").to_numpy(zero_copy_only=False)])
+        seen_us = np.concatenate([seen_us, pc.cast(missing.column("since"), pa.int64()).to_numpy(zero_copy_only=False)])
+        unseen = np.concatenate([np.zeros(int(known.sum()), bool), np.ones(missing.num_rows, bool)])
+        expected = (seen_us >= at_us - lookback_s * _US) | unseen
     silent = expected & (at_us - seen_us >= rule.for_s * _US)
     handled = set()
     for i in np.flatnonzero(silent):
@@ -589,8 +612,12 @@ def _absence(
             state_for=lambda since: FIRING,
             value=silence,
             window=(last, None),
-            summary=lambda since, server=server, silence=silence, when=when: (
-                f"no {rule.metric} from {server} for {format_duration(silence)} (last seen {when:%Y-%m-%d %H:%M:%S}Z)"
+            summary=lambda since, server=server, silence=silence, when=when, new=bool(unseen[i]): (
+                f"no {rule.metric} from {server} since it joined the inventory at {when:%Y-%m-%d %H:%M:%S}Z "
+                f"({format_duration(silence)} ago), nor within the lookback"
+                if new
+                else f"no {rule.metric} from {server} for {format_duration(silence)} "
+                f"(last seen {when:%Y-%m-%d %H:%M:%S}Z)"
             ),
             new_since=last + rule.for_s * _US,  # the moment the silence reached FOR
         )

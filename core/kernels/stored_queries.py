@@ -284,6 +284,7 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
                         "server": server if server is not None else pa.nulls(picked.num_rows, pa.string()),
                         "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
                         **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
+                        "labels": pa.nulls(picked.num_rows, WINDOW_STATE.field("labels").type),
                     }
                 )
             )

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from metrics_lake.core.kernels import sketch
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
-from metrics_lake.lake_schemas.types import UTC_US
+from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
 __all__ = [
     "QUANTILES",
@@ -41,7 +41,8 @@ __all__ = [
 #: The quantiles every window row carries, as (column, q).
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
-#: One partial or complete window; ``window_start`` is a UTC instant (µs), ``sketch`` an encoded sketch.
+#: One partial or complete window; ``window_start`` is a UTC instant (µs), ``sketch`` an encoded sketch,
+#: ``labels`` the series' inventory labels: those of its newest event (:func:`aggregate_events`, :func:`merge_states`).
 WINDOW_STATE = pa.schema(
     [
         pa.field("metric", pa.string()),
@@ -52,6 +53,7 @@ WINDOW_STATE = pa.schema(
         pa.field("min", pa.float64()),
         pa.field("max", pa.float64()),
         pa.field("sketch", pa.binary()),
+        pa.field("labels", TAGS),
     ]
 )
 
@@ -113,7 +115,25 @@ def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, int, np.nd
     return group, groups, first
 
 
-def _state_table(metric, server, start_us, count, total, low, high, row, keys, counts, groups: int) -> pa.Table:
+def _latest(group: np.ndarray, groups: int, position: np.ndarray | None) -> np.ndarray:
+    """Per group, the row with the highest ``position`` (int64; None: the last row)."""
+    position = np.arange(len(group), dtype=np.int64) if position is None else position
+    best = np.full(groups, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(best, group, position)
+    rows = np.flatnonzero(position == best[group])
+    latest = np.empty(groups, np.int64)
+    latest[group[rows]] = rows
+    return latest
+
+
+def _labels(table: pa.Table, rows: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    """The ``labels`` of ``rows`` of ``table`` (nulls if it has no such column)."""
+    if "labels" not in table.column_names:
+        return pa.nulls(len(rows), TAGS)
+    return table.column("labels").take(pa.array(rows))
+
+
+def _state_table(metric, server, start_us, count, total, low, high, row, keys, counts, groups: int, labels) -> pa.Table:
     return pa.table(
         [
             metric.cast(pa.string()),  # a no-op for strings; decodes dictionary-encoded reads
@@ -124,17 +144,22 @@ def _state_table(metric, server, start_us, count, total, low, high, row, keys, c
             pa.array(low, pa.float64()),
             pa.array(high, pa.float64()),
             sketch.implode(groups, row, keys, counts),
+            labels,
         ],
         schema=WINDOW_STATE,
     )
 
 
 def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
-    """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64).
+    """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64; optional
+    ``labels`` map and ``offset`` int64).
 
     ``window_start`` = ``ts`` floored to a multiple of ``window_seconds``
     since the epoch (UTC), so windows align across processes and days.
-    Values must be finite (the event contract guarantees it).
+    Values must be finite (the event contract guarantees it). A window's
+    ``labels`` are its newest event's: the highest ``offset`` (a server's
+    events are in one log partition), else the last row; null without a
+    ``labels`` column.
     """
     if events.num_rows == 0:
         return empty_state()
@@ -146,6 +171,10 @@ def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
     row, bucket_keys, bucket_counts = sketch.merge_buckets(
         group, sketch.bucket_keys(values), np.ones(len(values), np.int64)
     )
+    labels = pa.nulls(groups, TAGS)
+    if "labels" in events.column_names:
+        offsets = events.column("offset").to_numpy(zero_copy_only=False) if "offset" in events.column_names else None
+        labels = _labels(events, _latest(group, groups, offsets))
     return _state_table(
         events.column("metric").take(first),
         events.column("server").take(first),
@@ -158,6 +187,7 @@ def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
         bucket_keys,
         bucket_counts,
         groups,
+        labels,
     )
 
 
@@ -178,8 +208,13 @@ def _conform(states: pa.Table) -> pa.Table:
     return states.cast(pa.schema(target)).unify_dictionaries().combine_chunks()
 
 
-def merge_states(states: pa.Table) -> pa.Table:
-    """Combine rows of :data:`WINDOW_STATE` with equal ``(metric, server, window_start)`` into one each."""
+def merge_states(states: pa.Table, position: np.ndarray | None = None) -> pa.Table:
+    """Combine rows of :data:`WINDOW_STATE` with equal ``(metric, server, window_start)`` into one each.
+
+    The merged row's ``labels`` are those of the row with the highest
+    ``position`` (int64 per row; None: the last row, so callers put newer
+    states after older ones).
+    """
     if states.num_rows == 0:
         return empty_state()
     states = _conform(states)
@@ -207,17 +242,20 @@ def merge_states(states: pa.Table) -> pa.Table:
         keys,
         counts,
         groups,
+        _labels(states, _latest(group, groups, position)),
     )
 
 
 def rewindow(states: pa.Table, window_seconds: int) -> pa.Table:
-    """States moved to ``window_seconds`` windows (a multiple of theirs) and merged: a rollup."""
+    """States moved to ``window_seconds`` windows (a multiple of theirs) and merged: a rollup (labels of the
+    newest finer window)."""
     if states.num_rows == 0:
         return empty_state()
     window_us = window_seconds * 1_000_000
     start_us = states.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
     coarse = pa.array(start_us - np.mod(start_us, window_us), pa.int64()).cast(UTC_US)
-    return merge_states(states.set_column(states.schema.get_field_index("window_start"), "window_start", coarse))
+    moved = states.set_column(states.schema.get_field_index("window_start"), "window_start", coarse)
+    return merge_states(moved, start_us)
 
 
 def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | None = None) -> pa.Table:
@@ -253,6 +291,7 @@ def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | No
         "avg": pc.divide(states.column("sum"), pc.cast(states.column("count"), pa.float64())),
         **{name: pa.array(estimates[:, i]) for i, (name, _) in enumerate(QUANTILES)},
         "sketch": states.column("sketch"),
+        "labels": states.column("labels"),
         "updated_at": pa.array(np.full(n, int(updated_at.timestamp() * 1_000_000), np.int64)).cast(UTC_US),
         "event_date": pc.cast(start, pa.date32()),
     }

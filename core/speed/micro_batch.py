@@ -59,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
+from metrics_lake.core.inventory import Inventory, write_servers_table
 from metrics_lake.core.kernels.alert_rules import THRESHOLD, AlertRule, evaluate, transitions_table
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
@@ -87,8 +88,10 @@ from metrics_lake.core.speed.alerting import (
     watched_app_id,
     watched_metrics,
 )
+from metrics_lake.core.speed.enrichment import Pin, expected_servers, labels_at, pin_inventory
 from metrics_lake.core.speed.progress import (
     CONSUMER,
+    POSITION_TABLES,
     WINDOW_SECONDS,
     backfill_revision_app_id,
     backfilled_through_app_id,
@@ -110,7 +113,6 @@ from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
 from metrics_lake.core.tables.delta import ensure_table, open_table
 from metrics_lake.core.tables.snapshots import days_between, read_data_files, snapshot_files, windowed_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
-from metrics_lake.lake_schemas.operations import STREAM
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
 
 __all__ = [
@@ -136,21 +138,25 @@ BRONZE, QUARANTINE, WINDOWS, QUERIES, LAST_SEEN, ALERTS = (
     Table.LAST_SEEN,
     Table.ALERTS,
 )
-#: The tables a micro-batch writes, in commit order (query results are evaluated from the committed windows).
-SPEED_TABLES = STREAM.writes
+#: The tables a micro-batch writes with its log positions, in commit order (query results are evaluated from the
+#: committed windows); it also folds the inventory into ``servers``.
+SPEED_TABLES = POSITION_TABLES
 
 
 def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Split log rows (:data:`~metrics_lake.lake_schemas.log_records.LOG_ROW`) into (bronze rows, quarantine rows).
 
     ``event_date`` is the UTC date of the event time; ``ingest_date`` the
-    UTC date the record was appended to the log.
+    UTC date the record was appended to the log; ``labels`` null (the
+    enrichment sets them: :func:`enrich`).
     """
     rejected = pc.is_valid(rows.column("reason"))
     valid = rows.filter(pc.invert(rejected))
     bad = rows.filter(rejected)
     bronze = valid.append_column("event_date", pc.cast(valid.column("ts"), pa.date32()))
     quarantine = bad.append_column("ingest_date", pc.cast(bad.column("ingested_at"), pa.date32()))
+    if "labels" not in bronze.column_names:  # set by the enrichment (process_chunk); null until then
+        bronze = bronze.append_column("labels", pa.nulls(bronze.num_rows, BRONZE_EVENTS.field("labels").type))
     return (
         bronze.select(BRONZE_EVENTS.names).cast(BRONZE_EVENTS),
         quarantine.select(QUARANTINE_EVENTS.names).cast(QUARANTINE_EVENTS),
@@ -179,7 +185,9 @@ class BatchPlan:
     ``read_through_ms``: the append time up to which every partition is read
     once the batch is (the last record it reads of each partition it leaves
     records in; None when it reads every partition to the end): no server
-    can look silent before it (:mod:`metrics_lake.core.speed.alerting`).
+    can look silent before it (:mod:`metrics_lake.core.speed.alerting`);
+    ``pins``: which inventory version events are joined with from which
+    offsets (:mod:`metrics_lake.core.speed.enrichment`).
     """
 
     topic: str
@@ -189,6 +197,7 @@ class BatchPlan:
     chunks: tuple[Chunk, ...]
     watched: tuple[str, ...] = ()
     read_through_ms: int | None = None
+    pins: tuple[Pin, ...] = ()
 
     @property
     def records(self) -> int:
@@ -223,7 +232,8 @@ class ChunkResult:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds.
+    """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds,
+    and events new to bronze whose server the inventory does not hold (kept, with empty labels).
 
     A table that already held the batch's positions (a replayed batch) counts 0 rows.
     """
@@ -234,6 +244,7 @@ class BatchOutcome:
     late_events: int
     watermark_ms: int | None
     seconds: float
+    unknown_servers: int = 0
 
 
 def plan_batch(
@@ -281,7 +292,9 @@ def plan_batch(
         watched = watched_metrics(Registry(store).current().alert_rules())
     behind = [indexes[p].appended_at(end - 1) for p, end in ends.items() if 0 < end < indexes[p].next_offset]
     read_through = min((at for at in behind if at is not None), default=None)
-    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through)
+    unread = {p: max(marks[name][p] for name in SPEED_TABLES) for p in ends}
+    pins = pin_inventory(store, CONSUMER, topic, unread, Inventory(store).end_offset())
+    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through, pins)
 
 
 def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
@@ -292,6 +305,7 @@ def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_sec
     """
     rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
     bronze, quarantine = split_log_rows(rows)
+    bronze, known = enrich(store, plan.pins, chunk.partition, bronze)
     p = chunk.partition
 
     def new_for(table: str, data: pa.Table) -> pa.Table:
@@ -311,10 +325,24 @@ def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_sec
             late = int(np.count_nonzero(~on_time))
             events = events.filter(pa.array(on_time))
         result.states = aggregate_events(events, WINDOW_SECONDS)
-    result.counts = {BRONZE: bronze_new.num_rows, QUARANTINE: quarantine_new.num_rows, "late": late}
+    unknown = ~known & (bronze.column("offset").to_numpy(zero_copy_only=False) >= plan.marks[BRONZE][p])
+    result.counts = {
+        BRONZE: bronze_new.num_rows,
+        QUARANTINE: quarantine_new.num_rows,
+        "late": late,
+        "unknown_servers": int(np.count_nonzero(unknown)),
+    }
     result.touched = _touched_minutes(new_for(QUERIES, bronze))
     result.seen = seen_rows(new_for(LAST_SEEN, bronze), plan.watched)
     return result
+
+
+def enrich(store: Store, pins: tuple[Pin, ...], partition: int, bronze: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """``bronze`` rows of ``partition`` with their inventory ``labels`` as of their log position
+    (:mod:`metrics_lake.core.speed.enrichment`), and which rows' servers the inventory holds (bool array)."""
+    offsets = bronze.column("offset").to_numpy(zero_copy_only=False)
+    labels, known = labels_at(store, pins, partition, offsets, bronze.column("server"))
+    return bronze.set_column(bronze.schema.get_field_index("labels"), "labels", labels), known
 
 
 def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
@@ -403,9 +431,13 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
             )
             candidates = windowed_files(store, WINDOWS, table, days, lo, hi)
             existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
-            keys = states.select(["metric", "server", "window_start"])
-            untouched = existing.join(keys, ["metric", "server", "window_start"], join_type="left anti")
-            touched = existing.join(keys, ["metric", "server", "window_start"], join_type="left semi")
+            key = ["metric", "server", "window_start"]
+            # Arrow joins carry no map columns (labels): join the keys with a row number, then filter.
+            numbered = existing.select(key).append_column("row", pa.array(np.arange(existing.num_rows)))
+            hit = numbered.join(states.select(key), key, join_type="left semi").column("row").to_numpy()
+            mask = np.zeros(existing.num_rows, bool)
+            mask[hit] = True
+            untouched, touched = existing.filter(pa.array(~mask)), existing.filter(pa.array(mask))
             updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
             rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
             files = _write_window_files(store, rows, sealed_before_us)
@@ -483,6 +515,8 @@ def commit_batch(
     rows[LAST_SEEN] = _upsert_last_seen(store, plan, seen, rules, alerting.absence_lookback_s)
     clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
     rows[ALERTS] = _commit_alerts(store, plan, rules, queries, clock, alerting.absence_lookback_s)
+    if plan.pins:
+        write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
     if plan.ends:
         commit_offsets(store, CONSUMER, plan.topic, plan.ends)
     return BatchOutcome(
@@ -490,6 +524,7 @@ def commit_batch(
         rows=rows,
         windows_written=written,
         late_events=sum(r.counts.get("late", 0) for r in results),
+        unknown_servers=sum(r.counts.get("unknown_servers", 0) for r in results),
         watermark_ms=plan.watermark_ms,
         seconds=time.monotonic() - started,
     )
@@ -562,6 +597,7 @@ def _commit_alerts(
             absence_at_us=None if clock_ms is None else clock_ms * 1000,
             last_seen=last_seen,
             lookback_s=lookback_s,
+            expected=expected_servers(store),
         )
         rows = transitions_table(transitions, dt.datetime.now(dt.UTC))
         clock = [] if clock_ms is None else [Transaction(absence_clock_app_id(plan.topic), clock_ms)]

@@ -140,6 +140,11 @@ def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
     return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=newest, seconds=WINDOW_SECONDS)
 
 
+#: The tables the speed layer commits with its log positions, in commit order (every table it writes but
+#: ``servers``, a fold of the inventory).
+POSITION_TABLES = tuple(name for name in STREAM.writes if name != Table.SERVERS)
+
+
 def table_positions(store: Store, name: str, topic: str, partitions) -> dict[int, int | None]:
     """Per log partition, the next offset table ``name`` holds for the speed layer (None: nothing yet).
 
@@ -156,7 +161,7 @@ def starting_offsets(store: Store, topic: str) -> dict[int, int]:
     """Where a speed layer with no checkpoint starts: per partition, the lowest position any of its tables holds."""
     log = SegmentLog(store)
     first = start_offsets(log, topic)
-    marks = [table_positions(store, name, topic, first) for name in STREAM.writes]
+    marks = [table_positions(store, name, topic, first) for name in POSITION_TABLES]
     return {p: min(max(m[p] or 0, first[p]) for m in marks) for p in first}
 
 

@@ -6,7 +6,8 @@ times, which the partition index turns into a conservative offset range
 are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
-(:func:`metrics_lake.core.speed.micro_batch.split_log_rows`, then data files and one
+(:func:`metrics_lake.core.speed.micro_batch.split_log_rows`, the inventory labels the
+speed layer pinned for those positions (:mod:`metrics_lake.core.speed.enrichment`), then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
 before writing, every row whose ``(topic, partition, offset)`` is already in
 the target table is dropped (a left anti join on the offsets of the chunk's
@@ -32,7 +33,9 @@ import pyarrow.compute as pc
 from metrics_lake.core.keys import check_name
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed.micro_batch import split_log_rows
+from metrics_lake.core.speed.enrichment import read_pins
+from metrics_lake.core.speed.micro_batch import enrich, split_log_rows
+from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_files
 from metrics_lake.core.tables.data_files import write_data_files
@@ -152,6 +155,7 @@ def replay(
     for table in targets.values():
         ensure_table(store, table, like=BRONZE if table == into else None)
     app_id = f"replay-{uuid.uuid4().hex}"
+    pins = read_pins(store, CONSUMER, topic)  # the labels the speed layer joined (or will join) these events with
     stats = ReplayStats(written={t: 0 for t in targets.values()})
     for part in ranges:
         for lo in range(part.start, part.end, CHUNK_RECORDS):
@@ -161,6 +165,7 @@ def replay(
             )
             stats.read += rows.num_rows
             bronze, quarantine = split_log_rows(rows)
+            bronze, _ = enrich(store, pins, part.partition, bronze)
             for kind, data in ((BRONZE, bronze), (QUARANTINE, quarantine)):
                 if kind not in targets:
                     continue
