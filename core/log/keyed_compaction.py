@@ -43,8 +43,8 @@ from metrics_lake.core.log.segment import (
     encode_segment,
     read_segment_info,
 )
-from metrics_lake.core.log.segment_compaction import PartitionCompaction
-from metrics_lake.core.storage import ObjectExistsError, VersionConflictError
+from metrics_lake.core.log.segment_compaction import PartitionCompaction, swap_into_index
+from metrics_lake.core.storage import ObjectExistsError
 from metrics_lake.lake_schemas.errors import ConflictError
 from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD
 
@@ -116,22 +116,9 @@ def compact_keyed_partition(
     before = (len(run), sum(s.size_bytes for s in run))
     merged = _compacted(log_, topic, partition, run, now_ms, min_lag_ms, tombstone_retention_ms)
     if merged is not None:
-        for _ in range(max_attempts):
-            try:
-                _swap(index, run, merged, now_ms)
-            except RunChangedError:
-                log.info("%s/%d changed since it was read; compaction skipped", topic, partition)
-                break
-            try:
-                index.save(log_.store, topic, partition)
-                break
-            except VersionConflictError:
-                index = log_.index(topic, partition)
-        else:
-            raise ConflictError(
-                f"{keys.partition_prefix(topic, partition)}: the index changed {max_attempts} times during "
-                "compaction; run the compaction again"
-            )
+        swap_into_index(
+            log_, topic, partition, index, lambda current: _swap(current, run, merged, now_ms), max_attempts
+        )
     deleted = purge_retired(log_.store, topic, partition, delay_ms=delete_delay_ms, now_ms=now_ms)
     after = log_.index(topic, partition)
     return PartitionCompaction(
@@ -146,14 +133,20 @@ def compact_keyed_partition(
     )
 
 
-def _swap(index: PartitionIndex, run: list[SegmentInfo], merged: SegmentInfo | bool, now_ms: int) -> None:
-    """Put ``merged`` in place of ``run`` in ``index`` (``True``: every record was dropped, the run goes)."""
-    if merged is True:
-        if [s.name for s in index.segments[: len(run)]] != [s.name for s in run]:
-            raise RunChangedError("the compacted run is no longer the head of the index")
-        index.drop_head(len(run), now_ms)
-    else:
-        index.replace_run(run, merged, now_ms)
+def _swap(index: PartitionIndex, run: list[SegmentInfo], merged: SegmentInfo | bool, now_ms: int) -> bool:
+    """Put ``merged`` in place of ``run`` in ``index`` (``True``: every record was dropped, the run goes); returns
+    False, changing nothing, if ``run`` is no longer where it was (another compaction or retention came first)."""
+    try:
+        if merged is True:
+            if [s.name for s in index.segments[: len(run)]] != [s.name for s in run]:
+                raise RunChangedError("the compacted run is no longer the head of the index")
+            index.drop_head(len(run), now_ms)
+        else:
+            index.replace_run(run, merged, now_ms)
+    except RunChangedError:
+        log.info("%s changed since it was read; compaction skipped", run[0].name)
+        return False
+    return True
 
 
 def _compacted(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -151,19 +152,7 @@ def compact_partition(
     segments_before, bytes_before = len(index.segments), sum(s.size_bytes for s in index.segments)
     runs = plan_runs(index.segments, target_bytes)
     merged = [(run, _merge(log_, topic, partition, run)) for run in runs]
-    for _ in range(max_attempts):
-        if not _apply(index, merged):
-            break
-        try:
-            index.save(log_.store, topic, partition)
-            break
-        except VersionConflictError:
-            index = log_.index(topic, partition)
-    else:
-        raise ConflictError(
-            f"{keys.partition_prefix(topic, partition)}: the index changed {max_attempts} times during compaction "
-            "(producers appending fast); run the compaction again"
-        )
+    swap_into_index(log_, topic, partition, index, lambda current: _apply(current, merged), max_attempts)
     deleted = purge_retired(log_.store, topic, partition, delay_ms=delete_delay_ms, now_ms=int(time.time() * 1000))
     after = log_.index(topic, partition)
     return PartitionCompaction(
@@ -175,6 +164,33 @@ def compact_partition(
         sum(s.size_bytes for s in after.segments),
         len(runs),
         len(deleted),
+    )
+
+
+def swap_into_index(
+    log_: SegmentLog,
+    topic: str,
+    partition: int,
+    index: PartitionIndex,
+    swap: Callable[[PartitionIndex], bool],
+    max_attempts: int,
+) -> None:
+    """Apply ``swap`` (which edits an index, returning whether it changed it) to ``index`` and save it by
+    compare-and-swap; on a conflict (a producer appended) re-read the index and apply ``swap`` again.
+
+    Raises :class:`~metrics_lake.lake_schemas.errors.ConflictError` if the index changed ``max_attempts`` times.
+    """
+    for _ in range(max_attempts):
+        if not swap(index):
+            return
+        try:
+            index.save(log_.store, topic, partition)
+            return
+        except VersionConflictError:
+            index = log_.index(topic, partition)
+    raise ConflictError(
+        f"{keys.partition_prefix(topic, partition)}: the index changed {max_attempts} times during compaction "
+        "(producers appending fast); run the compaction again"
     )
 
 
