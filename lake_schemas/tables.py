@@ -107,7 +107,8 @@ QUARANTINE_EVENTS = pa.schema(
 #: exponential-histogram layout at scale 6, packed (key int32, count int64)
 #: pairs), mergeable across windows and servers by adding bucket counts;
 #: p50/p95/p99 are read from it within 0.54 % relative error, clamped to [min, max]. ``labels``: the
-#: series' inventory labels, those of its newest event (highest log position) in the window.
+#: series' labels as of its newest event (highest log position) in the window: the event's tags with its
+#: server's inventory labels over them (a label wins over a tag of the same name).
 METRIC_WINDOWS_1M = pa.schema(
     [
         pa.field("metric", pa.string()),
@@ -140,8 +141,10 @@ METRIC_ROLLUP_1D = METRIC_WINDOWS_1M
 
 #: ``tables/query_results``: the stored queries of
 #: ``lake_schemas/stored_queries.toml`` evaluated per UTC day, long format:
-#: one row per (query, window, server, aggregate). ``server`` is null for a
-#: fleet-wide row (the query's servers merged; PER SERVER queries have both). ``event_date`` is the day
+#: one row per (query, window, server or group, aggregate). ``server`` is null for a
+#: fleet-wide row (the query's servers merged; PER SERVER queries have both) and for a group of a ``BY``
+#: query, whose label values are in ``labels`` (a per-server row has its series' labels there, a fleet row
+#: null; rows written before labels existed read null). ``event_date`` is the day
 #: the window's last minute falls in, so a window is computed once both days
 #: it may span are complete.
 QUERY_RESULTS = pa.schema(
@@ -155,6 +158,7 @@ QUERY_RESULTS = pa.schema(
         pa.field("value", pa.float64()),
         pa.field("computed_at", UTC_US),
         pa.field("event_date", pa.date32()),
+        pa.field("labels", TAGS),
     ]
 )
 
@@ -380,7 +384,7 @@ TABLES: dict[Table, TableSpec] = {
             Table.QUERY_RESULTS,
             QUERY_RESULTS,
             ("event_date",),
-            ("event_date", "query", "server", "window_start", "aggregate"),
+            ("event_date", "query", "server", "labels", "window_start", "aggregate"),
             "stored queries evaluated per window, long format",
             retention_setting="retention_windows_days",
         ),

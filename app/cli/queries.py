@@ -91,7 +91,7 @@ def _backfill_hint(changes) -> str:
 @queries_app.command("add")
 def add(
     name: Annotated[str, typer.Argument(help="Name: a-z, 0-9, _ (at most 64).")],
-    query: Annotated[str, typer.Argument(help='"FROM <servers> SELECT <metric> WINDOW <d> [EVERY <s>] COMPUTE …"')],
+    query: Annotated[str, typer.Argument(help='"FROM <selector> SELECT <metric> WINDOW <d> [EVERY <s>] COMPUTE …"')],
     description: Annotated[str | None, typer.Option("--description", help="What the query is for.")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="Change the query if the name exists.")] = False,
     by: ByOption = None,
@@ -181,7 +181,10 @@ def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None
     out.print(
         f"  metric {parsed.metric}, window {parsed.duration_s}s every {parsed.slide_s}s, "
         f"servers {','.join(parsed.servers)}, aggregates {', '.join(a.label for a in parsed.aggregates)}"
+        + (f", labels {','.join(map(str, parsed.matchers))}" if parsed.matchers else "")
         + (", per server" if parsed.per_server else "")
+        + (f", by {','.join(parsed.group_by)}" if parsed.group_by else ""),
+        soft_wrap=True,
     )
     for version in registry.history(name, QUERY):
         for change in (c for c in version.changes if c.name == name):

@@ -40,6 +40,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.alert_rules import ABSENCE, epoch_us, matches
+from metrics_lake.core.kernels.selectors import Selector, selector_mask
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
@@ -51,6 +52,7 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.errors import LakeError, RangeError
 from metrics_lake.lake_schemas.tables import Table
+from metrics_lake.lake_schemas.types import TAGS
 
 __all__ = [
     "CACHE_AFTER_SECONDS",
@@ -211,15 +213,26 @@ class DashboardReader:
 
     # -- stored query series ------------------------------------------------------------------------------------
 
-    def series(self, name: str, lo_s: int, hi_s: int, step_s: int | None = None, top: int = 5) -> dict:
+    def series(
+        self,
+        name: str,
+        lo_s: int,
+        hi_s: int,
+        step_s: int | None = None,
+        top: int = 5,
+        select: Selector | None = None,
+    ) -> dict:
         """Series of stored query ``name`` for windows starting in ``[lo_s, hi_s)`` (epoch s, aligned to the step).
 
         Returns ``{"query", "text", "step", "from", "to", "series": [{"server",
-        "aggregate", "points": [[epoch ms, value], ...]}]}``; ``server`` is
-        null for the fleet. A per-server query gives its ``top`` servers
-        (highest mean of the first aggregate) and the fleet. Raises
-        ``KeyError`` for an unknown query and :class:`RangeError` for a bad
-        range or step.
+        "labels", "aggregate", "points": [[epoch ms, value], ...]}]}``;
+        ``server`` is null for the fleet and for a group of a ``BY`` query
+        (whose label values are ``labels``). A per-server query gives its
+        ``top`` servers (highest mean of the first aggregate) and the fleet, a
+        grouped one its ``top`` groups. ``select`` (the dashboard's label
+        filter) keeps the servers and groups it matches (the fleet row stays).
+        Raises ``KeyError`` for an unknown query and :class:`RangeError` for
+        a bad range or step.
         """
         query = self.queries[name]
         if hi_s <= lo_s:
@@ -255,7 +268,7 @@ class DashboardReader:
             "step": step,
             "from": lo * 1000,
             "to": hi * 1000,
-            "series": _series(rows, query, top),
+            "series": _series(rows, query, top, select),
         }
 
     def preview(self, text: str, lo_s: int, hi_s: int, top: int = 5) -> dict:
@@ -402,11 +415,12 @@ class DashboardReader:
         ]
         return {"rules": rules, "active": listed, "recent": recent, "registry_version": version.version}
 
-    def servers(self) -> dict:
+    def servers(self, select: Selector | None = None) -> dict:
         """Every server's status by the lake's append clock: ``up``, ``silent`` (not heard from for the shortest
         FOR of the absence rules watching it, else :data:`SILENT_AFTER_SECONDS`, or an absence alert fires for
         it) or ``never seen`` (in the inventory, or named in an absence rule's FROM, but never heard from within
-        the lookback); ``labels``: the server's inventory labels (the ``servers`` table).
+        the lookback); ``labels``: the server's inventory labels (the ``servers`` table). ``select`` keeps the
+        servers it matches by name and inventory labels (the dashboard's label filter).
 
         ``{"clock": epoch ms, "servers": [{"server", "status", "last_seen_at", "silent_seconds", "alerts",
         "labels"}]}``, silent servers first.
@@ -445,6 +459,8 @@ class DashboardReader:
             )
         for entry in servers:
             entry["labels"] = inventory.get(entry["server"], {})
+        if select is not None:
+            servers = [s for s in servers if select.matches(s["server"], s["labels"])]
         order = {"silent": 0, "never seen": 1, "up": 2}
         servers.sort(key=lambda s: (order[s["status"]], s["server"]))
         return {"clock": None if clock_us is None else clock_us // 1000, "servers": servers}
@@ -554,6 +570,7 @@ class DashboardReader:
 _EMPTY = pa.schema(
     [
         pa.field("server", pa.string()),
+        pa.field("labels", TAGS),
         pa.field("window_start", pa.timestamp("us", "UTC")),
         pa.field("aggregate", pa.string()),
         pa.field("value", pa.float64()),
@@ -579,33 +596,52 @@ def _runs(starts: list[int], block: int) -> list[tuple[int, int]]:
     return [(lo, hi) for lo, hi in runs]
 
 
-def _series(rows: pa.Table, query: StoredQuery, top: int) -> list[dict]:
-    """JSON series from result rows: the fleet (server null) and, for per-server queries, the ``top`` servers."""
+def _series(rows: pa.Table, query: StoredQuery, top: int, select: Selector | None = None) -> list[dict]:
+    """JSON series from result rows: the fleet (server null), and the ``top`` servers of a per-server query or
+    groups of a grouped one (highest mean of the first aggregate) among those ``select`` matches."""
     if rows.num_rows == 0:
         return []
     rows = rows.sort_by([("window_start", "ascending")])
-    servers = rows.column("server")
-    chosen: list[str | None] = [None]
-    if query.per_server:
+    grouped = bool(query.group_by)
+    # A series is a server, a group (its labels as sorted text) or the fleet (null).
+    key = (
+        rows.column("server") if not grouped else pa.array([_group_name(x) for x in rows.column("labels").to_pylist()])
+    )
+    rows = rows.append_column("series", key)
+    mine = pc.is_valid(rows.column("series"))
+    if select is not None and not select.everything:
+        matched = selector_mask(select, pc.fill_null(rows.column("server"), ""), rows.column("labels"))
+        rows = rows.filter(pc.or_(pc.invert(mine), matched))
+        mine = pc.is_valid(rows.column("series"))
+    chosen: list[str | None] = [] if grouped else [None]
+    if query.per_server or grouped:
         first = query.aggregates[0].label
-        own = rows.filter(pc.and_(pc.is_valid(servers), pc.equal(rows.column("aggregate"), first)))
+        own = rows.filter(pc.and_(mine, pc.equal(rows.column("aggregate"), first)))
         if own.num_rows:
-            means = own.group_by("server").aggregate([("value", "mean")]).sort_by([("value_mean", "descending")])
-            chosen += means.column("server").to_pylist()[:top]
+            means = own.group_by("series").aggregate([("value", "mean")]).sort_by([("value_mean", "descending")])
+            chosen += means.column("series").to_pylist()[:top]
     out = []
-    for server in chosen:
-        mine = rows.filter(pc.is_null(servers) if server is None else pc.equal(servers, server))
+    series = rows.column("series")
+    for name in chosen:
+        picked_rows = rows.filter(pc.is_null(series) if name is None else pc.equal(series, name))
+        labels = picked_rows.column("labels")[0].as_py() if picked_rows.num_rows else None
         for aggregate in query.aggregates:
-            picked = mine.filter(pc.equal(mine.column("aggregate"), aggregate.label))
+            picked = picked_rows.filter(pc.equal(picked_rows.column("aggregate"), aggregate.label))
             if picked.num_rows == 0:
                 continue
             ms = (pc.cast(picked.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
             values = [None if v is None or v != v else v for v in picked.column("value").to_pylist()]
             out.append(
                 {
-                    "server": server,
+                    "server": None if grouped else name,
+                    "labels": dict(labels) if labels is not None else None,
                     "aggregate": aggregate.label,
                     "points": [list(p) for p in zip(ms, values, strict=True)],
                 }
             )
     return out
+
+
+def _group_name(labels: list[tuple[str, str]] | None) -> str:
+    """A group's name in charts: ``dc=eu-west,role=web`` (``{}`` for series that lack every grouped label)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels or [])) or "{}"

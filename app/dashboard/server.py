@@ -22,18 +22,22 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
   ``PUT`` (JSON ``{"rule": …, "description": …}``) and ``DELETE`` as for
   stored queries, admin token and all; a bad rule (or one naming an unknown
   query or aggregate) is a 400 whose error names the clause;
-- ``GET /api/servers``: every server's status, ``up``, ``silent`` or ``never
-  seen``, with when it was last heard from
+- ``GET /api/servers?select=``: every server's status, ``up``, ``silent`` or
+  ``never seen``, with when it was last heard from and its inventory labels
   (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.servers`);
+  ``select`` is the label filter, a selector as in a stored query's FROM
+  (``dc=eu-*,role=web``; :mod:`~metrics_lake.core.kernels.selectors`), a
+  malformed one a 400;
 - ``POST /api/preview`` (JSON ``{"query": …, "from": …, "to": …}``): a query
   text evaluated from the windows without storing it (the form's live
   preview; 400 naming the clause for a bad text);
-- ``GET /api/queries/{name}/series?from=&to=&step=&top=``: one query's series
+- ``GET /api/queries/{name}/series?from=&to=&step=&top=&select=``: one query's series
   (:meth:`~metrics_lake.app.dashboard.reader.DashboardReader.series`);
   ``from``/``to`` are ISO-8601 times with a zone or epoch milliseconds
   (default: the last hour), ``step`` seconds (default: the finest that
-  keeps a series under 1,500 points). Unknown query: 404; a malformed or
-  inverted range or a bad step: 400 naming the parameter;
+  keeps a series under 1,500 points), ``select`` the label filter on its
+  servers and groups. Unknown query: 404; a malformed or inverted range, a
+  bad step or a malformed selector: 400 naming the parameter;
 - ``GET /api/pipeline?from=&to=``: consumer lag, quarantine by reason, the
   latest data-quality run;
 - ``GET /api/health``: freshness (``stale`` when the newest window is older
@@ -59,6 +63,7 @@ from starlette.staticfiles import StaticFiles
 
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.http_server import serve_asgi
+from metrics_lake.core.kernels.selectors import Selector, parse_selector
 from metrics_lake.core.registry import ALERT, QUERY, Change
 from metrics_lake.lake_schemas.errors import (
     AlertRuleError,
@@ -116,6 +121,17 @@ def _int_param(request: Request, name: str, default: int | None) -> int | None:
     return int(text)
 
 
+def _select_param(request: Request) -> Selector | None:
+    """The ``select`` parameter (the label filter) parsed; None if absent or empty."""
+    text = (request.query_params.get("select") or "").strip()
+    if not text:
+        return None
+    try:
+        return parse_selector(text.replace(" ", ""))
+    except ValueError as exc:
+        raise RangeError("select", f"select={text[:80]!r}: {exc}") from None
+
+
 def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlette:
     """The dashboard application over ``reader``; ``refresh_seconds`` is the page's default auto-refresh."""
     page = PAGE.read_text().replace("__REFRESH_SECONDS__", str(refresh_seconds))
@@ -162,7 +178,11 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         return JSONResponse(await run_in_threadpool(reader.alerts))
 
     async def servers(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(reader.servers))
+        try:
+            select = _select_param(request)
+        except RangeError as exc:
+            return _error(400, str(exc), exc.parameter)
+        return JSONResponse(await run_in_threadpool(reader.servers, select))
 
     async def preview(request: Request) -> Response:
         body = await _json_body(request, "query", '{"query": "FROM …", "from": …, "to": …}')
@@ -186,7 +206,8 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
             lo, hi = _range(request, reader)
             step = _int_param(request, "step", None)
             top = _int_param(request, "top", 5)
-            return JSONResponse(await run_in_threadpool(reader.series, name, lo, hi, step, top))
+            select = _select_param(request)
+            return JSONResponse(await run_in_threadpool(reader.series, name, lo, hi, step, top, select))
         except RangeError as exc:
             return _error(400, str(exc), exc.parameter)
 

@@ -60,7 +60,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metrics_lake.core.kernels.stored_queries import StoredQuery, server_pattern
+from metrics_lake.core.kernels.selectors import server_pattern
+from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.lake_schemas.contract import METRIC_NAME
 from metrics_lake.lake_schemas.errors import AlertRuleError
 from metrics_lake.lake_schemas.tables import ALERTS
@@ -263,14 +264,20 @@ def parse_rule(name: str, text: str, description: str = "", *, absence_lookback_
 
 
 def check_against_queries(rule: AlertRule, queries: dict[str, StoredQuery]) -> None:
-    """Raise :class:`AlertRuleError` if a threshold rule names a stored query that is not in ``queries`` or that
-    does not compute its aggregate (absence rules need none)."""
+    """Raise :class:`AlertRuleError` if a threshold rule names a stored query that is not in ``queries``, that is
+    grouped ``BY`` labels (an alert's series is a server or the fleet) or that does not compute its aggregate
+    (absence rules need none)."""
     if rule.kind != THRESHOLD:
         return
     query = queries.get(rule.query or "")
     if query is None:
         known = ", ".join(sorted(queries)) or "none"
         raise AlertRuleError(f"alert rule {rule.name!r}: unknown stored query {rule.query!r} (known: {known})")
+    if query.group_by:
+        raise AlertRuleError(
+            f"alert rule {rule.name!r}: stored query {rule.query!r} is grouped BY {','.join(query.group_by)}; "
+            "alert rules watch a fleet-wide or PER SERVER query (select the group in its FROM instead)"
+        )
     labels = [a.label for a in query.aggregates]
     if rule.aggregate not in labels:
         raise AlertRuleError(

@@ -4,11 +4,14 @@ The declarations ship in ``lake_schemas/stored_queries.toml``.
 
 The query language is the APM one::
 
-    FROM <servers> SELECT <metric> WINDOW <duration> [EVERY <slide>]
-        COMPUTE <aggregate>[, <aggregate>...] [PER SERVER]
+    FROM <selector> SELECT <metric> WINDOW <duration> [EVERY <slide>]
+        COMPUTE <aggregate>[, <aggregate>...] [PER SERVER | BY <label>[,<label>...]]
 
-- ``<servers>``: ``*`` for every server, or a comma-separated list of names
-  and shell-style globs (``web-*,db-1``);
+- ``<selector>``: ``*`` for every series, or a comma-separated list of
+  server names and shell-style globs (``web-*,db-1``) and label matchers
+  (``role=web,dc=eu-*``, ``team!=payments``) on the series' labels (its
+  tags and its server's inventory labels):
+  :mod:`~metrics_lake.core.kernels.selectors`;
 - ``<metric>``: one metric name of the event contract;
 - ``<duration>`` / ``<slide>``: ``<n>m``, ``<n>h`` or ``<n>d``, whole minutes
   (the finest stored resolution is the 1-minute window), at most one day.
@@ -19,7 +22,11 @@ The query language is the APM one::
 - by default one fleet-wide row per window and aggregate (the servers'
   sketches merged, so a fleet p99 is the p99 of every matching event within
   the sketch's relative error, as with Datadog's distributions);
-  ``PER SERVER`` gives a row per server, and the fleet-wide row too.
+  ``PER SERVER`` gives a row per server, and the fleet-wide row too;
+  ``BY dc,role`` a row per group of series with equal values of those
+  labels (a missing label is the empty value), the group's values in the
+  row's ``labels`` (empty ones left out) and ``server`` null, as
+  PromQL's ``quantile by (dc, role)`` over merged sketches.
 
 Keywords are case-insensitive. :func:`load_stored_queries` raises
 :class:`StoredQueryError` naming the query and what is wrong with it.
@@ -44,19 +51,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.kernels import sketch
+from metrics_lake.core.kernels.selectors import (
+    LABEL_NAME,
+    LabelMatcher,
+    Selector,
+    label_values,
+    parse_selector,
+    selector_mask,
+)
 from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.lake_schemas.contract import METRIC_NAME
 from metrics_lake.lake_schemas.errors import StoredQueryError
 from metrics_lake.lake_schemas.tables import QUERY_RESULTS
-from metrics_lake.lake_schemas.types import UTC_US
+from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
 #: The declarations shipped with the lake (package data of ``metrics_lake.lake_schemas``).
 DEFAULT_FILE = Path(str(resources.files("metrics_lake.lake_schemas").joinpath("stored_queries.toml")))
 MINUTE_S, DAY_S = 60, 86_400
 _UNITS = {"m": 60, "h": 3600, "d": 86_400}
 _QUERY = re.compile(
-    r"^\s*FROM\s+(?P<servers>\S+)\s+SELECT\s+(?P<metric>\S+)\s+WINDOW\s+(?P<duration>\S+)"
-    r"(?:\s+EVERY\s+(?P<slide>\S+))?\s+COMPUTE\s+(?P<aggregates>.+?)(?P<per_server>\s+PER\s+SERVER)?\s*$",
+    r"^\s*FROM\s+(?P<selector>\S+)\s+SELECT\s+(?P<metric>\S+)\s+WINDOW\s+(?P<duration>\S+)"
+    r"(?:\s+EVERY\s+(?P<slide>\S+))?\s+COMPUTE\s+(?P<aggregates>.+?)"
+    r"(?:(?P<per_server>\s+PER\s+SERVER)|\s+BY\s+(?P<group_by>\S+))?\s*$",
     re.IGNORECASE,
 )
 _SIMPLE = ("count", "sum", "min", "max", "avg")
@@ -81,7 +97,8 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class StoredQuery:
-    """A parsed stored query; durations in seconds; ``servers`` are names or globs (``("*",)`` = all)."""
+    """A parsed stored query; durations in seconds; ``servers`` are names or globs (``("*",)`` = all), ``matchers``
+    the label matchers of its selector, ``group_by`` the labels of ``BY`` (empty without it)."""
 
     name: str
     text: str
@@ -94,6 +111,13 @@ class StoredQuery:
     description: str = ""
     #: The registry version at which this text was defined (``metrics_lake.core.registry``); 0 for a file's.
     revision: int = 0
+    matchers: tuple[LabelMatcher, ...] = ()
+    group_by: tuple[str, ...] = ()
+
+    @property
+    def selector(self) -> Selector:
+        """The series the query reads."""
+        return Selector(self.servers, self.matchers)
 
     @property
     def hopping(self) -> bool:
@@ -132,8 +156,8 @@ def parse_query(name: str, text: str, description: str = "") -> StoredQuery:
     match = _QUERY.match(text)
     if not match:
         raise StoredQueryError(
-            f"stored query {name!r}: expected 'FROM <servers> SELECT <metric> WINDOW <duration> "
-            f"[EVERY <slide>] COMPUTE <aggregates> [PER SERVER]', got {text!r}"
+            f"stored query {name!r}: expected 'FROM <selector> SELECT <metric> WINDOW <duration> "
+            f"[EVERY <slide>] COMPUTE <aggregates> [PER SERVER | BY <labels>]', got {text!r}"
         )
     metric = match["metric"]
     if not METRIC_NAME.fullmatch(metric):
@@ -148,10 +172,41 @@ def parse_query(name: str, text: str, description: str = "") -> StoredQuery:
     labels = [a.label for a in aggregates]
     if len(set(labels)) != len(labels):
         raise StoredQueryError(f"stored query {name!r}: an aggregate is listed twice in {labels}")
-    servers = tuple(s for s in match["servers"].split(",") if s)
+    try:
+        selector = parse_selector(match["selector"])
+    except ValueError as exc:
+        raise StoredQueryError(f"stored query {name!r}: FROM {match['selector']}: {exc}") from None
+    group_by = _group_by(name, match["group_by"])
     return StoredQuery(
-        name, text.strip(), servers, metric, duration, slide, aggregates, bool(match["per_server"]), description
+        name,
+        text.strip(),
+        selector.servers,
+        metric,
+        duration,
+        slide,
+        aggregates,
+        bool(match["per_server"]),
+        description,
+        matchers=selector.matchers,
+        group_by=group_by,
     )
+
+
+def _group_by(name: str, text: str | None) -> tuple[str, ...]:
+    """The label names of a ``BY`` clause, checked; () without one."""
+    if text is None:
+        return ()
+    labels = tuple(text.split(","))
+    for label in labels:
+        if label.lower() == "server":
+            raise StoredQueryError(f"stored query {name!r}: group by server with PER SERVER, not BY server")
+        if not LABEL_NAME.fullmatch(label):
+            raise StoredQueryError(
+                f"stored query {name!r}: BY {text}: {label!r} is not a label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+            )
+    if len(set(labels)) != len(labels):
+        raise StoredQueryError(f"stored query {name!r}: BY {text} names a label twice")
+    return labels
 
 
 def read_toml(path: Path, error: type[Exception], what: str) -> dict:
@@ -188,14 +243,6 @@ def load_stored_queries(path: str | Path | None = None) -> list[StoredQuery]:
     if duplicates:
         raise StoredQueryError(f"{path}: stored query names used twice: {duplicates}")
     return queries
-
-
-def server_pattern(servers: tuple[str, ...]) -> str | None:
-    """A regular expression (RE2 and Java compatible) matching any of ``servers`` (names or globs); None for all."""
-    if "*" in servers:
-        return None
-    alternatives = ["".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in s) for s in servers]
-    return "^(?:" + "|".join(alternatives) + ")$"
 
 
 def query_states(windows: pa.Table, query: StoredQuery, day: dt.date) -> pa.Table:
@@ -253,17 +300,26 @@ def window_states(windows: pa.Table, query: StoredQuery, starts_us: np.ndarray) 
 
 def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen) -> pa.Table:
     """States of the query windows that ``chosen(window_start, window_end)`` (µs arrays) keeps, from the minutes
-    of ``windows`` in ``[lo_us, hi_us)``."""
+    of ``windows`` in ``[lo_us, hi_us)``.
+
+    Keyed by ``server``: the server (``PER SERVER``), null (the fleet), or
+    for ``BY`` an injective text of the group's label values, the group's
+    labels in ``labels`` (so merging keeps them); rows are in minute order,
+    so a merged per-server row keeps the labels of its newest minute.
+    """
     duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
     minute = pc.cast(windows.column("window_start"), pa.int64())
     keep = pc.and_(
         pc.equal(windows.column("metric"), query.metric),
         pc.and_(pc.greater_equal(minute, lo_us), pc.less(minute, hi_us)),
     )
-    pattern = server_pattern(query.servers)
-    if pattern is not None:
-        keep = pc.and_(keep, pc.match_substring_regex(windows.column("server"), pattern))
-    rows = windows.filter(keep)
+    selected = selector_mask(query.selector, windows.column("server"), windows.column("labels"))
+    if selected is not None:
+        keep = pc.and_(keep, selected)
+    rows = windows.filter(keep).sort_by([("window_start", "ascending")])
+    if query.group_by:
+        rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
+        rows = rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
     minutes = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
     first = minutes - np.mod(minutes, slide_us)  # latest window start at or before the minute
     hops = -(-query.duration_s // query.slide_s)
@@ -275,22 +331,46 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
         if not inside.any():
             continue
         picked = rows.filter(pa.array(inside))
+        n = picked.num_rows
         # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
-        for server in [picked.column("server"), None] if query.per_server else [None]:
+        keys = [picked.column("server"), None] if query.per_server else [None]
+        for server in [picked.column("server")] if query.group_by else keys:
             pieces.append(
                 pa.table(
                     {
-                        "metric": pa.array([query.name] * picked.num_rows, pa.string()),
-                        "server": server if server is not None else pa.nulls(picked.num_rows, pa.string()),
+                        "metric": pa.array([query.name] * n, pa.string()),
+                        "server": server if server is not None else pa.nulls(n, pa.string()),
                         "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
                         **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
-                        "labels": pa.nulls(picked.num_rows, WINDOW_STATE.field("labels").type),
+                        "labels": picked.column("labels") if server is not None else pa.nulls(n, TAGS),
+                        "minute": pa.array(minutes[inside], pa.int64()),
                     }
                 )
             )
     if not pieces:
         return WINDOW_STATE.empty_table()
-    return pa.concat_tables(pieces).cast(WINDOW_STATE)
+    states = pa.concat_tables(pieces).sort_by([("minute", "ascending")])
+    return states.drop_columns(["minute"]).cast(WINDOW_STATE)
+
+
+def _group_key(rows: pa.Table, group_by: tuple[str, ...]) -> pa.Array:
+    """Per row, a text equal for equal values of the ``group_by`` labels and different otherwise."""
+    values = [label_values(rows.column("labels"), name) for name in group_by]
+    # Escaping the separator's escape and the separator makes the joined text injective.
+    escaped = [pc.replace_substring(pc.replace_substring(v, "\\", "\\\\"), "\x1f", "\\x1f") for v in values]
+    return pc.binary_join_element_wise(*escaped, "\x1f")
+
+
+def _group_labels(rows: pa.Table, group_by: tuple[str, ...]) -> pa.Array:
+    """Per row, the map of its ``group_by`` labels to their values, labels the series lacks left out."""
+    n = rows.num_rows
+    values = [label_values(rows.column("labels"), name).combine_chunks() for name in group_by]
+    present = np.stack([pc.not_equal(v, "").to_numpy(zero_copy_only=False) for v in values], axis=1)
+    entries = (np.arange(len(group_by))[None, :] * n + np.arange(n)[:, None])[present]  # row-major order
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(present.sum(axis=1), out=offsets[1:])
+    names = pa.array(np.array(group_by, dtype=object)[np.nonzero(present)[1]], pa.string())
+    return pa.MapArray.from_arrays(pa.array(offsets), names, pa.concat_arrays(values).take(pa.array(entries)))
 
 
 def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date | None, computed_at: dt.datetime) -> pa.Table:
@@ -339,11 +419,12 @@ def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date | None
                     {
                         "query": pa.array([name] * n, pa.string()),
                         "metric": pa.array([query.metric] * n, pa.string()),
-                        "server": chosen.column("server"),
+                        "server": pa.nulls(n, pa.string()) if query.group_by else chosen.column("server"),
                         "window_start": start,
                         "window_end": pc.add(start, pa.scalar(dt.timedelta(seconds=query.duration_s))),
                         "aggregate": pa.array([aggregate.label] * n, pa.string()),
                         "value": pa.array(values, pa.float64()),
+                        "labels": chosen.column("labels"),
                         "computed_at": pa.array([computed_at] * n, UTC_US),
                         "event_date": pa.array([day] * n, pa.date32())
                         if day is not None

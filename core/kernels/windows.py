@@ -42,7 +42,8 @@ __all__ = [
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 
 #: One partial or complete window; ``window_start`` is a UTC instant (µs), ``sketch`` an encoded sketch,
-#: ``labels`` the series' inventory labels: those of its newest event (:func:`aggregate_events`, :func:`merge_states`).
+#: ``labels`` the series' labels: its newest event's tags with its server's inventory labels over them
+#: (:func:`aggregate_events`, :func:`overlay_labels`, :func:`merge_states`).
 WINDOW_STATE = pa.schema(
     [
         pa.field("metric", pa.string()),
@@ -127,10 +128,53 @@ def _latest(group: np.ndarray, groups: int, position: np.ndarray | None) -> np.n
 
 
 def _labels(table: pa.Table, rows: np.ndarray) -> pa.Array | pa.ChunkedArray:
-    """The ``labels`` of ``rows`` of ``table`` (nulls if it has no such column)."""
-    if "labels" not in table.column_names:
+    """The series labels of ``rows`` of ``table``: its ``labels`` over its ``tags`` (:func:`overlay_labels`) where
+    it has both columns, else the one it has, else nulls."""
+    taken = [table.column(c).take(pa.array(rows)) for c in ("tags", "labels") if c in table.column_names]
+    if not taken:
         return pa.nulls(len(rows), TAGS)
-    return table.column("labels").take(pa.array(rows))
+    return taken[0] if len(taken) == 1 else overlay_labels(*taken)
+
+
+def _flat(maps: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """(row of each entry, keys, values) of a map array."""
+    maps = maps.combine_chunks() if isinstance(maps, pa.ChunkedArray) else maps
+    maps = pa.concat_arrays([maps])  # unsliced, so the children hold exactly its entries
+    lengths = np.diff(maps.offsets.to_numpy(zero_copy_only=False))
+    return np.repeat(np.arange(len(maps), dtype=np.int64), lengths), maps.keys, maps.items
+
+
+def overlay_labels(tags: pa.Array | pa.ChunkedArray, labels: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Per row, the ``tags`` map with the ``labels`` map over it (a label wins over a tag of the same name, as a
+    Prometheus target label over a scraped one), entries sorted by name; null where both are null.
+
+    Both are ``map<string, string>`` arrays of equal length (an event's own
+    tags and its server's inventory labels).
+    """
+    tag_row, tag_key, tag_value = _flat(tags)
+    label_row, label_key, label_value = _flat(labels)
+    if tags.null_count == len(tags):  # no tags at all (most agents): the labels as they are
+        return labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
+    codes = pc.dictionary_encode(pa.concat_arrays([tag_key, label_key])).indices.to_numpy(zero_copy_only=False)
+    width = int(codes.max()) + 1 if len(codes) else 1
+    shadowed = np.isin(tag_row * width + codes[: len(tag_row)], label_row * width + codes[len(tag_row) :])
+    entries = pa.table(
+        {
+            "row": np.concatenate([tag_row[~shadowed], label_row]),
+            "key": pa.concat_arrays([tag_key.filter(pa.array(~shadowed)), label_key]),
+            "value": pa.concat_arrays([tag_value.filter(pa.array(~shadowed)), label_value]),
+        }
+    ).sort_by([("row", "ascending"), ("key", "ascending")])
+    n = len(tags)
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(entries.column("row").to_numpy(), minlength=n), out=offsets[1:])
+    valid = pc.or_(pc.is_valid(tags), pc.is_valid(labels))
+    merged = pa.MapArray.from_arrays(
+        pa.array(offsets), entries.column("key").combine_chunks(), entries.column("value").combine_chunks()
+    )
+    if isinstance(valid, pa.ChunkedArray):
+        valid = valid.combine_chunks()
+    return pc.if_else(valid, merged, pa.nulls(n, TAGS))
 
 
 def _state_table(metric, server, start_us, count, total, low, high, row, keys, counts, groups: int, labels) -> pa.Table:
@@ -152,14 +196,14 @@ def _state_table(metric, server, start_us, count, total, low, high, row, keys, c
 
 def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
     """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64; optional
-    ``labels`` map and ``offset`` int64).
+    ``tags`` and ``labels`` maps and ``offset`` int64).
 
     ``window_start`` = ``ts`` floored to a multiple of ``window_seconds``
     since the epoch (UTC), so windows align across processes and days.
     Values must be finite (the event contract guarantees it). A window's
     ``labels`` are its newest event's: the highest ``offset`` (a server's
-    events are in one log partition), else the last row; null without a
-    ``labels`` column.
+    events are in one log partition), else the last row: its ``labels`` over
+    its ``tags`` (:func:`overlay_labels`); null without either column.
     """
     if events.num_rows == 0:
         return empty_state()
@@ -172,7 +216,7 @@ def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
         group, sketch.bucket_keys(values), np.ones(len(values), np.int64)
     )
     labels = pa.nulls(groups, TAGS)
-    if "labels" in events.column_names:
+    if "labels" in events.column_names or "tags" in events.column_names:
         offsets = events.column("offset").to_numpy(zero_copy_only=False) if "offset" in events.column_names else None
         labels = _labels(events, _latest(group, groups, offsets))
     return _state_table(

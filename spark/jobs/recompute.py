@@ -89,7 +89,7 @@ def batch_windows(spark, settings: LakeSettings, day: dt.date):
         settings.root,
         BRONZE,
         [day],
-        ["ts", "server", "metric", "value", "offset", "labels"],
+        ["ts", "server", "metric", "value", "offset", "tags", "labels"],
         lambda events: aggregate_events(events, window),
         WINDOWS,
         lambda merged: finalize(merged, window),

@@ -195,3 +195,40 @@ def test_health_reports_freshness_and_the_pipeline_its_consumers_and_quarantine(
     pipeline = client.get("/api/pipeline", params={"from": START_MS}).json()
     assert pipeline["consumers"]["groups"] == [{"group": "speed-layer (metrics)", "lag": 2}]
     assert pipeline["quality"] is None
+
+
+def test_grouped_queries_and_the_label_filter(settings, store, log):
+    """A ``BY`` query's series are its groups with their labels; ``select`` keeps the matching groups and the
+    servers whose inventory labels match; a malformed one is a 400 naming ``select``."""
+    from metrics_lake.core.inventory import Change, Inventory
+
+    Inventory(store).append([Change("web-1", {"role": "web"}), Change("db-1", {"role": "db"})])
+    events = make_events(2, START_MS, START_MS + HOUR_MS, 1500)
+    for event in events:  # the agents' own tag: web servers are the front tier
+        event["tags"] = {"tier": "front" if event["server"].startswith("web") else "back"}
+    grouped = parse_query("by_tier", "FROM * SELECT m.lat WINDOW 15m COMPUTE count, max BY tier")
+    ingest(store, log, events, [grouped])
+    reader = DashboardReader(settings, [grouped], clock=Clock(START_MS / 1000 + 2 * 3600), refresh_seconds=0)
+    client = TestClient(build_app(reader))
+    span = {"from": START_MS, "to": START_MS + HOUR_MS}
+
+    answer = client.get("/api/queries/by_tier/series", params=span).json()
+    assert {(s["server"], tuple(s["labels"].items()), s["aggregate"]) for s in answer["series"]} == {
+        (None, (("tier", tier),), aggregate) for tier in ("front", "back") for aggregate in ("count", "max")
+    }
+    for series in answer["series"]:
+        tier = series["labels"]["tier"]
+        mine = [e for e in events if e["tags"]["tier"] == tier]
+        window = {}
+        for e in mine:
+            window.setdefault(e["ts"] - (e["ts"] - START_MS) % 900_000, []).append(e["value"])
+        want = {t: (len(v) if series["aggregate"] == "count" else max(v)) for t, v in window.items()}
+        assert dict(map(tuple, series["points"])) == want
+    front = client.get("/api/queries/by_tier/series", params={**span, "select": "tier=front"}).json()
+    assert {s["labels"]["tier"] for s in front["series"]} == {"front"}
+
+    servers = client.get("/api/servers", params={"select": "role=web"}).json()["servers"]
+    assert [(s["server"], s["labels"]) for s in servers] == [("web-1", {"role": "web"})]
+    assert {s["server"] for s in client.get("/api/servers").json()["servers"]} == {"web-1", "web-2", "web-3", "db-1"}
+    bad = client.get("/api/servers", params={"select": "role=web,9x=1"})
+    assert bad.status_code == 400 and bad.json()["parameter"] == "select" and "9x" in bad.json()["error"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from metrics_lake.core.kernels.stored_queries import load_stored_queries, parse_query, server_pattern
+from metrics_lake.core.kernels.selectors import server_pattern
+from metrics_lake.core.kernels.stored_queries import load_stored_queries, parse_query
 from metrics_lake.lake_schemas.errors import StoredQueryError
 
 
@@ -25,7 +26,7 @@ def test_parses_hopping_fleet_and_per_server_queries():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("SELECT x FROM y", "expected 'FROM <servers>"),
+        ("SELECT x FROM y", "expected 'FROM <selector>"),
         ("FROM * SELECT Bad-Metric WINDOW 5m COMPUTE max", "is not a metric name"),
         ("FROM * SELECT cpu WINDOW 30s COMPUTE max", "is not <n>m, <n>h or <n>d"),
         ("FROM * SELECT cpu WINDOW 2d COMPUTE max", "between 1m and 1d"),

@@ -41,6 +41,7 @@ def results(values: dict[str, list[float]]) -> pa.Table:
             "value": [float(r[2]) for r in rows],
             "computed_at": pa.array([dt.datetime.now(dt.UTC)] * len(rows), pa.timestamp("us", "UTC")),
             "event_date": pa.array([DAY] * len(rows), pa.date32()),
+            "labels": pa.nulls(len(rows), QUERY_RESULTS.field("labels").type),
         }
     ).cast(QUERY_RESULTS)
 

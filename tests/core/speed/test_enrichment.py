@@ -69,9 +69,11 @@ def test_events_get_the_labels_in_force_at_their_log_position_in_any_split(store
     newest = {}
     for _position, (server, labels) in sorted(got.items()):
         newest[server] = labels  # a server's events are in one partition, in offset order
-    for window in windows:  # the second minute's windows carry the labels of the newest event in them
+    bronze = open_table(store, Table.BRONZE_EVENTS).to_pyarrow_table(columns=["server", "tags"]).to_pylist()
+    tags = {r["server"]: dict(r["tags"]) for r in bronze}  # the simulator's region tag, fixed per server
+    for window in windows:  # the second minute's windows carry the labels of the newest event, over its tags
         if window["window_start"].timestamp() * 1000 >= START_MS + 60_000:
-            assert dict(window["labels"]) == newest[window["server"]]
+            assert dict(window["labels"]) == {**tags[window["server"]], **newest[window["server"]]}
 
 
 def test_a_replay_joins_with_the_labels_the_speed_layer_pinned(store, log):
@@ -100,3 +102,43 @@ def test_inventory_servers_that_never_report_raise_absence_alerts(store):
     (fired,) = evaluate([rule], {}, absence_at_us=since + 180_000_000, **kwargs)
     assert (fired.server, fired.state) == ("quiet-1", FIRING)  # web-1 is not FROM quiet-*
     assert "since it joined the inventory" in fired.summary
+
+
+def test_grouped_queries_live_and_backfilled_equal_a_computation_over_the_events(store, log):
+    """``BY dc`` over inventory labels, live (the speed layer) and backfilled (the nightly path), against the
+    events grouped by hand; the unknown server (no ``dc``) is left out by ``dc!=``."""
+    from metrics_lake.core.kernels.stored_queries import parse_query
+    from metrics_lake.core.maintenance.query_backfill import backfill_queries
+
+    inventory = {"sim-0000": {"dc": "eu"}, "sim-0001": {"dc": "eu"}, "sim-0002": {"dc": "us", "role": "db"}}
+    Inventory(store).append([Change(server, labels) for server, labels in inventory.items()])
+    events = FleetSimulator(servers=4, metrics=2, seconds=180, rate=1.0, seed=5, start_ms=START_MS).generate()
+    produce(log, events)
+    metric = events.column("metric")[0].as_py()
+    text = f"FROM dc!= SELECT {metric} WINDOW 1m COMPUTE count, sum, max BY dc"
+    live, nightly = parse_query("by_dc", text), parse_query("by_dc_nightly", text)
+    batch(store, watermark_seconds=0, queries=[live])
+    backfill_queries(store, TOPIC, [nightly])
+
+    expected: dict[tuple, list[float]] = {}
+    for row in events.to_pylist():
+        if row["metric"] == metric and row["server"] in inventory:
+            minute = int(row["ts"].timestamp()) // 60 * 60
+            expected.setdefault((inventory[row["server"]]["dc"], minute), []).append(row["value"])
+    rows = open_table(store, Table.QUERY_RESULTS).to_pyarrow_table().to_pylist()
+
+    def by_key(name):
+        return {
+            (dict(r["labels"])["dc"], int(r["window_start"].timestamp()), r["aggregate"]): r
+            for r in rows
+            if r["query"] == name
+        }
+
+    got = by_key("by_dc")
+    assert len(got) == 3 * len(expected) and all(r["server"] is None for r in got.values())
+    for (dc, minute), values in expected.items():
+        assert got[(dc, minute, "count")]["value"] == len(values)
+        assert abs(got[(dc, minute, "sum")]["value"] - sum(values)) < 1e-9 * abs(sum(values))
+        assert got[(dc, minute, "max")]["value"] == max(values)
+    backfilled = by_key("by_dc_nightly")  # the closed windows (before the watermark): the same values
+    assert backfilled and all(got[key]["value"] == row["value"] for key, row in backfilled.items())
