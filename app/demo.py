@@ -10,6 +10,12 @@ Running it again appends to the same lake (offsets and checkpoints carry on).
 The stored queries are kept live by the speed layer, so the last lines name
 the dashboard command (``lake demo --dashboard`` serves it right away).
 
+**Labels.** Before the agents start, the demo puts the simulated servers in
+the inventory (:func:`demo_inventory`: a ``dc``, ``role`` and ``team`` each;
+only what differs from the inventory is appended), keeps the stored query
+:data:`DEMO_QUERY` (RPC latency p99 by team and dc) in the registry, and
+ends by showing its newest window per group.
+
 **Missing data is a signal.** The last simulated server goes silent from a
 quarter of the run to 60 % of it, and the demo keeps an absence rule,
 ``demo_server_silent`` (``FOR`` a sixth of the run, at least 3 s), in the
@@ -52,6 +58,11 @@ WINDOWS = Table.METRIC_WINDOWS_1M
 #: The demo's absence rule (module docstring).
 DEMO_RULE = "demo_server_silent"
 
+#: The demo's grouped stored query (module docstring) and its text.
+DEMO_QUERY = "demo_rpc_p99_by_team_dc"
+DEMO_QUERY_TEXT = "FROM * SELECT app.rpc.latency_ms WINDOW 1m COMPUTE percentile(99), count BY team,dc"
+_DCS, _TEAMS = ("eu-west", "eu-north", "us-east"), ("payments", "search", "checkout")
+
 #: One payload per kind of contract violation, sent once per demo run.
 MALFORMED_SAMPLES: list[str] = [
     '{"ts": 1700000000000, "server": "web-01", "metric": "host.cpu.utilization", "value": 12.5',
@@ -68,6 +79,14 @@ MALFORMED_SAMPLES: list[str] = [
 
 def _sql_literal(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def demo_inventory(servers: int) -> dict[str, dict[str, str]]:
+    """Labels of the simulated servers ``sim-0000``...: dc, role and team cycling so that every team spans dcs."""
+    return {
+        f"sim-{i:04d}": {"dc": _DCS[i % 3], "role": "web" if i % 2 == 0 else "api", "team": _TEAMS[(i // 3) % 3]}
+        for i in range(servers)
+    }
 
 
 def demo_silence(servers: int, seconds: int) -> tuple[int, float, float, int]:
@@ -108,6 +127,20 @@ def run_demo(
     console.print(
         f"alert rule     {DEMO_RULE}: {rule} (sim-{silent:04d} is silent from {quiet_from:.0f} s to {quiet_to:.0f} s)"
     )
+    from metrics_lake.core.inventory import Inventory, diff
+    from metrics_lake.core.registry import QUERY
+
+    if registry.current().of_kind(QUERY).get(DEMO_QUERY) is None:
+        description = "lake demo: RPC latency p99 per team and dc (inventory labels)"
+        registry.apply([Change("put", DEMO_QUERY, DEMO_QUERY_TEXT, description, QUERY)], by="lake demo")
+    inventory = Inventory(store)
+    changes = diff(inventory.current(), demo_inventory(servers), full=False)
+    if changes:
+        inventory.append(changes)
+    console.print(
+        f"inventory      {servers} simulated servers labelled dc, role, team ({len(changes)} changed); "
+        f"stored query {DEMO_QUERY}: {DEMO_QUERY_TEXT}"
+    )
     with _alertmanager(settings, console) as (settings, notifications):
         _produce_and_stream(settings, store, seconds, servers, metrics, console, (silent, quiet_from, quiet_to))
         if notifications is not None:  # Alertmanager's own timers (group_wait) pass before it notifies
@@ -115,6 +148,7 @@ def run_demo(
             while time.monotonic() < deadline and not any(n[0] == "resolved" for n in notifications):
                 time.sleep(0.2)
         _print_alerts(store, wall_start, notifications, console)
+        _print_groups(store, console)
         _print_next_steps(settings, console)
         console.print(f"demo finished in {time.monotonic() - wall_start:.0f} s")
         if dashboard_port is not None:
@@ -242,6 +276,30 @@ def _print_alerts(store, since: float, notifications: list | None, console: Cons
         console.print(f"  {status.upper()}: alertname={name} server={server}")
 
 
+def _print_groups(store, console: Console) -> None:
+    """The newest window of :data:`DEMO_QUERY` per (team, dc) group: an answer by label, from ``query_results``."""
+    import pyarrow.compute as pc
+
+    from metrics_lake.core.tables.delta import open_table
+
+    console.rule(f"[bold]RPC latency p99 by team and dc ({DEMO_QUERY}, newest window)")
+    rows = open_table(store, Table.QUERY_RESULTS).to_pyarrow_table(
+        columns=["query", "labels", "window_start", "aggregate", "value"]
+    )
+    rows = rows.filter(pc.equal(rows.column("query"), DEMO_QUERY)).to_pylist()
+    for row in rows:
+        row["group"] = (dict(row["labels"] or []).get("team", ""), dict(row["labels"] or []).get("dc", ""))
+    newest: dict[tuple[str, str], dt.datetime] = {}
+    for row in rows:
+        newest[row["group"]] = max(newest.get(row["group"], row["window_start"]), row["window_start"])
+    values = {(r["group"], r["aggregate"]): r["value"] for r in rows if r["window_start"] == newest[r["group"]]}
+    listing = rich_table.Table("team", "dc", "window (UTC)", "p99 ms", "events")
+    for group in sorted(newest):
+        p99, count = values.get((group, "p99"), float("nan")), values.get((group, "count"), 0.0)
+        listing.add_row(*group, f"{newest[group]:%H:%M}", f"{p99:.1f}", f"{count:,.0f}")
+    console.print(listing if newest else "no window of the query yet (the simulator needs --metrics 2 or more)")
+
+
 def _print_next_steps(settings: LakeSettings, console: Console) -> None:
     console.rule("[bold]try next")
     console.print(
@@ -252,6 +310,7 @@ def _print_next_steps(settings: LakeSettings, console: Console) -> None:
         f'lake sql "SELECT reason, raw FROM {Table.QUARANTINE_EVENTS}" --format json\n'
         f'lake sql "SELECT server, count(*) FROM {Table.BRONZE_EVENTS} GROUP BY server ORDER BY 2 DESC LIMIT 5"\n'
         f'lake sql --version {WINDOWS}=1 "SELECT count(*) FROM {WINDOWS}"   # time travel\n'
+        f"lake queries show {DEMO_QUERY}; lake inventory list --label team=payments\n"
         f"lake alerts list; lake alerts show {DEMO_RULE}\n"
         'eval "$(lake infra alertmanager up)"   # a local Alertmanager for `lake stream` (web UI on :9093)\n'
         "(inside the project's virtualenv: .venv/bin/lake, or python3 run.py lake ...)",

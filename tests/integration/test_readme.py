@@ -68,3 +68,6 @@ def test_demo_command_runs_end_to_end_in_under_three_minutes(tmp_path):
     assert re.search(r"demo_server_silent\s*│\s*sim-0019\s*│\s*firing -> resolved", output)
     assert "FIRING: alertname=demo_server_silent server=sim-0019" in output
     assert "RESOLVED: alertname=demo_server_silent server=sim-0019" in output
+    # The demo labels its servers (3 teams x 3 dcs) and answers its grouped query: one row per group.
+    groups = re.findall(r"(payments|search|checkout)\s*│\s*(eu-west|eu-north|us-east)\s*│\s*\d\d:\d\d\s*│\s*\d", output)
+    assert len(set(groups)) == len(groups) == 9, output[-3000:]
