@@ -202,7 +202,9 @@ class DashboardReader:
             self._tables[name] = (table, now)
         return table
 
-    def _scan(self, name: str, days: list[dt.date], columns: list[str], condition=None) -> pa.Table | None:
+    def scan(self, name: str, days: list[dt.date], columns: list[str], condition=None) -> pa.Table | None:
+        """Rows (``columns``) of table ``name`` in the ``event_date`` partitions ``days`` that ``condition`` (a
+        pyarrow dataset expression) keeps, at the latest snapshot; None if the table does not exist."""
         table = self.table(name)
         if table is None:
             return None
@@ -321,7 +323,7 @@ class DashboardReader:
             & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
             & (ds.field("window_start") < pa.scalar(hi * _US, pa.timestamp("us", "UTC")))
         )
-        rows = self._scan(Table.QUERY_RESULTS, _days(lo, last), _EMPTY.column_names, condition)
+        rows = self.scan(Table.QUERY_RESULTS, _days(lo, last), _EMPTY.column_names, condition)
         return _EMPTY if rows is None else rows.cast(_EMPTY.schema)
 
     def _computed(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
@@ -344,13 +346,13 @@ class DashboardReader:
         )
         pieces, minute_days = [], days
         if hourly:
-            rolled = self._scan(Table.METRIC_ROLLUP_1H, days, WINDOW_STATE.names + ["event_date"], condition)
+            rolled = self.scan(Table.METRIC_ROLLUP_1H, days, WINDOW_STATE.names + ["event_date"], condition)
             if rolled is not None and rolled.num_rows:
                 have = set(pc.unique(rolled.column("event_date")).to_pylist())
                 pieces.append(rolled.drop_columns(["event_date"]))
                 minute_days = [d for d in days if d not in have]
         if minute_days:
-            minutes = self._scan(Table.METRIC_WINDOWS_1M, minute_days, WINDOW_STATE.names, condition)
+            minutes = self.scan(Table.METRIC_WINDOWS_1M, minute_days, WINDOW_STATE.names, condition)
             if minutes is not None:
                 pieces.append(minutes)
         return pa.concat_tables(pieces).cast(WINDOW_STATE) if pieces else WINDOW_STATE.empty_table()
@@ -549,7 +551,7 @@ class DashboardReader:
             return None
         today = dt.datetime.fromtimestamp(self.clock(), dt.UTC).date()
         days = [today - dt.timedelta(days=d) for d in range(-1, 31)]
-        rows = self._scan(Table.DQ_RESULTS, days, ["run_id", "run_at", "table", "success", "critical"])
+        rows = self.scan(Table.DQ_RESULTS, days, ["run_id", "run_at", "table", "success", "critical"])
         if rows is None or rows.num_rows == 0:
             return None
         latest = pc.max(rows.column("run_at")).as_py()

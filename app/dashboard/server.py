@@ -42,6 +42,9 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
   latest data-quality run;
 - ``GET /api/health``: freshness (``stale`` when the newest window is older
   than ``LAKE_QUALITY_FRESHNESS_LAG_SECONDS``), 200 either way;
+- ``POST /api/v1/read``: Prometheus remote-read (snappy protobuf, ``SAMPLES``)
+  over bronze and the windows (:mod:`~metrics_lake.app.dashboard.remote_read`);
+  a bad matcher or body is a 400 in plain text, which Prometheus shows;
 - ``/quality/...``: the data-quality docs, when the quality project is local.
 """
 
@@ -57,11 +60,12 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
+from metrics_lake.app.dashboard.remote_read import RemoteReader, RemoteReadError
 from metrics_lake.app.http_server import serve_asgi
 from metrics_lake.core.kernels.selectors import Selector, parse_selector
 from metrics_lake.core.registry import ALERT, QUERY, Change
@@ -119,6 +123,10 @@ def _int_param(request: Request, name: str, default: int | None) -> int | None:
     if not text.isdigit() or int(text) <= 0:
         raise RangeError(name, f"{name} must be a positive whole number")
     return int(text)
+
+
+#: Largest remote-read request body (bytes, compressed): a request is a few queries of matchers.
+MAX_READ_BODY = 1 << 20
 
 
 def _select_param(request: Request) -> Selector | None:
@@ -223,6 +231,18 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         docs = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
         return JSONResponse({"status": "stale" if facts["stale"] else "ok", **facts, "quality_docs": docs.exists()})
 
+    remote = RemoteReader(reader)
+
+    async def remote_read(request: Request) -> Response:
+        body = await request.body()
+        if len(body) > MAX_READ_BODY:
+            return PlainTextResponse(f"a remote-read request is at most {MAX_READ_BODY:,} bytes", status_code=413)
+        try:
+            answer = await run_in_threadpool(remote.answer, body)
+        except RemoteReadError as exc:
+            return PlainTextResponse(str(exc), status_code=400)  # Prometheus shows the text in its error
+        return Response(answer, media_type="application/x-protobuf", headers={"Content-Encoding": "snappy"})
+
     routes = [
         Route("/", index),
         Route("/static/plotly.min.js", plotly_js),
@@ -235,6 +255,7 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
         Route("/api/servers", servers),
         Route("/api/pipeline", pipeline),
         Route("/api/health", health),
+        Route("/api/v1/read", remote_read, methods=["POST"]),
     ]
     site = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
     routes.append(Mount("/quality", StaticFiles(directory=site, html=True, check_dir=False)))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cremote.proto\x12\nprometheus\"R\n\x0cWriteRequest\x12*\n\ntimeseries\x18\x01 \x03(\x0b\x32\x16.prometheus.TimeSeries\x12\x10\n\x08metadata\x18\x03 \x03(\x0cJ\x04\x08\x02\x10\x03\"h\n\nTimeSeries\x12\x0e\n\x06labels\x18\x01 \x03(\x0c\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\x11\n\texemplars\x18\x03 \x03(\x0c\x12\x12\n\nhistograms\x18\x04 \x03(\x0c\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cremote.proto\x12\nprometheus\"R\n\x0cWriteRequest\x12*\n\ntimeseries\x18\x01 \x03(\x0b\x32\x16.prometheus.TimeSeries\x12\x10\n\x08metadata\x18\x03 \x03(\x0cJ\x04\x08\x02\x10\x03\"h\n\nTimeSeries\x12\x0e\n\x06labels\x18\x01 \x03(\x0c\x12#\n\x07samples\x18\x02 \x03(\x0b\x32\x12.prometheus.Sample\x12\x11\n\texemplars\x18\x03 \x03(\x0c\x12\x12\n\nhistograms\x18\x04 \x03(\x0c\"$\n\x05Label\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"*\n\x06Sample\x12\r\n\x05value\x18\x01 \x01(\x01\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\"\xae\x01\n\x0bReadRequest\x12\"\n\x07queries\x18\x01 \x03(\x0b\x32\x11.prometheus.Query\x12\x45\n\x17\x61\x63\x63\x65pted_response_types\x18\x02 \x03(\x0e\x32$.prometheus.ReadRequest.ResponseType\"4\n\x0cResponseType\x12\x0b\n\x07SAMPLES\x10\x00\x12\x17\n\x13STREAMED_XOR_CHUNKS\x10\x01\"8\n\x0cReadResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.prometheus.QueryResult\"x\n\x05Query\x12\x1a\n\x12start_timestamp_ms\x18\x01 \x01(\x03\x12\x18\n\x10\x65nd_timestamp_ms\x18\x02 \x01(\x03\x12*\n\x08matchers\x18\x03 \x03(\x0b\x32\x18.prometheus.LabelMatcher\x12\r\n\x05hints\x18\x04 \x01(\x0c\"9\n\x0bQueryResult\x12*\n\ntimeseries\x18\x01 \x03(\x0b\x32\x16.prometheus.TimeSeries\"\x82\x01\n\x0cLabelMatcher\x12+\n\x04type\x18\x01 \x01(\x0e\x32\x1d.prometheus.LabelMatcher.Type\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\t\"(\n\x04Type\x12\x06\n\x02\x45Q\x10\x00\x12\x07\n\x03NEQ\x10\x01\x12\x06\n\x02RE\x10\x02\x12\x07\n\x03NRE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,4 +39,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LABEL']._serialized_end=254
   _globals['_SAMPLE']._serialized_start=256
   _globals['_SAMPLE']._serialized_end=298
+  _globals['_READREQUEST']._serialized_start=301
+  _globals['_READREQUEST']._serialized_end=475
+  _globals['_READREQUEST_RESPONSETYPE']._serialized_start=423
+  _globals['_READREQUEST_RESPONSETYPE']._serialized_end=475
+  _globals['_READRESPONSE']._serialized_start=477
+  _globals['_READRESPONSE']._serialized_end=533
+  _globals['_QUERY']._serialized_start=535
+  _globals['_QUERY']._serialized_end=655
+  _globals['_QUERYRESULT']._serialized_start=657
+  _globals['_QUERYRESULT']._serialized_end=714
+  _globals['_LABELMATCHER']._serialized_start=717
+  _globals['_LABELMATCHER']._serialized_end=847
+  _globals['_LABELMATCHER_TYPE']._serialized_start=807
+  _globals['_LABELMATCHER_TYPE']._serialized_end=847
 # @@protoc_insertion_point(module_scope)
