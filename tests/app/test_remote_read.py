@@ -114,3 +114,18 @@ def test_a_body_that_is_not_a_snappy_read_request_is_a_400(lake):
     settings, _ = lake
     answer = client_at(settings, START_MS).post("/api/v1/read", content=b"not snappy")
     assert answer.status_code == 400 and "snappy-compressed prometheus.ReadRequest" in answer.text
+
+
+def test_a_remote_written_series_is_served_under_its_original_name(settings, store, log):
+    """The gateway stores ``job:rate5m:sum`` as metric ``job_rate5m_sum`` with the original in a tag: remote-read
+    gives the original back as ``__name__`` (and not as a label), from bronze and from the windows."""
+    sample = {"ts": START_MS + 1234, "server": "web-1", "metric": "job_rate5m_sum", "value": 7.0}
+    sample["tags"] = {"original_name": "job:rate5m:sum", "job": "api"}
+    ingest(store, log, [sample], [])
+    for now_ms, name, value in (
+        (START_MS + HOUR_MS, "job:rate5m:sum", 7.0),  # raw, from bronze
+        (START_MS + 30 * 24 * HOUR_MS, "job:rate5m:sum:count", 1.0),  # beyond bronze: the windows
+    ):
+        series = read(client_at(settings, now_ms), [("__name__", "=", name)])
+        labels = (("__name__", name), ("job", "api"), ("server", "web-1"))
+        assert series == {labels: [(START_MS + (1234 if value == 7.0 else 0), value)]}
