@@ -13,7 +13,9 @@ colon where it differs from the parent's)::
     │   ├── ContractViolation             an event breaks the event contract (its reason goes to quarantine)
     │   ├── StoredQueryError              a stored query, or the file declaring them, is malformed
     │   ├── AlertRuleError                an alert rule is malformed or names what the registry lacks
+    │   ├── SelectorError                 a series selector (a query's FROM, the label filter) is malformed
     │   ├── RangeError                    a dashboard API range or step is malformed (names the parameter)
+    │   ├── RemoteReadError               a Prometheus remote-read request is malformed or too large
     │   └── SequenceConflictError         a producer reused a sequence number for another body
     ├── NotFoundError (LookupError)       a named thing does not exist
     │   ├── TopicNotFoundError            nothing was ever produced to the topic
@@ -86,6 +88,8 @@ __all__ = [
     "QualityGateError",
     "RangeError",
     "RegistryConflictError",
+    "RemoteReadError",
+    "SelectorError",
     "SequenceConflictError",
     "ServiceError",
     "SparkClusterError",
@@ -142,6 +146,14 @@ class StoredQueryError(InputError):
 
 class AlertRuleError(InputError):
     """An alert rule is malformed, or names a stored query (or aggregate) the registry lacks; names rule and clause."""
+
+
+class SelectorError(InputError):
+    """A series selector (a stored query's ``FROM``, the dashboard's label filter) has a malformed item; names it."""
+
+
+class RemoteReadError(InputError):
+    """A Prometheus remote-read request the lake cannot answer as asked (the dashboard answers 400 with it)."""
 
 
 class RangeError(InputError):

@@ -57,11 +57,11 @@ from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import (
 )
 from metrics_lake.core.kernels.selectors import label_values
 from metrics_lake.core.kernels.windows import overlay_labels
-from metrics_lake.lake_schemas.errors import LakeError
+from metrics_lake.lake_schemas.errors import RemoteReadError
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.lake_schemas.types import TAGS
 
-__all__ = ["MAX_SAMPLES", "WINDOW_SERIES", "RemoteReadError", "RemoteReader", "prometheus_name"]
+__all__ = ["MAX_SAMPLES", "WINDOW_SERIES", "RemoteReader", "prometheus_name"]
 
 #: Most samples one request may return (Prometheus's own ``remote_read_sample_limit`` is 5e7 per query).
 MAX_SAMPLES = 5_000_000
@@ -78,10 +78,6 @@ WINDOW_SERIES = {
 _NAME_LABEL, _SERVER_LABEL = "__name__", "server"
 _OPS = {LabelMatcher.EQ: "=", LabelMatcher.NEQ: "!=", LabelMatcher.RE: "=~", LabelMatcher.NRE: "!~"}
 _DAY_MS = 86_400_000
-
-
-class RemoteReadError(LakeError):
-    """A remote-read request the lake cannot answer as asked (answered 400 with this message)."""
 
 
 def prometheus_name(metric: str) -> str:

@@ -65,7 +65,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
-from metrics_lake.app.dashboard.remote_read import RemoteReader, RemoteReadError
+from metrics_lake.app.dashboard.remote_read import RemoteReader
 from metrics_lake.app.http_server import serve_asgi
 from metrics_lake.core.kernels.selectors import Selector, parse_selector
 from metrics_lake.core.registry import ALERT, QUERY, Change
@@ -74,6 +74,8 @@ from metrics_lake.lake_schemas.errors import (
     NotFoundError,
     RangeError,
     RegistryConflictError,
+    RemoteReadError,
+    SelectorError,
     StoredQueryError,
 )
 
@@ -136,7 +138,7 @@ def _select_param(request: Request) -> Selector | None:
         return None
     try:
         return parse_selector(text.replace(" ", ""))
-    except ValueError as exc:
+    except SelectorError as exc:
         raise RangeError("select", f"select={text[:80]!r}: {exc}") from None
 
 

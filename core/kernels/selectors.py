@@ -14,8 +14,8 @@ As in Prometheus, a label a series lacks has the empty value, so
 ``dc!=eu-*`` keeps series without ``dc`` and ``dc=`` selects exactly them;
 a matcher on a label nobody has selects nothing, which is not an error.
 ``server=GLOB`` is a server item. Label names follow Prometheus
-(``[a-zA-Z_][a-zA-Z0-9_]*``); a malformed item raises :class:`ValueError`
-naming it (callers wrap it into their own error).
+(``[a-zA-Z_][a-zA-Z0-9_]*``); a malformed item raises
+:class:`~metrics_lake.lake_schemas.errors.SelectorError` naming it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from metrics_lake.lake_schemas.errors import SelectorError
 
 __all__ = [
     "LABEL_NAME",
@@ -78,19 +80,19 @@ class Selector:
 
 
 def parse_selector(text: str) -> Selector:
-    """The :class:`Selector` of ``text`` (module docstring); :class:`ValueError` naming a malformed item."""
+    """The :class:`Selector` of ``text`` (module docstring); :class:`SelectorError` naming a malformed item."""
     servers: list[str] = []
     matchers: list[LabelMatcher] = []
     for item in (i for i in text.split(",") if i):
         match = _MATCHER.match(item)
         if match is None:
             if "=" in item or "!" in item:
-                raise ValueError(f"{item!r} is neither a server glob nor NAME=GLOB / NAME!=GLOB")
+                raise SelectorError(f"{item!r} is neither a server glob nor NAME=GLOB / NAME!=GLOB")
             servers.append(item)
             continue
         name, negated, value = match["name"], match["op"] == "!=", match["value"]
         if not LABEL_NAME.fullmatch(name):
-            raise ValueError(f"label name {name!r} in {item!r} does not match [a-zA-Z_][a-zA-Z0-9_]*")
+            raise SelectorError(f"label name {name!r} in {item!r} does not match [a-zA-Z_][a-zA-Z0-9_]*")
         if name == "server" and not negated:
             servers.append(value)
         else:

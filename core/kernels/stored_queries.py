@@ -61,7 +61,7 @@ from metrics_lake.core.kernels.selectors import (
 )
 from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.lake_schemas.contract import METRIC_NAME
-from metrics_lake.lake_schemas.errors import StoredQueryError
+from metrics_lake.lake_schemas.errors import SelectorError, StoredQueryError
 from metrics_lake.lake_schemas.tables import QUERY_RESULTS
 from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
@@ -174,7 +174,7 @@ def parse_query(name: str, text: str, description: str = "") -> StoredQuery:
         raise StoredQueryError(f"stored query {name!r}: an aggregate is listed twice in {labels}")
     try:
         selector = parse_selector(match["selector"])
-    except ValueError as exc:
+    except SelectorError as exc:
         raise StoredQueryError(f"stored query {name!r}: FROM {match['selector']}: {exc}") from None
     group_by = _group_by(name, match["group_by"])
     return StoredQuery(
