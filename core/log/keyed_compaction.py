@@ -40,12 +40,8 @@ from metrics_lake.core.log.segment import (
     SEGMENT_SUFFIX,
     SegmentInfo,
     decode_segment,
-    encode_segment,
-    read_segment_info,
 )
-from metrics_lake.core.log.segment_compaction import PartitionCompaction, swap_into_index
-from metrics_lake.core.storage import ObjectExistsError
-from metrics_lake.lake_schemas.errors import ConflictError
+from metrics_lake.core.log.segment_compaction import PartitionCompaction, swap_into_index, write_run_segment
 from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD
 
 __all__ = ["compact_keyed_partition", "kept_records"]
@@ -183,33 +179,5 @@ def _compacted(
     if not keep.any():
         return True
     kept = records.filter(pa.array(keep))
-    base, end = run[0].base_offset, run[-1].end_offset
-    producers: dict[str, int] = {}
-    digests: dict[str, str] = {}
-    for info in run:
-        producers.update(info.producers)
-        digests.update(info.digests)
-    name = _keyed_name(base, end, kept.num_rows)
-    data, merged = encode_segment(
-        kept,
-        base_offset=base,
-        end_offset=end,
-        appended_at=max(info.appended_at for info in run),
-        epoch=max(info.epoch for info in run),
-        producers=producers,
-        digests=digests,
-        object_name=name,
-        parts=[part for info in run for part in (info.parts or [[info.base_offset, info.appended_at]])],
-    )
-    key = keys.partition_key(topic, partition, name)
-    try:
-        log_.store.create(key, data)
-    except ObjectExistsError:  # a compaction that crashed before its swap: the same range and record count
-        stored = log_.store.read(key)
-        existing = read_segment_info(pa.BufferReader(stored), len(stored))
-        if (existing.base_offset, existing.end_offset) != (base, end):
-            raise ConflictError(
-                f"{key} exists and is not this compaction's segment; run the compaction again"
-            ) from None
-        return existing
-    return merged
+    name = _keyed_name(run[0].base_offset, run[-1].end_offset, kept.num_rows)
+    return write_run_segment(log_, topic, partition, run, kept, name)

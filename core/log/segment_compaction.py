@@ -102,16 +102,28 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
             f"{keys.partition_prefix(topic, partition)}: segments [{base}, {end}) hold {records.num_rows} records, "
             f"not {end - base}; nothing was compacted"
         )
+    return write_run_segment(log_, topic, partition, run, records, compacted_segment_name(base, end))
+
+
+def write_run_segment(
+    log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo], records: pa.Table, name: str
+) -> SegmentInfo:
+    """Write ``records`` as the one segment object ``name`` replacing ``run`` (offsets ``[run's base, run's
+    end)``; its producers' sequences, digests and append parts merged, its newest append time and epoch); returns
+    its info. A leftover object of that name from a compaction that crashed before its index swap is reused if
+    it covers the same range and parts, else :class:`~metrics_lake.lake_schemas.errors.ConflictError`.
+    """
+    base, end = run[0].base_offset, run[-1].end_offset
     producers: dict[str, int] = {}
     digests: dict[str, str] = {}
     for info in run:  # in offset order, so the last segment naming a producer has its highest sequence
         producers.update(info.producers)
         digests.update(info.digests)
     parts = [part for info in run for part in (info.parts or [[info.base_offset, info.appended_at]])]
-    name = compacted_segment_name(base, end)
     data, merged = encode_segment(
         records,
         base_offset=base,
+        end_offset=end,
         appended_at=max(info.appended_at for info in run),
         epoch=max(info.epoch for info in run),
         producers=producers,
@@ -119,14 +131,15 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
         object_name=name,
         parts=parts,
     )
+    key = keys.partition_key(topic, partition, name)
     try:
-        log_.store.create(keys.partition_key(topic, partition, name), data)
+        log_.store.create(key, data)
     except ObjectExistsError:  # left by a compaction that crashed before its index swap: reuse it if it matches
-        stored = log_.store.read(keys.partition_key(topic, partition, name))
+        stored = log_.store.read(key)
         existing = read_segment_info(pa.BufferReader(stored), len(stored))
         if (existing.base_offset, existing.end_offset, existing.parts) != (base, end, parts):
             raise ConflictError(
-                f"{keys.partition_key(topic, partition, name)} exists and is not this run's compacted segment "
+                f"{key} exists and is not this run's compacted segment "
                 "(another compaction of the partition?); run the compaction again"
             ) from None
         return existing
