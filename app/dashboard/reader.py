@@ -62,6 +62,7 @@ __all__ = [
     "STEPS",
     "DashboardReader",
     "choose_step",
+    "utc_days",
 ]
 
 #: The range picker's choices, in seconds.
@@ -323,7 +324,7 @@ class DashboardReader:
             & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
             & (ds.field("window_start") < pa.scalar(hi * _US, pa.timestamp("us", "UTC")))
         )
-        rows = self.scan(Table.QUERY_RESULTS, _days(lo, last), _EMPTY.column_names, condition)
+        rows = self.scan(Table.QUERY_RESULTS, utc_days(lo, last), _EMPTY.column_names, condition)
         return _EMPTY if rows is None else rows.cast(_EMPTY.schema)
 
     def _computed(self, query: StoredQuery, lo: int, hi: int) -> pa.Table:
@@ -338,7 +339,7 @@ class DashboardReader:
 
     def _states(self, metric: str, lo: int, hi: int, *, hourly: bool) -> pa.Table:
         """Window states of ``metric`` starting in ``[lo, hi)``: hourly rollups where they exist if ``hourly``."""
-        days = _days(lo, hi)
+        days = utc_days(lo, hi)
         condition = (
             (ds.field("metric") == metric)
             & (ds.field("window_start") >= pa.scalar(lo * _US, pa.timestamp("us", "UTC")))
@@ -527,7 +528,7 @@ class DashboardReader:
         table = self.table(Table.QUARANTINE_EVENTS)
         if table is None:
             return {"step": step, "series": []}
-        days = pa.array(_days(lo_s, hi_s + 1), pa.date32())
+        days = pa.array(utc_days(lo_s, hi_s + 1), pa.date32())
         rows = table.to_pyarrow_dataset().to_table(
             columns=["reason", "ingested_at"], filter=ds.field("ingest_date").isin(days) & condition
         )
@@ -580,7 +581,7 @@ _EMPTY = pa.schema(
 ).empty_table()
 
 
-def _days(lo_s: int, hi_s: int) -> list[dt.date]:
+def utc_days(lo_s: int, hi_s: int) -> list[dt.date]:
     """UTC days overlapping ``[lo_s, hi_s)``."""
     first = dt.datetime.fromtimestamp(lo_s, dt.UTC).date()
     last = dt.datetime.fromtimestamp(max(hi_s - 1, lo_s), dt.UTC).date()

@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from google.protobuf.message import DecodeError
 
-from metrics_lake.app.dashboard.reader import DashboardReader
+from metrics_lake.app.dashboard.reader import DashboardReader, utc_days
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import (
     Label,
@@ -77,7 +77,6 @@ WINDOW_SERIES = {
 }
 _NAME_LABEL, _SERVER_LABEL = "__name__", "server"
 _OPS = {LabelMatcher.EQ: "=", LabelMatcher.NEQ: "!=", LabelMatcher.RE: "=~", LabelMatcher.NRE: "!~"}
-_DAY_MS = 86_400_000
 
 
 def prometheus_name(metric: str) -> str:
@@ -160,21 +159,23 @@ class RemoteReader:
         lo, hi = query.start_timestamp_ms, query.end_timestamp_ms
         if hi < lo:
             return []
-        days = _days(lo, hi)
-        metrics = self._candidate_metrics(days, names)
-        if not metrics:
-            return []
+        chosen = self._chosen_metrics(_days_ms(lo, hi), names)
         server = next((m.value for m in matchers if m.name == _SERVER_LABEL and m.op == "="), None)
         cutoff = self._bronze_from_ms()
         pieces = []
-        raw = [m for m in metrics if _selects(m, "", names)]
-        if raw and hi >= cutoff:
-            pieces.append(self._bronze(raw, max(lo, cutoff), hi, server))
-        for suffix, column in WINDOW_SERIES.items():
-            wanted = [m for m in metrics if _selects(m, suffix, names)]
-            window_hi = hi if suffix else min(hi, cutoff - 1)  # raw samples where bronze has them
-            if wanted and window_hi >= lo:
-                pieces.append(self._windows(wanted, column, suffix, lo, window_hi, server))
+        if chosen.get("") and hi >= cutoff:  # raw samples where bronze has them
+            pieces.append(
+                self._samples(Table.BRONZE_EVENTS, "ts", "value", "", chosen[""], max(lo, cutoff), hi, server)
+            )
+        for suffix, metrics in chosen.items():
+            window_hi = hi if suffix else min(hi, cutoff - 1)
+            if window_hi >= lo:
+                column = WINDOW_SERIES[suffix]
+                pieces.append(
+                    self._samples(
+                        Table.METRIC_WINDOWS_1M, "window_start", column, suffix, metrics, lo, window_hi, server
+                    )
+                )
         rows = pa.concat_tables(pieces) if pieces else _ROWS.empty_table()
         keep = None
         for matcher in matchers:
@@ -197,11 +198,13 @@ class RemoteReader:
 
     # -- reads --------------------------------------------------------------------------------------------------
 
-    def _candidate_metrics(self, days: list[dt.date], names: list[_Matcher]) -> list[str]:
-        """Lake metrics (of the windows of ``days``) whose series the ``__name__`` matchers may select."""
+    def _chosen_metrics(self, days: list[dt.date], names: list[_Matcher]) -> dict[str, list[str]]:
+        """Per name suffix (:data:`WINDOW_SERIES`), the lake metrics (of the windows of ``days``) whose series of
+        that suffix the ``__name__`` matchers may select; suffixes selecting none left out."""
         rows = self.reader.scan(Table.METRIC_WINDOWS_1M, days, ["metric"])
         known = [] if rows is None else pc.unique(rows.column("metric")).to_pylist()
-        return [metric for metric in known if any(_selects(metric, suffix, names) for suffix in WINDOW_SERIES)]
+        chosen = {suffix: [m for m in known if _selects(m, suffix, names)] for suffix in WINDOW_SERIES}
+        return {suffix: metrics for suffix, metrics in chosen.items() if metrics}
 
     def _bronze_from_ms(self) -> int:
         """Epoch ms of the first whole day bronze still holds under its retention."""
@@ -209,41 +212,28 @@ class RemoteReader:
         first = today - dt.timedelta(days=self.reader.settings.retention_bronze_days - 1)
         return int(dt.datetime.combine(first, dt.time(), dt.UTC).timestamp() * 1000)
 
-    def _bronze(self, metrics: list[str], lo: int, hi: int, server: str | None) -> pa.Table:
-        condition = _in_range("ts", lo, hi) & ds.field("metric").isin(metrics)
+    def _samples(
+        self, table: str, time: str, value: str, suffix: str, metrics: list[str], lo: int, hi: int, server: str | None
+    ) -> pa.Table:
+        """:data:`_ROWS` of ``metrics`` from ``table`` (bronze, or the 1-minute windows) with ``lo <= time <= hi``
+        (epoch ms): ``value`` at ``time``, named with ``suffix``; bronze's labels are its tags with its
+        inventory labels over them, as the windows keep them already."""
+        condition = _in_range(time, lo, hi) & ds.field("metric").isin(metrics)
         if server is not None:
             condition &= ds.field("server") == server
-        columns = ["ts", "server", "metric", "value", "tags", "labels"]
-        rows = self.reader.scan(Table.BRONZE_EVENTS, _days(lo, hi), columns, condition)
+        raw = table == Table.BRONZE_EVENTS
+        columns = [time, "server", "metric", value, *(["tags"] if raw else []), "labels"]
+        rows = self.reader.scan(table, _days_ms(lo, hi), columns, condition)
         if rows is None or rows.num_rows == 0:
             return _ROWS.empty_table()
-        tags = rows.column("tags")
+        labels = overlay_labels(rows.column("tags"), rows.column("labels")) if raw else rows.column("labels")
         return pa.table(
             {
-                "name": _names(rows.column("metric"), tags),
+                "name": pc.binary_join_element_wise(_names(rows.column("metric"), labels), suffix, ""),
                 "server": rows.column("server"),
-                "labels": _without_original(overlay_labels(tags, rows.column("labels"))),
-                "ts": pc.cast(pc.cast(rows.column("ts"), pa.timestamp("ms", "UTC")), pa.int64()),
-                "value": rows.column("value"),
-            },
-            schema=_ROWS,
-        )
-
-    def _windows(self, metrics: list[str], column: str, suffix: str, lo: int, hi: int, server: str | None):
-        condition = _in_range("window_start", lo, hi) & ds.field("metric").isin(metrics)
-        if server is not None:
-            condition &= ds.field("server") == server
-        columns = ["window_start", "server", "metric", "labels", column]
-        rows = self.reader.scan(Table.METRIC_WINDOWS_1M, _days(lo, hi), columns, condition)
-        if rows is None or rows.num_rows == 0:
-            return _ROWS.empty_table()
-        return pa.table(
-            {
-                "name": pc.binary_join_element_wise(_names(rows.column("metric"), rows.column("labels")), suffix, ""),
-                "server": rows.column("server"),
-                "labels": _without_original(rows.column("labels")),
-                "ts": pc.cast(pc.cast(rows.column("window_start"), pa.timestamp("ms", "UTC")), pa.int64()),
-                "value": pc.cast(rows.column(column), pa.float64()),
+                "labels": _without_original(labels),
+                "ts": pc.cast(pc.cast(rows.column(time), pa.timestamp("ms", "UTC")), pa.int64()),
+                "value": pc.cast(rows.column(value), pa.float64()),
             },
             schema=_ROWS,
         )
@@ -271,12 +261,13 @@ def _selects(metric: str, suffix: str, names: list[_Matcher]) -> bool:
     )
 
 
-def _days(lo_ms: int, hi_ms: int) -> list[dt.date]:
-    first = dt.datetime.fromtimestamp(lo_ms / 1000, dt.UTC).date()
-    return [first + dt.timedelta(days=d) for d in range((hi_ms // _DAY_MS) - (lo_ms // _DAY_MS) + 1)]
+def _days_ms(lo_ms: int, hi_ms: int) -> list[dt.date]:
+    """UTC days of the inclusive range ``[lo_ms, hi_ms]`` (epoch ms), as remote-read's ranges are."""
+    return utc_days(lo_ms // 1000, hi_ms // 1000 + 1)
 
 
 def _in_range(column: str, lo_ms: int, hi_ms: int) -> ds.Expression:
+    """The dataset filter ``lo_ms <= column <= hi_ms`` (epoch ms) on a UTC microsecond timestamp column."""
     kind = pa.timestamp("us", "UTC")
     return (ds.field(column) >= pa.scalar(lo_ms * 1000, kind)) & (ds.field(column) <= pa.scalar(hi_ms * 1000, kind))
 
