@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.alert_rules import ABSENCE, epoch_us, matches
+from metrics_lake.core.kernels.alert_rules import ABSENCE, epoch_us
 from metrics_lake.core.kernels.selectors import Selector, selector_mask
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
@@ -441,7 +441,7 @@ class DashboardReader:
         for row in rows:
             server, last_us = row["server"], epoch_us(row["last_seen_at"])
             silent_s = max(0.0, (clock_us - last_us) / 1e6) if clock_us is not None else 0.0
-            watching = [r.for_s for r in absence if matches(r.servers, server)]
+            watching = [r.for_s for r in absence if Selector(r.servers).matches(server, None)]
             limit = min(watching, default=SILENT_AFTER_SECONDS)
             status = "silent" if silent_s >= limit or server in alerting else "up"
             servers.append(

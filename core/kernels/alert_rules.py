@@ -54,7 +54,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
 import numpy as np
 import pyarrow as pa
@@ -80,7 +79,6 @@ __all__ = [
     "evaluate",
     "fingerprint",
     "format_duration",
-    "matches",
     "parse_rule",
     "series_rows",
     "series_values",
@@ -724,8 +722,3 @@ def transitions_table(transitions: list[Transition], recorded_at: dt.datetime) -
         }
     )
     return table.select(ALERTS.names).cast(ALERTS)
-
-
-def matches(servers: tuple[str, ...], server: str) -> bool:
-    """Whether ``server`` is one of ``servers`` (names and shell globs; ``*`` for all)."""
-    return any(fnmatchcase(server, pattern) for pattern in servers)
