@@ -75,6 +75,9 @@ def print_batch(outcome) -> None:
     alerts = f", {transitions} alert transition{'s' * (transitions != 1)}" if transitions else ""
     unknown = outcome.unknown_servers
     alerts += f", {unknown:,} events of servers not in the inventory (unlabelled)" if unknown else ""
+    if outcome.limited:
+        limits = ", ".join(f"{count:,} {name}" for name, count in sorted(outcome.limited.items()))
+        alerts += f", over cardinality limits: {limits}"
     err.print(
         f"[dim]{time.strftime('%H:%M:%S')}[/] batch: {outcome.records:,} records in {outcome.seconds:.1f} s "
         f"({rate:,.0f}/s) -> {outcome.rows[Table.BRONZE_EVENTS]:,} bronze, {outcome.rows[Table.QUARANTINE_EVENTS]:,} "

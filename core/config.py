@@ -138,6 +138,25 @@ class LakeSettings(BaseSettings):
     table_compaction_target_bytes: int = Field(
         128 * 1024 * 1024, ge=1024 * 1024, description="Delta compaction (OPTIMIZE) target file size."
     )
+    limit_series_per_metric: int = Field(
+        150_000,
+        ge=0,
+        description="Cardinality limit: distinct servers (series) per metric per hour in the topic, shared evenly "
+        "among its partitions (Mimir's max_global_series_per_metric); events of further series go to quarantine "
+        "with reason cardinality_limit. 0: no limit.",
+    )
+    limit_values_per_label: int = Field(
+        100_000,
+        ge=0,
+        description="Cardinality limit: distinct values of one tag name per hour in the topic, shared evenly among "
+        "its partitions; events bringing further values go to quarantine. 0: no limit.",
+    )
+    limit_labels_per_event: int = Field(
+        30,
+        ge=0,
+        description="Cardinality limit: tags one event may carry (Mimir's max_label_names_per_series); events with "
+        "more go to quarantine. 0: no limit.",
+    )
     quality_dir: str | None = Field(
         None,
         description="Local directory of the GX project, data docs and trend plot "

@@ -175,6 +175,18 @@ def inventory_pin_key(group: str, topic: str, inventory_end: int) -> str:
     return f"{inventory_pins_prefix(group, topic)}/{inventory_end:020d}.json"
 
 
+def limit_states_prefix(group: str, topic: str, partition: int) -> str:
+    """``log/_consumers/<group>/<topic>.limits/<partition>``: the cardinality-limit states of ``group``'s reading of
+    one partition (``metrics_lake.core.speed.cardinality``)."""
+    return f"{consumer_group_prefix(group)}/{check_name('topic', topic)}.limits/{int(partition)}"
+
+
+def limit_state_key(group: str, topic: str, partition: int, hour_us: int) -> str:
+    """``log/_consumers/<group>/<topic>.limits/<partition>/<hour>.arrow``: one limit hour's state, named by the
+    hour's start in epoch µs."""
+    return f"{limit_states_prefix(group, topic, partition)}/{int(hour_us):020d}.arrow"
+
+
 def table_prefix(name: str) -> str:
     """``tables/<name>``: a Delta table's folder."""
     return f"{TABLES_PREFIX}/{check_name('table', name)}"

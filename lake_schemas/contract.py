@@ -67,6 +67,8 @@ PROTOCOL_REASON_CODES = (
     "invalid_payload",  # a body or line the protocol's decoder cannot read (raw kept, base64 if binary)
     "unsupported",  # a well-formed point of a kind the lake does not store (e.g. a native histogram)
 )
+#: The speed layer's reason for a valid event over a cardinality limit (``metrics_lake.core.kernels.cardinality``).
+LIMIT_REASON_CODE = "cardinality_limit"
 REASON_CODES = EVENT_REASON_CODES + PROTOCOL_REASON_CODES
 
 

@@ -164,7 +164,7 @@ app.add_typer(alerts_app, name="alerts")
 app.add_typer(inventory_app, name="inventory")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
-for command in (analysis.sql, analysis.tables, analysis.quality, dashboard.dashboard):
+for command in (analysis.sql, analysis.tables, analysis.series, analysis.quality, dashboard.dashboard):
     app.command()(command)
 app.command("airflow")(airflow_standalone)
 app.add_typer(infra_app, name="infra")

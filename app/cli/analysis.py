@@ -21,7 +21,7 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["OutputFormat", "quality", "sql", "tables"]
+__all__ = ["OutputFormat", "quality", "series", "sql", "tables"]
 
 
 class OutputFormat(StrEnum):
@@ -81,6 +81,38 @@ def sql(
     finally:
         spark.stop()
     print_arrow(result, format)
+
+
+def series(
+    metric: Annotated[str, typer.Option("--metric", help="The metric, e.g. app.rpc.latency_ms.")],
+    hours: Annotated[float, typer.Option(min=0.0167, help="Hours of windows to look at, up to the newest.")] = 1.0,
+    top: Annotated[int, typer.Option(min=1, help="Values shown per label.")] = 10,
+) -> None:
+    """A metric's series (servers) and its labels' top values by series count, beside the cardinality limits."""
+    from metrics_lake.core.kernels.cardinality import top_label_values
+    from metrics_lake.core.speed.cardinality import series_report
+    from metrics_lake.core.speed.progress import CONSUMER
+
+    config = settings()
+    report = series_report(open_store(config), CONSUMER, config.topic, metric, hours)
+    if report.hi_us is None:
+        raise InputError(f"{Table.METRIC_WINDOWS_1M} is empty: run `lake stream` first")
+    if report.series.num_rows == 0:
+        raise InputError(f"no windows of {metric!r} in the last {hours:g} h: check the name (`lake sql` lists metrics)")
+    since = dt.datetime.fromtimestamp(report.lo_us / 1e6, dt.UTC).strftime("%Y-%m-%d %H:%M")
+    err.print(
+        f"{metric}: {report.series.num_rows:,} series (servers) in {Table.METRIC_WINDOWS_1M} since {since} UTC",
+        highlight=False,
+    )
+    for partition, (hour, count, limits) in sorted(report.admitted.items()):
+        at = dt.datetime.fromtimestamp(hour / 1e6, dt.UTC).strftime("%Y-%m-%d %H:00")
+        limit = f"of {limits.series_per_metric:,}" if limits.series_per_metric else "(no limit)"
+        err.print(f"  partition {partition}: {count:,} series admitted {limit} in the hour from {at} UTC")
+    view = rich_table.Table("label", "values", "value", "series", "share")
+    for row in top_label_values(report.series, top).to_pylist():
+        share = row["series"] / report.series.num_rows
+        view.add_row(row["label"], f"{row['values']:,}", row["value"], f"{row['series']:,}", f"{share:.0%}")
+    out.print(view)
 
 
 def tables() -> None:

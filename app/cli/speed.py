@@ -24,10 +24,18 @@ def stream(
     trigger: Annotated[
         float | None, typer.Option(help="Micro-batch interval in seconds (LAKE_TRIGGER_SECONDS).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=65535, help="Serve Prometheus metrics of the batches on this port (/metrics, 127.0.0.1)."
+        ),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address the metrics listener binds.")] = "127.0.0.1",
 ) -> None:
     """Run the speed layer: log -> bronze, quarantine, windows, query results, alerts, exactly once; alerts go to
     LAKE_ALERTMANAGER_URL if set."""
     from metrics_lake.app.notifier import notifying
+    from metrics_lake.app.speed_metrics import SpeedMetrics
     from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
     from metrics_lake.spark.session import build_session
 
@@ -39,10 +47,18 @@ def stream(
         mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
         alerts = f"; alerts to {config.alertmanager_url}" if config.alertmanager_url else ""
         err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
+        metrics = SpeedMetrics()
+        if metrics_port is not None:
+            try:
+                server, _ = metrics.serve(metrics_host, metrics_port)
+            except OSError as exc:
+                raise InputError(f"--metrics-port {metrics_port}: cannot listen on {metrics_host} ({exc})") from None
+            err.print(f"metrics on http://{metrics_host}:{server.server_port}/metrics", highlight=False)
         with notifying(config) as wake:
 
             def progress(outcome) -> None:
                 print_batch(outcome)
+                metrics.observe(outcome)
                 wake()
 
             run_stream(spark, config, once=once, stop=stop, progress=progress)
@@ -64,6 +80,7 @@ def replay(
     topic: Annotated[str | None, typer.Option(help="Topic to replay (default LAKE_TOPIC).")] = None,
 ) -> None:
     """Re-read a range of the log through the bronze path; rows already in the table are skipped."""
+    from metrics_lake.core.speed.micro_batch import configured_limits
     from metrics_lake.core.speed.replay import replay as run_replay
     from metrics_lake.core.speed.replay import replay_ranges
 
@@ -93,6 +110,7 @@ def replay(
         log,
         topic,
         ranges,
+        limits=configured_limits(config, log.partitions(topic)),
         into=into,
         from_time_ms=from_ms,
         to_time_ms=to_ms,

@@ -185,6 +185,19 @@ class PartitionIndex:
         found = self.segments_for(offset, offset + 1)
         return int(found[0].ingested_at(offset, offset + 1)[0]) if found else None
 
+    def first_appended_at_or_after(self, ms: int) -> int:
+        """First offset whose record was appended at or after ``ms`` (epoch ms); :attr:`next_offset` if none.
+
+        Append times come from the writers' clocks, so they need not grow
+        with offsets: every record appended at or after ``ms`` is at this
+        offset or later, but not every record after it was.
+        """
+        for info in self.segments:
+            for base, at in info.parts or [[info.base_offset, info.appended_at]]:
+                if at >= ms:
+                    return max(base, info.base_offset)
+        return self.next_offset
+
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset of the earliest segment that may hold an event at or after ``ts_ms``.
 

@@ -50,6 +50,7 @@ window.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -59,8 +60,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
+from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Inventory, write_servers_table
 from metrics_lake.core.kernels.alert_rules import THRESHOLD, AlertRule, evaluate, transitions_table
+from metrics_lake.core.kernels.cardinality import CardinalityLimits, LimitState, refused_per_limit
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
     affected_windows,
@@ -88,6 +91,7 @@ from metrics_lake.core.speed.alerting import (
     watched_app_id,
     watched_metrics,
 )
+from metrics_lake.core.speed.cardinality import LimitGate, save_states
 from metrics_lake.core.speed.enrichment import Pin, expected_servers, labels_at, pin_inventory
 from metrics_lake.core.speed.progress import (
     CONSUMER,
@@ -122,8 +126,10 @@ __all__ = [
     "Chunk",
     "ChunkResult",
     "commit_batch",
+    "configured_limits",
     "plan_batch",
     "process_chunk",
+    "process_partition",
     "run_batch_in_process",
     "split_log_rows",
 ]
@@ -187,7 +193,9 @@ class BatchPlan:
     records in; None when it reads every partition to the end): no server
     can look silent before it (:mod:`metrics_lake.core.speed.alerting`);
     ``pins``: which inventory version events are joined with from which
-    offsets (:mod:`metrics_lake.core.speed.enrichment`).
+    offsets (:mod:`metrics_lake.core.speed.enrichment`); ``limits``: the
+    cardinality limits an hour without a state starts with
+    (:mod:`metrics_lake.core.speed.cardinality`).
     """
 
     topic: str
@@ -198,11 +206,19 @@ class BatchPlan:
     watched: tuple[str, ...] = ()
     read_through_ms: int | None = None
     pins: tuple[Pin, ...] = ()
+    limits: CardinalityLimits = CardinalityLimits()
 
     @property
     def records(self) -> int:
         """Log records the batch reads."""
         return sum(c.end - c.start for c in self.chunks)
+
+    def partition_chunks(self) -> dict[int, list[Chunk]]:
+        """The chunks of each partition, in offset order (one task processes them one after the other)."""
+        chunks: dict[int, list[Chunk]] = {}
+        for chunk in self.chunks:
+            chunks.setdefault(chunk.partition, []).append(chunk)
+        return chunks
 
     def advances(self, table: str) -> dict[int, int]:
         """The partitions whose position ``table`` moves forward in this batch, with their new positions."""
@@ -219,7 +235,9 @@ class ChunkResult:
     ``touched``: per metric, the 1-minute windows (start, epoch µs) of the
     events that ``query_results`` has not yet seen; ``seen``: the newest
     append and event time per server, and per series of a watched metric,
-    of the events ``last_seen`` has not yet seen (:data:`~metrics_lake.core.speed.alerting.SEEN`).
+    of the events ``last_seen`` has not yet seen (:data:`~metrics_lake.core.speed.alerting.SEEN`);
+    ``refused_by``: events of the chunk new to quarantine for a cardinality limit, per limit name;
+    ``limit_states``: on a partition's last chunk, the partition's limit states (hour → state) as of its end.
     """
 
     files: list[WrittenFile] = field(default_factory=list)
@@ -228,12 +246,15 @@ class ChunkResult:
     counts: dict[str, int] = field(default_factory=dict)
     touched: dict[str, list[int]] = field(default_factory=dict)
     seen: pa.Table = field(default_factory=SEEN.empty_table)
+    refused_by: dict[str, int] = field(default_factory=dict)
+    limit_states: dict[int, dict[int, LimitState]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class BatchOutcome:
     """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds,
-    and events new to bronze whose server the inventory does not hold (kept, with empty labels).
+    events new to bronze whose server the inventory does not hold (kept, with empty labels), and events new to
+    quarantine for a cardinality limit, per limit name (``limited``).
 
     A table that already held the batch's positions (a replayed batch) counts 0 rows.
     """
@@ -245,6 +266,17 @@ class BatchOutcome:
     watermark_ms: int | None
     seconds: float
     unknown_servers: int = 0
+    limited: dict[str, int] = field(default_factory=dict)
+
+
+def configured_limits(settings: LakeSettings, partitions: int) -> CardinalityLimits:
+    """The cardinality limits of ``settings`` (``LAKE_LIMIT_*``) as one of ``partitions`` partitions' share."""
+    return CardinalityLimits.local(
+        series_per_metric=settings.limit_series_per_metric,
+        values_per_label=settings.limit_values_per_label,
+        labels_per_event=settings.limit_labels_per_event,
+        partitions=partitions,
+    )
 
 
 def plan_batch(
@@ -255,9 +287,11 @@ def plan_batch(
     watermark_seconds: int,
     chunk_records: int,
     watched: tuple[str, ...] | None = None,
+    limits: CardinalityLimits | None = None,
 ) -> BatchPlan:
     """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``,
-    the metrics absence rules watch (``watched``; default: the registry's rules').
+    the metrics absence rules watch (``watched``; default: the registry's rules'), the cardinality limits
+    (default: none; :func:`configured_limits` gives the settings').
 
     A position below the log's start offset (retention removed records a
     table never got; ``lake consumers`` reports it) starts at the log start.
@@ -294,17 +328,43 @@ def plan_batch(
     read_through = min((at for at in behind if at is not None), default=None)
     unread = {p: max(marks[name][p] for name in SPEED_TABLES) for p in ends}
     pins = pin_inventory(store, CONSUMER, topic, unread, Inventory(store).end_offset())
-    return BatchPlan(topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through, pins)
+    return BatchPlan(
+        topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through, pins, limits or CardinalityLimits()
+    )
 
 
-def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int) -> ChunkResult:
+def process_partition(store: Store, plan: BatchPlan, partition: int, *, clock_skew_seconds: int) -> list[ChunkResult]:
+    """Process ``partition``'s chunks of ``plan`` one after the other (:func:`process_chunk`), judging their events
+    against the cardinality limits in offset order; the last result carries the partition's limit states."""
+    gate = LimitGate(store, CONSUMER, plan.topic, partition, plan.limits)
+    chunks = plan.partition_chunks().get(partition, [])
+    results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds, gate=gate) for chunk in chunks]
+    if results:
+        results[-1].limit_states = {partition: dict(gate.states)}
+    return results
+
+
+def process_chunk(
+    store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int, gate: LimitGate | None = None
+) -> ChunkResult:
     """Read one chunk and write what each table still needs of it: bronze and quarantine files, window states.
 
-    Files are written but not committed (invisible until :func:`commit_batch`);
-    a failed or retried task leaves only files that VACUUM removes.
+    ``gate``: the partition's cardinality limits, as of ``chunk.start``
+    (:func:`process_partition` passes it from chunk to chunk); events over a
+    limit go to quarantine instead of bronze. Files are written but not
+    committed (invisible until :func:`commit_batch`); a failed or retried
+    task leaves only files that VACUUM removes.
     """
     rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
     bronze, quarantine = split_log_rows(rows)
+    refused_by: dict[str, int] = {}
+    if gate is not None:
+        judged = gate.admit(bronze, chunk.start, chunk.end)
+        bronze = judged.admitted
+        if judged.refused.num_rows:
+            quarantine = pa.concat_tables([quarantine, limited_rows(judged.refused, judged.reasons)])
+            new = pc.greater_equal(judged.refused.column("offset"), plan.marks[QUARANTINE][chunk.partition])
+            refused_by = refused_per_limit(judged.limits.filter(new))  # those quarantine does not hold yet
     bronze, known = enrich(store, plan.pins, chunk.partition, bronze)
     p = chunk.partition
 
@@ -334,7 +394,41 @@ def process_chunk(store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_sec
     }
     result.touched = _touched_minutes(new_for(QUERIES, bronze))
     result.seen = seen_rows(new_for(LAST_SEEN, bronze), plan.watched)
+    result.refused_by = refused_by
     return result
+
+
+def limited_rows(events: pa.Table, reasons: pa.Array) -> pa.Table:
+    """Quarantine rows (:data:`~metrics_lake.lake_schemas.tables.QUARANTINE_EVENTS`) of valid bronze ``events`` a
+    cardinality limit refused: ``raw`` is the event as the JSON contract's object (epoch-ms ``ts``), so it can be
+    sent again once the limit allows; ``reasons`` one per event."""
+    ts_ms = pc.cast(events.column("ts"), pa.int64()).to_numpy(zero_copy_only=False) // 1000  # bronze ts: µs
+    raw = [
+        json.dumps(
+            {"ts": int(ts), "server": server, "metric": metric, "value": value, "tags": dict(tags or [])},
+            separators=(",", ":"),
+        )
+        for ts, server, metric, value, tags in zip(
+            ts_ms,
+            events.column("server").to_pylist(),
+            events.column("metric").to_pylist(),
+            events.column("value").to_pylist(),
+            events.column("tags").to_pylist(),
+            strict=True,
+        )
+    ]
+    rows = pa.table(
+        {
+            "topic": events.column("topic"),
+            "partition": events.column("partition"),
+            "offset": events.column("offset"),
+            "raw": pa.array(raw, pa.string()),
+            "reason": reasons,
+            "ingested_at": events.column("ingested_at"),
+            "ingest_date": pc.cast(events.column("ingested_at"), pa.date32()),
+        }
+    )
+    return rows.cast(QUARANTINE_EVENTS)
 
 
 def enrich(store: Store, pins: tuple[Pin, ...], partition: int, bronze: pa.Table) -> tuple[pa.Table, np.ndarray]:
@@ -484,6 +578,9 @@ def commit_batch(
     registry = Registry(store).current() if queries is None or rules is None else None
     queries = registry.queries() if queries is None else queries
     rules = registry.alert_rules() if rules is None else rules
+    for result in results:  # before any table takes a decision the states hold (metrics_lake.core.speed.cardinality)
+        for partition, states in result.limit_states.items():
+            save_states(store, CONSUMER, plan.topic, partition, states)
     rows = {}
     for name in (BRONZE, QUARANTINE):
         files = [f for r in results for f in r.files if f.table == name]
@@ -519,12 +616,18 @@ def commit_batch(
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
     if plan.ends:
         commit_offsets(store, CONSUMER, plan.topic, plan.ends)
+    limited: dict[str, int] = {}
+    if rows[QUARANTINE]:
+        for result in results:
+            for limit, count in result.refused_by.items():
+                limited[limit] = limited.get(limit, 0) + count
     return BatchOutcome(
         records=plan.records,
         rows=rows,
         windows_written=written,
         late_events=sum(r.counts.get("late", 0) for r in results),
         unknown_servers=sum(r.counts.get("unknown_servers", 0) for r in results),
+        limited=limited,
         watermark_ms=plan.watermark_ms,
         seconds=time.monotonic() - started,
     )
@@ -785,12 +888,13 @@ def run_batch_in_process(
     queries: list[StoredQuery] | None = None,
     rules: list[AlertRule] | None = None,
     alerting: AlertOptions | None = None,
+    limits: CardinalityLimits | None = None,
 ) -> BatchOutcome | None:
-    """Plan, process (chunk after chunk, in this process) and commit one batch; ``None`` if nothing to do.
+    """Plan, process (partition after partition, in this process) and commit one batch; ``None`` if nothing to do.
 
     The same steps the Spark job runs, without Spark: for tests, tools and
     the benchmarks' "library without Spark" peer. ``queries``, ``rules``
-    and ``alerting`` as for :func:`commit_batch`.
+    and ``alerting`` as for :func:`commit_batch`; ``limits`` as for :func:`plan_batch`.
     """
     started = time.monotonic()
     plan = plan_batch(
@@ -800,10 +904,15 @@ def run_batch_in_process(
         watermark_seconds=watermark_seconds,
         chunk_records=chunk_records,
         watched=None if rules is None else watched_metrics(rules),
+        limits=limits,
     )
     if not plan.chunks:
         return None
-    results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds) for chunk in plan.chunks]
+    results = [
+        result
+        for partition in plan.partition_chunks()
+        for result in process_partition(store, plan, partition, clock_skew_seconds=clock_skew_seconds)
+    ]
     return commit_batch(
         store,
         plan,

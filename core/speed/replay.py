@@ -6,7 +6,8 @@ times, which the partition index turns into a conservative offset range
 are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
-(:func:`metrics_lake.core.speed.micro_batch.split_log_rows`, the inventory labels the
+(:func:`metrics_lake.core.speed.micro_batch.split_log_rows`, its cardinality limits as it judged those
+positions (:mod:`metrics_lake.core.speed.cardinality`), the inventory labels the
 speed layer pinned for those positions (:mod:`metrics_lake.core.speed.enrichment`), then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
 before writing, every row whose ``(topic, partition, offset)`` is already in
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.keys import check_name
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed.cardinality import LimitGate
 from metrics_lake.core.speed.enrichment import read_pins
-from metrics_lake.core.speed.micro_batch import enrich, split_log_rows
+from metrics_lake.core.speed.micro_batch import enrich, limited_rows, split_log_rows
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_files
@@ -137,9 +140,13 @@ def replay(
     from_time_ms: int | None = None,
     to_time_ms: int | None = None,
     progress: Callable[[ReplayRange, int], None] | None = None,
+    limits: CardinalityLimits | None = None,
 ) -> ReplayStats:
     """Replay ``ranges`` of ``topic`` into bronze/quarantine, or into the new table ``into``.
 
+    Events go where the speed layer put them: an hour the speed layer judged
+    keeps its limits; ``limits`` are those of an hour it did not (default
+    none: :func:`~metrics_lake.core.speed.micro_batch.configured_limits` gives the settings').
     ``progress(range, records_done)`` is called after every chunk. Returns
     what was read and written. Raises :class:`~metrics_lake.lake_schemas.errors.InputError` if ``into`` is a
     declared table other than ``bronze_events`` (replay writes bronze rows).
@@ -158,13 +165,19 @@ def replay(
     pins = read_pins(store, CONSUMER, topic)  # the labels the speed layer joined (or will join) these events with
     stats = ReplayStats(written={t: 0 for t in targets.values()})
     for part in ranges:
+        gate = LimitGate(store, CONSUMER, topic, part.partition, limits or CardinalityLimits())
         for lo in range(part.start, part.end, CHUNK_RECORDS):
             chunk = ReplayRange(part.partition, lo, min(lo + CHUNK_RECORDS, part.end))
-            rows = _time_filter(
-                read_range(log, topic, part.partition, chunk.start, chunk.end), from_time_ms, to_time_ms
-            )
+            every = read_range(log, topic, part.partition, chunk.start, chunk.end)
+            judged = gate.admit(split_log_rows(every)[0], chunk.start, chunk.end)  # limits count every event
+            rows = _time_filter(every, from_time_ms, to_time_ms)
             stats.read += rows.num_rows
             bronze, quarantine = split_log_rows(rows)
+            refused = judged.refused.column("offset")
+            replayed = pc.is_in(refused, value_set=bronze.column("offset"))
+            bronze = bronze.filter(pc.invert(pc.is_in(bronze.column("offset"), value_set=refused)))
+            limited = limited_rows(judged.refused.filter(replayed), judged.reasons.filter(replayed))
+            quarantine = pa.concat_tables([quarantine, limited])
             bronze, _ = enrich(store, pins, part.partition, bronze)
             for kind, data in ((BRONZE, bronze), (QUARANTINE, quarantine)):
                 if kind not in targets:

@@ -6,11 +6,12 @@ layer of :mod:`metrics_lake.core.speed.micro_batch` in ``foreachBatch``:
 1. the driver reads each table's committed positions and plans the batch
    (:func:`~metrics_lake.core.speed.micro_batch.plan_batch`): chunks of the log
    from the lowest position up to the batch's ends;
-2. Spark runs one task per chunk (an RDD job); a task reads its segments
-   with pyarrow, writes the bronze and quarantine Parquet files and computes
-   the chunk's 1-minute window states, all in Arrow
-   (:func:`~metrics_lake.core.speed.micro_batch.process_chunk`), and returns the
-   file list and the states, so events never cross into the JVM;
+2. Spark runs one task per log partition (an RDD job); a task reads its
+   chunks in offset order with pyarrow, judges their events against the
+   cardinality limits, writes the bronze and quarantine Parquet files and
+   computes the 1-minute window states, all in Arrow
+   (:func:`~metrics_lake.core.speed.micro_batch.process_partition`), and returns the
+   file lists and the states, so events never cross into the JVM;
 3. the driver commits each table with its new positions
    (:func:`~metrics_lake.core.speed.micro_batch.commit_batch`).
 
@@ -40,8 +41,9 @@ from metrics_lake.core.speed.micro_batch import (
     BatchPlan,
     ChunkResult,
     commit_batch,
+    configured_limits,
     plan_batch,
-    process_chunk,
+    process_partition,
 )
 from metrics_lake.core.speed.progress import starting_offsets
 from metrics_lake.core.storage import Store, open_store
@@ -52,7 +54,7 @@ from metrics_lake.spark.datasources.log_source import limit_offsets
 
 __all__ = ["catch_up", "prepare_lake", "run_batch", "run_stream", "start_stream"]
 
-#: Records one task reads at most (a log partition's range is cut into chunks of this size).
+#: Records a task reads at a time (a log partition's range is cut into chunks of this size).
 CHUNK_RECORDS = 500_000
 
 
@@ -75,7 +77,9 @@ def prepare_lake(settings: LakeSettings) -> Store:
 
 
 def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list[ChunkResult]:
-    """Run :func:`~metrics_lake.core.speed.micro_batch.process_chunk` for every chunk of ``plan``, one Spark task each.
+    """Run :func:`~metrics_lake.core.speed.micro_batch.process_partition` for every partition of ``plan``, one Spark
+    task each (a partition's chunks in offset order, as its cardinality limits need; Kafka's sources map a topic
+    partition to a task the same way).
 
     An RDD job: each task's :class:`~metrics_lake.core.speed.micro_batch.ChunkResult`
     (its Arrow window states included) comes back pickled, without Spark
@@ -84,12 +88,12 @@ def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list
     """
     root, skew = settings.root, settings.quality_clock_skew_seconds
 
-    def task(index: int) -> ChunkResult:
+    def task(partition: int) -> list[ChunkResult]:
         store = open_store(load_settings(root=root))  # executors read LAKE_S3_* from their own environment
-        return process_chunk(store, plan, plan.chunks[index], clock_skew_seconds=skew)
+        return process_partition(store, plan, partition, clock_skew_seconds=skew)
 
-    count = len(plan.chunks)
-    return spark.sparkContext.parallelize(range(count), count).map(task).collect()
+    partitions = sorted(plan.partition_chunks())
+    return spark.sparkContext.parallelize(partitions, len(partitions)).flatMap(task).collect()
 
 
 def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutcome | None:
@@ -97,7 +101,12 @@ def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutco
     started = time.monotonic()
     store = open_store(settings)
     plan = plan_batch(
-        store, settings.topic, ends, watermark_seconds=settings.watermark_seconds, chunk_records=CHUNK_RECORDS
+        store,
+        settings.topic,
+        ends,
+        watermark_seconds=settings.watermark_seconds,
+        chunk_records=CHUNK_RECORDS,
+        limits=configured_limits(settings, SegmentLog(store).partitions(settings.topic)),
     )
     if not plan.chunks:
         return None

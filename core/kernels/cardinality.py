@@ -1,0 +1,376 @@
+"""Cardinality limits on valid events: which events a partition admits, in log order, and why it refuses the others.
+
+Three limits, after Grafana Mimir's (``max_global_series_per_metric``,
+``max_label_names_per_series``, and a cap on the values of one label name:
+the per-label guard Mimir's cardinality analysis points operators to):
+
+``labels_per_event``
+    an event with more tags than this is refused (no state);
+``series_per_metric``
+    a *series* is a (metric, server) pair: the key of the windows, stored
+    queries and last-seen tables (tags are attributes of events, limited by the
+    next limit, not series dimensions). Per metric, the first ``n`` distinct
+    series in log order are admitted; an event of a later series is refused;
+``values_per_label``
+    per tag name, the first ``n`` distinct values in log order are admitted; an
+    event carrying a later value of that name is refused.
+
+Limits are enforced per log partition and per *limit hour* (the UTC hour of
+the record's append time), so the state is bounded, needs no coordination
+between partitions, and starts afresh every hour (as Mimir's active series
+expire). A global limit ``n`` becomes ``ceil(n / partitions)`` per partition,
+as Mimir divides a tenant's global limit among its ingesters; events are
+spread over partitions by a hash of the server, so a metric's series are
+spread evenly. 0 disables a limit.
+
+**Determinism.** Whether an event is admitted depends only on the records
+before it in the same partition and hour and on the hour's limits: so a
+replayed batch, a recompute or a run after a lost checkpoint refuses exactly
+the same events, whatever the batch boundaries. The limits are evaluated
+independently (an event refused by one still introduces its series or values
+to the others), which keeps each a vectorised "first ``n`` distinct keys"
+and the counts easy to state: a metric has at most ``n`` series per
+partition and hour, a label at most ``n`` values.
+
+:class:`LimitState` is one partition-hour's admitted keys; :func:`admit`
+judges a block of records against it and returns the keys it admits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.lake_schemas.contract import LIMIT_REASON_CODE
+
+__all__ = [
+    "KEYS",
+    "LIMIT_HOUR_US",
+    "REASON_CODE",
+    "SERIES",
+    "VALUE",
+    "Admission",
+    "CardinalityLimits",
+    "LimitState",
+    "admit",
+    "limit_hours",
+    "refused_per_limit",
+    "top_label_values",
+]
+
+#: Reason code of an event over a limit (``cardinality_limit: <which limit, its value, the key>``).
+REASON_CODE = LIMIT_REASON_CODE
+#: The limit hour: records are judged against the keys of their partition and append hour.
+LIMIT_HOUR_US = 3_600 * 1_000_000
+#: The ``kind`` of an admitted key: a series (group = metric, key = server) or a tag value (group = tag name).
+SERIES, VALUE = "series", "value"
+#: An admitted key: its kind, group (metric or tag name), key (server or tag value) and the offset of its first
+#: record in the partition hour.
+KEYS = pa.schema(
+    [
+        pa.field("kind", pa.string()),
+        pa.field("group", pa.string()),
+        pa.field("key", pa.string()),
+        pa.field("first_offset", pa.int64()),
+    ]
+)
+_SEP = "\x1f"  # joins group and key into one string to look up (unit separator: in no metric or server name)
+
+
+@dataclass(frozen=True)
+class CardinalityLimits:
+    """The limits one partition enforces (0: off). ``partitions`` and the global values are kept for reasons.
+
+    Build with :meth:`local`; :meth:`to_json`/:meth:`from_json` record them with a partition hour's state, so
+    an hour is judged by the limits it started with (:mod:`metrics_lake.core.speed.cardinality`).
+    """
+
+    series_per_metric: int = 0
+    values_per_label: int = 0
+    labels_per_event: int = 0
+    partitions: int = 1
+
+    @classmethod
+    def local(cls, *, series_per_metric: int, values_per_label: int, labels_per_event: int, partitions: int):
+        """Global limits (per topic) as one partition's share: ``ceil(limit / partitions)``, at least 1."""
+        return cls(
+            series_per_metric=_share(series_per_metric, partitions),
+            values_per_label=_share(values_per_label, partitions),
+            labels_per_event=labels_per_event,
+            partitions=partitions,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any limit is on."""
+        return bool(self.series_per_metric or self.values_per_label or self.labels_per_event)
+
+    def to_json(self) -> str:
+        """The limits as JSON text."""
+        return json.dumps(self.__dict__, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> CardinalityLimits:
+        """Limits from :meth:`to_json` text."""
+        return cls(**json.loads(text))
+
+    def shown(self, value: int) -> str:
+        """A local limit as reasons show it: ``37500 per partition of 4``."""
+        return f"{value} per partition of {self.partitions}" if self.partitions > 1 else str(value)
+
+
+def _share(limit: int, partitions: int) -> int:
+    return 0 if limit <= 0 else max(1, math.ceil(limit / partitions))
+
+
+@dataclass
+class LimitState:
+    """The keys one partition admitted in one limit hour (:data:`KEYS` rows), with the hour's limits.
+
+    ``covered_to``: the state holds every key first seen before this offset
+    (exclusive). Grows by :meth:`add`; :meth:`as_of` cuts it back to an
+    earlier offset (a replayed range).
+    """
+
+    limits: CardinalityLimits
+    keys: pa.Table = field(default_factory=KEYS.empty_table)
+    covered_to: int = 0
+
+    def __post_init__(self) -> None:
+        self._lookup: dict[str, pa.Array] = {}
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def add(self, keys: pa.Table, covered_to: int) -> None:
+        """Take ``keys`` (admitted by :func:`admit` on the records up to ``covered_to``) into the state."""
+        if keys.num_rows:
+            self.keys = pa.concat_tables([self.keys, keys.select(KEYS.names).cast(KEYS)])
+            self._lookup, self._counts = {}, {}
+        self.covered_to = covered_to
+
+    def as_of(self, offset: int) -> LimitState:
+        """The state as it was before ``offset`` (``<= covered_to``): the keys first seen before it."""
+        if offset >= self.covered_to:
+            return self
+        earlier = self.keys.filter(pc.less(self.keys.column("first_offset"), offset))
+        return LimitState(self.limits, earlier, offset)
+
+    def lookup(self, kind: str) -> pa.Array:
+        """The admitted keys of ``kind`` as ``group<US>key`` strings (a set to look rows up in)."""
+        if kind not in self._lookup:
+            rows = self.keys.filter(pc.equal(self.keys.column("kind"), kind))
+            joined = pc.binary_join_element_wise(rows.column("group"), rows.column("key"), _SEP)
+            self._lookup[kind] = joined.combine_chunks() if isinstance(joined, pa.ChunkedArray) else joined
+        return self._lookup[kind]
+
+    def counts(self, kind: str) -> dict[str, int]:
+        """Admitted keys of ``kind`` per group."""
+        if kind not in self._counts:
+            rows = self.keys.filter(pc.equal(self.keys.column("kind"), kind))
+            counted = rows.group_by("group").aggregate([("key", "count")])
+            self._counts[kind] = dict(
+                zip(counted.column("group").to_pylist(), counted.column("key_count").to_pylist(), strict=True)
+            )
+        return self._counts[kind]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What :func:`admit` decided for a block of records: ``refused`` (bool per record), ``reasons`` (string per
+    record, null where admitted), ``limits`` (the name of the limit that refused each record, null where admitted)
+    and the :data:`KEYS` it admits (new to the state)."""
+
+    refused: np.ndarray
+    reasons: pa.Array
+    limits: pa.Array
+    keys: pa.Table
+
+    @property
+    def refused_by(self) -> dict[str, int]:
+        """Refused records per limit name."""
+        return refused_per_limit(self.limits)
+
+
+def refused_per_limit(limits: pa.Array | pa.ChunkedArray) -> dict[str, int]:
+    """Count a ``limits`` array (limit name per record, null where admitted) per limit name."""
+    counted = pc.value_counts(pc.drop_null(limits)).to_pylist()
+    return {entry["values"]: entry["counts"] for entry in counted}
+
+
+def limit_hours(ingested_at: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The limit hour (epoch µs of the hour's start, int64) of each record from its append time (a timestamp)."""
+    us = pc.cast(pc.cast(ingested_at, pa.timestamp("us", "UTC")), pa.int64()).to_numpy(zero_copy_only=False)
+    return us - np.mod(us, LIMIT_HOUR_US)
+
+
+def admit(state: LimitState, records: pa.Table) -> Admission:
+    """Judge ``records`` (valid events of one partition and limit hour, in offset order, all at or after
+    ``state.covered_to``: columns ``offset`` int64, ``metric``, ``server`` string, ``tags`` map<string, string>)
+    against ``state`` and each other; returns the :class:`Admission`. Does not change ``state``.
+
+    Vectorised: per limit, the records' keys not in the state are ranked per
+    group by their first offset, and the first ``limit - admitted`` of each
+    group are admitted (see the module docstring for the rules).
+    """
+    n = records.num_rows
+    limits = state.limits
+    offsets = records.column("offset").to_numpy(zero_copy_only=False)
+    reasons = np.full(n, None, dtype=object)
+    limit_of = np.full(n, None, dtype=object)  # the limit refusing each record
+    new_keys = [KEYS.empty_table()]
+    candidate = np.ones(n, bool)
+    if limits.labels_per_event and n:
+        count = _map_lengths(_one_chunk(records.column("tags")))
+        over = count > limits.labels_per_event
+        if over.any():
+            reasons[over] = [
+                f"{REASON_CODE}: {c} labels, over labels_per_event={limits.labels_per_event}" for c in count[over]
+            ]
+            limit_of[over] = "labels_per_event"
+            candidate = ~over
+    if limits.series_per_metric and n:
+        rows = np.flatnonzero(candidate)
+        kept = records.take(pa.array(rows))
+        over, keys = _first_n(
+            state, SERIES, kept.column("metric"), kept.column("server"), offsets[rows], limits.series_per_metric
+        )
+        _refuse_series(reasons, limit_of, rows, over, kept, limits)
+        new_keys.append(keys)
+    if limits.values_per_label and n:
+        rows = np.flatnonzero(candidate)
+        tags = _one_chunk(records.column("tags").take(pa.array(rows)))
+        parents = np.repeat(np.arange(len(tags)), _map_lengths(tags))  # the record of each (name, value) pair
+        if len(parents):
+            # The map's flattened names and values (a taken array's child arrays start at its first offset).
+            window = slice(tags.offsets[0].as_py(), tags.offsets[-1].as_py())
+            names, values = tags.keys[window], tags.items[window]
+            over_pairs, keys = _first_n(state, VALUE, names, values, offsets[rows][parents], limits.values_per_label)
+            # A record is refused for its first new value over the limit.
+            first_pair = {}
+            for pair in np.flatnonzero(over_pairs):
+                first_pair.setdefault(int(parents[pair]), pair)
+            if first_pair:
+                local = np.fromiter(first_pair.keys(), np.int64, len(first_pair))
+                pairs = np.fromiter(first_pair.values(), np.int64, len(first_pair))
+                fresh = reasons[rows[local]] == None  # noqa: E711 - object array: elementwise
+                local, pairs = local[fresh], pairs[fresh]
+                pair_table = pa.table({"name": names.take(pa.array(pairs)), "value": values.take(pa.array(pairs))})
+                reasons[rows[local]] = [
+                    f"{REASON_CODE}: label {name!r} is at values_per_label="
+                    f"{limits.shown(limits.values_per_label)} this hour; value {value!r} is new"
+                    for name, value in zip(
+                        pair_table.column("name").to_pylist(), pair_table.column("value").to_pylist(), strict=True
+                    )
+                ]
+                limit_of[rows[local]] = "values_per_label"
+            new_keys.append(keys)
+    refused = reasons != None  # noqa: E711 - object array: elementwise
+    return Admission(
+        refused, pa.array(reasons, pa.string()), pa.array(limit_of, pa.string()), pa.concat_tables(new_keys)
+    )
+
+
+def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
+
+
+def _map_lengths(tags: pa.MapArray) -> np.ndarray:
+    """Entries of each map (0 for a null map), from the offsets: Arrow's list kernels take no maps."""
+    if not len(tags):
+        return np.zeros(0, np.int64)
+    lengths = np.diff(tags.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
+    return lengths * pc.is_valid(tags).to_numpy(zero_copy_only=False)
+
+
+def _refuse_series(reasons, limit_of, rows: np.ndarray, over: np.ndarray, kept: pa.Table, limits) -> None:
+    """Give the records ``rows[over]`` (indexes into the block; ``kept`` holds ``rows``' records) the reason of the
+    series limit, unless an earlier limit refused them already."""
+    picked = np.flatnonzero(over)
+    picked = picked[reasons[rows[picked]] == None]  # noqa: E711 - object array: elementwise
+    if not len(picked):
+        return
+    metrics = kept.column("metric").take(pa.array(picked)).to_pylist()
+    servers = kept.column("server").take(pa.array(picked)).to_pylist()
+    reasons[rows[picked]] = [
+        f"{REASON_CODE}: metric {m!r} is at series_per_metric={limits.shown(limits.series_per_metric)} "
+        f"this hour; server {s!r} would be a new series"
+        for m, s in zip(metrics, servers, strict=True)
+    ]
+    limit_of[rows[picked]] = "series_per_metric"
+
+
+def _rank_within(groups: np.ndarray) -> np.ndarray:
+    """Each row's position (0, 1, …) among the rows of its group; ``groups`` sorted so that a group's rows are
+    adjacent."""
+    if not len(groups):
+        return np.zeros(0, np.int64)
+    starts = np.r_[0, np.flatnonzero(groups[1:] != groups[:-1]) + 1]
+    return np.arange(len(groups)) - np.repeat(starts, np.diff(np.r_[starts, len(groups)]))
+
+
+def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, limit: int):
+    """Per ``groups`` value, admit the first keys (by first offset) not yet in ``state`` while the group has fewer
+    than ``limit``; returns (bool per input row: its key is new and not admitted, the admitted new :data:`KEYS`)."""
+    joined = pc.binary_join_element_wise(groups, keys, _SEP)
+    known = pc.is_in(joined, value_set=state.lookup(kind)).to_numpy(zero_copy_only=False)
+    new = np.flatnonzero(~known)
+    over = np.zeros(len(known), bool)
+    if not len(new):
+        return over, KEYS.empty_table()
+    index = pa.array(new)
+    fresh = pa.table(
+        {
+            "joined": joined.take(index),
+            "group": pc.take(groups, index),
+            "key": pc.take(keys, index),
+            "first_offset": pa.array(offsets[new]),
+        }
+    )
+    firsts = fresh.group_by(["joined", "group", "key"], use_threads=False).aggregate([("first_offset", "min")])
+    firsts = firsts.sort_by([("group", "ascending"), ("first_offset_min", "ascending")])
+    group = firsts.column("group").to_numpy(zero_copy_only=False)
+    rank = _rank_within(group)
+    counts = state.counts(kind)
+    room = np.array([limit - counts.get(g, 0) for g in group], np.int64) if len(group) else np.zeros(0, np.int64)
+    admitted = rank < room
+    rejected_keys = firsts.column("joined").filter(pa.array(~admitted))
+    over[new] = pc.is_in(fresh.column("joined"), value_set=rejected_keys).to_numpy(zero_copy_only=False)
+    chosen = firsts.filter(pa.array(admitted))
+    admitted_keys = pa.table(
+        {
+            "kind": pa.array([kind] * chosen.num_rows, pa.string()),
+            "group": chosen.column("group"),
+            "key": chosen.column("key"),
+            "first_offset": chosen.column("first_offset_min"),
+        },
+        schema=KEYS,
+    )
+    return over, admitted_keys
+
+
+def top_label_values(series: pa.Table, top: int) -> pa.Table:
+    """Per label name, the ``top`` values carried by the most series: ``series`` has one row per series with a
+    ``labels`` map<string, string>; returns columns ``label``, ``value`` (string) and ``series`` (int64: series
+    carrying it) plus ``values`` (int64: distinct values of the label), ordered by label, then series descending.
+    A series without a label is not counted for it (Prometheus's ``count by (label)`` drops it too)."""
+    labels = (
+        _one_chunk(series.column("labels")) if series.num_rows else pa.array([], series.schema.field("labels").type)
+    )
+    bounds = labels.offsets.to_numpy(zero_copy_only=False) if len(labels) else np.zeros(1, np.int32)
+    window = slice(int(bounds[0]), int(bounds[-1]))
+    pairs = pa.table({"label": labels.keys[window], "value": labels.items[window]})
+    counted = pairs.group_by(["label", "value"], use_threads=False).aggregate([("value", "count")])
+    distinct = counted.group_by("label", use_threads=False).aggregate([("value", "count")])
+    counted = counted.rename_columns(["label", "value", "series"]).sort_by(
+        [("label", "ascending"), ("series", "descending"), ("value", "ascending")]
+    )
+    kept = counted.filter(pa.array(_rank_within(counted.column("label").to_numpy(zero_copy_only=False)) < top))
+    per_label = dict(zip(distinct.column("label").to_pylist(), distinct.column("value_count").to_pylist(), strict=True))
+    values = pa.array([per_label[name] for name in kept.column("label").to_pylist()], pa.int64())
+    return kept.append_column("values", values).cast(
+        pa.schema([("label", pa.string()), ("value", pa.string()), ("series", pa.int64()), ("values", pa.int64())])
+    )
