@@ -26,6 +26,7 @@ import pyarrow as pa
 from bench.common import scratch_dir
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
@@ -62,10 +63,11 @@ def bomb_events(count: int, first_id: int, start_ms: int, seconds: float) -> pa.
     ).cast(LOG_RECORD)
 
 
-def run(work, args, with_bomb: bool) -> dict:
-    """Append the rounds and process one micro-batch per round; returns batch seconds and table rows."""
-    store = LocalStore(work / ("bomb" if with_bomb else "steady"))
-    limits = configured_limits(LakeSettings(root=str(store.root)), PARTITIONS)
+def run(work, args, with_bomb: bool, limited: bool = True) -> dict:
+    """Append the rounds and process one micro-batch per round (cardinality limits on unless not ``limited``);
+    returns batch seconds and table rows."""
+    store = LocalStore(work / f"{'bomb' if with_bomb else 'steady'}-{'limits' if limited else 'no-limits'}")
+    limits = configured_limits(LakeSettings(root=str(store.root)), PARTITIONS) if limited else CardinalityLimits()
     cardinality._CACHE.clear()
     log = SegmentLog(store)
     start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 600_000
@@ -119,6 +121,7 @@ def main() -> None:
     parser.add_argument("--bomb", type=int, default=1_000_000)
     args = parser.parse_args()
     work = scratch_dir("bench-bomb-")
+    unlimited = run(work, args, with_bomb=False, limited=False)
     steady = run(work, args, with_bomb=False)
     bombed = run(work, args, with_bomb=True)
     limits = steady["limits"]
@@ -128,15 +131,18 @@ def main() -> None:
         f"{args.bomb:,} events with distinct request_id in the first minute; limits per partition of {PARTITIONS}: "
         f"{limits.series_per_metric:,} series/metric, {limits.values_per_label:,} values/label"
     )
-    for name, result in (("without bomb", steady), ("with bomb", bombed)):
+    runs = (("no limits, no bomb", unlimited), ("without bomb", steady), ("with bomb", bombed))
+    for name, result in runs:
         s = np.array(result["seconds"])
         print(
-            f"  {name:>12}: batch seconds p50 {np.percentile(s, 50):.2f}  p99 {np.percentile(s, 99):.2f}  "
+            f"  {name:>17}: batch seconds p50 {np.percentile(s, 50):.2f}  p99 {np.percentile(s, 99):.2f}  "
             f"max {s.max():.2f};  rows: "
             + ", ".join(f"{t} {n:,}" for t, n in result["rows"].items())
             + (f";  refused {result['refused']}" if result["refused"] else "")
         )
     p99 = {n: float(np.percentile(r["seconds"], 99)) for n, r in (("steady", steady), ("bomb", bombed))}
+    total = {n: sum(r["seconds"]) for n, r in (("unlimited", unlimited), ("steady", steady))}
+    print(f"  the limits themselves cost {100 * (total['steady'] / total['unlimited'] - 1):+.1f} % of the batch time")
     growth = {t: bombed["rows"][t] - steady["rows"][t] for t in steady["rows"]}
     print(
         f"  the bomb adds {p99['bomb'] - p99['steady']:+.2f} s to the batch p99; grows "

@@ -104,7 +104,9 @@ def series(
         f"{metric}: {report.series.num_rows:,} series (servers) in {Table.METRIC_WINDOWS_1M} since {since} UTC",
         highlight=False,
     )
-    for partition, (hour, count, limits) in sorted(report.admitted.items()):
+    if report.admitted is None:
+        err.print("  (the limit states are under log/_consumers/, which this identity may not read)")
+    for partition, (hour, count, limits) in sorted((report.admitted or {}).items()):
         at = dt.datetime.fromtimestamp(hour / 1e6, dt.UTC).strftime("%Y-%m-%d %H:00")
         limit = f"of {limits.series_per_metric:,}" if limits.series_per_metric else "(no limit)"
         err.print(f"  partition {partition}: {count:,} series admitted {limit} in the hour from {at} UTC")

@@ -58,6 +58,7 @@ from metrics_lake.core.speed.progress import window_start_bounds
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.core.tables.snapshots import days_between, read_data_files, windowed_files
+from metrics_lake.lake_schemas.errors import AccessDeniedError
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, Table
 
 __all__ = ["KEEP_HOURS", "GateResult", "LimitGate", "SeriesReport", "load_state", "save_states", "series_report"]
@@ -220,14 +221,15 @@ class SeriesReport:
     hi_us)`` of ``metric_windows_1m`` (columns ``server``, ``labels``: its
     newest window's labels); ``admitted``: per partition, the series the
     speed layer admitted in the newest limit hour it has a state of, with
-    that hour (epoch µs) and its limits.
+    that hour (epoch µs) and its limits (None if this identity may not read
+    the log's consumer groups).
     """
 
     metric: str
     lo_us: int | None
     hi_us: int | None
     series: pa.Table
-    admitted: dict[int, tuple[int, int, CardinalityLimits]]
+    admitted: dict[int, tuple[int, int, CardinalityLimits]] | None
 
 
 def series_report(store: Store, group: str, topic: str, metric: str, hours: float) -> SeriesReport:
@@ -253,12 +255,15 @@ def series_report(store: Store, group: str, topic: str, metric: str, hours: floa
             server = rows.column("server").to_numpy(zero_copy_only=False)
             first = np.r_[True, server[1:] != server[:-1]]
             series = rows.filter(pa.array(first)).select(["server", "labels"])
-    admitted = {}
-    for partition in range(SegmentLog(store).partitions(topic)):
-        names = [n for n in store.list(keys.limit_states_prefix(group, topic, partition)) if n.endswith(".arrow")]
-        if names:
-            hour = int(max(names).removesuffix(".arrow"))
-            state = load_state(store, group, topic, partition, hour)
-            if state is not None:
-                admitted[partition] = (hour, state.counts(SERIES).get(metric, 0), state.limits)
+    admitted: dict | None = {}
+    try:
+        for partition in range(SegmentLog(store).partitions(topic)):
+            names = [n for n in store.list(keys.limit_states_prefix(group, topic, partition)) if n.endswith(".arrow")]
+            if names:
+                hour = int(max(names).removesuffix(".arrow"))
+                state = load_state(store, group, topic, partition, hour)
+                if state is not None:
+                    admitted[partition] = (hour, state.counts(SERIES).get(metric, 0), state.limits)
+    except AccessDeniedError:  # the analyst identity reads tables, not the log
+        admitted = None
     return SeriesReport(metric, lo, hi, series, admitted)

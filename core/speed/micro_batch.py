@@ -345,12 +345,12 @@ def process_partition(store: Store, plan: BatchPlan, partition: int, *, clock_sk
 
 
 def process_chunk(
-    store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int, gate: LimitGate | None = None
+    store: Store, plan: BatchPlan, chunk: Chunk, *, clock_skew_seconds: int, gate: LimitGate
 ) -> ChunkResult:
     """Read one chunk and write what each table still needs of it: bronze and quarantine files, window states.
 
     ``gate``: the partition's cardinality limits, as of ``chunk.start``
-    (:func:`process_partition` passes it from chunk to chunk); events over a
+    (:func:`process_partition` passes it from chunk to chunk: call that); events over a
     limit go to quarantine instead of bronze. Files are written but not
     committed (invisible until :func:`commit_batch`); a failed or retried
     task leaves only files that VACUUM removes.
@@ -358,13 +358,12 @@ def process_chunk(
     rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
     bronze, quarantine = split_log_rows(rows)
     refused_by: dict[str, int] = {}
-    if gate is not None:
-        judged = gate.admit(bronze, chunk.start, chunk.end)
-        bronze = judged.admitted
-        if judged.refused.num_rows:
-            quarantine = pa.concat_tables([quarantine, limited_rows(judged.refused, judged.reasons)])
-            new = pc.greater_equal(judged.refused.column("offset"), plan.marks[QUARANTINE][chunk.partition])
-            refused_by = refused_per_limit(judged.limits.filter(new))  # those quarantine does not hold yet
+    judged = gate.admit(bronze, chunk.start, chunk.end)
+    bronze = judged.admitted
+    if judged.refused.num_rows:
+        quarantine = pa.concat_tables([quarantine, limited_rows(judged.refused, judged.reasons)])
+        new = pc.greater_equal(judged.refused.column("offset"), plan.marks[QUARANTINE][chunk.partition])
+        refused_by = refused_per_limit(judged.limits.filter(new))  # those quarantine does not hold yet
     bronze, known = enrich(store, plan.pins, chunk.partition, bronze)
     p = chunk.partition
 

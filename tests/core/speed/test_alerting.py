@@ -115,7 +115,11 @@ def test_a_replayed_batch_records_no_transition_twice(store, log):
         plan = speed_layer.plan_batch(
             store, TOPIC, ends, watermark_seconds=60, chunk_records=1000, watched=("host.cpu.utilization",)
         )
-        return plan, [speed_layer.process_chunk(store, plan, c, clock_skew_seconds=300) for c in plan.chunks]
+        return plan, [
+            r
+            for p in plan.partition_chunks()
+            for r in speed_layer.process_partition(store, plan, p, clock_skew_seconds=300)
+        ]
 
     (plan, results), (again, again_results) = planned(), planned()
     assert (

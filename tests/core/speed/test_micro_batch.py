@@ -28,7 +28,7 @@ from metrics_lake.core.speed.micro_batch import (
     WINDOWS,
     commit_batch,
     plan_batch,
-    process_chunk,
+    process_partition,
     run_batch_in_process,
 )
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
@@ -126,7 +126,9 @@ def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(sto
 
     def planned(ends):
         plan = plan_batch(store, TOPIC, ends, watermark_seconds=120, chunk_records=1000)
-        return plan, [process_chunk(store, plan, c, clock_skew_seconds=300) for c in plan.chunks]
+        return plan, [
+            r for p in plan.partition_chunks() for r in process_partition(store, plan, p, clock_skew_seconds=300)
+        ]
 
     # Two attempts of the same batch (a lost commit response, a replayed batch): the second commits nothing.
     (plan, results), (again, again_results) = planned(first_ends), planned(first_ends)
