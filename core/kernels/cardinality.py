@@ -234,7 +234,7 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
             candidate = ~over
     if limits.series_per_metric and n:
         rows = np.flatnonzero(candidate)
-        kept = records.take(pa.array(rows))
+        kept = records if len(rows) == n else records.take(pa.array(rows))  # no copy in the usual case
         over, keys = _first_n(
             state, SERIES, kept.column("metric"), kept.column("server"), offsets[rows], limits.series_per_metric
         )
@@ -242,7 +242,8 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
         new_keys.append(keys)
     if limits.values_per_label and n:
         rows = np.flatnonzero(candidate)
-        tags = _one_chunk(records.column("tags").take(pa.array(rows)))
+        tags = records.column("tags")
+        tags = _one_chunk(tags if len(rows) == n else tags.take(pa.array(rows)))
         parents = np.repeat(np.arange(len(tags)), _map_lengths(tags))  # the record of each (name, value) pair
         if len(parents):
             # The map's flattened names and values (a taken array's child arrays start at its first offset).
@@ -321,31 +322,33 @@ def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, li
     over = np.zeros(len(known), bool)
     if not len(new):
         return over, KEYS.empty_table()
-    index = pa.array(new)
-    fresh = pa.table(
-        {
-            "joined": joined.take(index),
-            "group": pc.take(groups, index),
-            "key": pc.take(keys, index),
-            "first_offset": pa.array(offsets[new]),
-        }
-    )
-    firsts = fresh.group_by(["joined", "group", "key"], use_threads=False).aggregate([("first_offset", "min")])
-    firsts = firsts.sort_by([("group", "ascending"), ("first_offset_min", "ascending")])
-    group = firsts.column("group").to_numpy(zero_copy_only=False)
-    rank = _rank_within(group)
+    # Codes in order of first appearance: rows are in offset order, so a key's first row is its first offset.
+    fresh = joined if len(new) == len(joined) else joined.take(pa.array(new))
+    encoded = pc.dictionary_encode(fresh)  # one dictionary across chunks: codes in order of first appearance
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    codes = np.concatenate([np.zeros(0, np.int32), *(c.indices.to_numpy(zero_copy_only=False) for c in chunks)])
+    # A key's first row is where its code first appears: where the running maximum code grows.
+    running = np.maximum.accumulate(codes)
+    first = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
+    rows = new[first]
+    firsts = pa.table({"group": pc.take(groups, pa.array(rows)), "key": pc.take(keys, pa.array(rows))})
+    order = pc.sort_indices(firsts, [("group", "ascending")]).to_numpy()  # stable: first offsets stay in order
+    group = firsts.column("group").take(pa.array(order)).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(0, np.int64)
     counts = state.counts(kind)
-    room = np.array([limit - counts.get(g, 0) for g in group], np.int64) if len(group) else np.zeros(0, np.int64)
-    admitted = rank < room
-    rejected_keys = firsts.column("joined").filter(pa.array(~admitted))
-    over[new] = pc.is_in(fresh.column("joined"), value_set=rejected_keys).to_numpy(zero_copy_only=False)
-    chosen = firsts.filter(pa.array(admitted))
+    room = np.repeat(
+        np.array([limit - counts.get(group[i], 0) for i in starts], np.int64), np.diff(np.r_[starts, len(group)])
+    )
+    admitted = np.zeros(len(first), bool)
+    admitted[order] = _rank_within(group) < room
+    over[new] = ~admitted[codes]
+    chosen = np.flatnonzero(admitted)
     admitted_keys = pa.table(
         {
-            "kind": pa.array([kind] * chosen.num_rows, pa.string()),
-            "group": chosen.column("group"),
-            "key": chosen.column("key"),
-            "first_offset": chosen.column("first_offset_min"),
+            "kind": pa.array([kind] * len(chosen), pa.string()),
+            "group": firsts.column("group").take(pa.array(chosen)),
+            "key": firsts.column("key").take(pa.array(chosen)),
+            "first_offset": pa.array(offsets[rows[chosen]], pa.int64()),
         },
         schema=KEYS,
     )

@@ -110,7 +110,7 @@ class LimitGate:
         for hour in np.unique(hours):
             rows = np.flatnonzero(hours == hour)
             state = self._state(int(hour), start)
-            admission = admit(state, events.take(pa.array(rows)))
+            admission = admit(state, events if len(rows) == events.num_rows else events.take(pa.array(rows)))
             state.add(admission.keys, end)
             refused[rows] = admission.refused
             reasons[rows] = admission.reasons.to_numpy(zero_copy_only=False)
@@ -118,6 +118,8 @@ class LimitGate:
             _remember(self._cache_key(int(hour)), state)
         for state in self.states.values():
             state.covered_to = max(state.covered_to, end)  # no record of that hour in the chunk: nothing new
+        if not refused.any():  # the usual case: no copy of the events
+            return GateResult(events, events.slice(0, 0), pa.array([], pa.string()), pa.array([], pa.string()))
         return GateResult(
             events.filter(pa.array(~refused)),
             events.filter(pa.array(refused)),

@@ -368,7 +368,9 @@ def process_chunk(
     p = chunk.partition
 
     def new_for(table: str, data: pa.Table) -> pa.Table:
-        return data.filter(pc.greater_equal(data.column("offset"), plan.marks[table][p]))
+        # Rows are in offset order: the new ones are a slice (zero-copy, where a filter copies every label map).
+        offsets = data.column("offset").to_numpy(zero_copy_only=False)
+        return data.slice(int(np.searchsorted(offsets, plan.marks[table][p], side="left")))
 
     result = ChunkResult()
     bronze_new, quarantine_new = new_for(BRONZE, bronze), new_for(QUARANTINE, quarantine)

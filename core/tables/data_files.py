@@ -121,7 +121,7 @@ def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFil
     written = []
     for group in groups:
         part = data
-        for column, value in group.items():
+        for column, value in group.items() if len(groups) > 1 else ():  # one group: all rows, not a copy
             part = part.filter(pc.equal(part.column(column), pa.scalar(value, schema.field(column).type)))
         values = {column: stat_value(value) for column, value in group.items()}
         directory = "/".join(f"{column}={value}" for column, value in values.items())
