@@ -250,3 +250,50 @@ def test_the_alerts_and_servers_panels_show_a_silent_server_and_its_firing_alert
             driver.save_screenshot(str(ARTIFACTS / "dashboard-alerts.png"))
         finally:
             driver.quit()
+
+
+def test_the_label_filter_keeps_the_servers_it_selects_and_names_a_malformed_selector(settings, store, log):
+    """Typing a selector in the header's labels box filters the servers panel by inventory labels."""
+    from metrics_lake.agents.simulator import FleetSimulator
+    from metrics_lake.core.inventory import Inventory, diff
+    from metrics_lake.core.log.consumer import end_offsets
+    from metrics_lake.core.log.producer import Producer
+    from metrics_lake.core.speed.micro_batch import run_batch_in_process
+    from tests.app.test_alerts_api import NOW_MS
+
+    teams = {f"sim-{i:04d}": {"team": "payments" if i % 2 else "search", "dc": "eu"} for i in range(4)}
+    Inventory(store).append(diff({}, teams, full=True))
+    with Producer(log, settings.topic, partitions=2) as producer:
+        producer.send(FleetSimulator(servers=4, metrics=1, seconds=30, seed=0, start_ms=NOW_MS).generate())
+    run_batch_in_process(
+        store, settings.topic, end_offsets(log, settings.topic), watermark_seconds=60, clock_skew_seconds=300
+    )
+    with served(settings) as url:
+        driver = browser()
+        try:
+            started = time.time()
+            driver.get(url)
+            wait_refreshed(driver, started)
+            assert "4 up" in driver.find_element(By.ID, "servers").text
+            for text, shown in (
+                ("team=payments", ["sim-0001", "sim-0003"]),
+                ("dc=eu,team!=payments", ["sim-0000", "sim-0002"]),
+            ):
+                field = driver.find_element(By.ID, "select")
+                field.clear()
+                started = time.time()
+                field.send_keys(text + "\n")
+                wait_refreshed(driver, started)
+                servers = driver.find_element(By.ID, "servers")
+                rows = servers.find_elements(By.XPATH, ".//tbody/tr/td[2]")
+                assert sorted(r.text for r in rows) == shown, text
+                assert "2 up" in servers.text
+            field = driver.find_element(By.ID, "select")
+            field.clear()
+            started = time.time()
+            field.send_keys("1x=y\n")
+            wait_refreshed(driver, started)
+            meta = driver.find_element(By.ID, "servers").text
+            assert "error:" in meta and "select" in meta and "1x" in meta, meta
+        finally:
+            driver.quit()
