@@ -251,12 +251,10 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
             names, values = tags.keys[window], tags.items[window]
             over_pairs, keys = _first_n(state, VALUE, names, values, offsets[rows][parents], limits.values_per_label)
             # A record is refused for its first new value over the limit.
-            first_pair = {}
-            for pair in np.flatnonzero(over_pairs):
-                first_pair.setdefault(int(parents[pair]), pair)
-            if first_pair:
-                local = np.fromiter(first_pair.keys(), np.int64, len(first_pair))
-                pairs = np.fromiter(first_pair.values(), np.int64, len(first_pair))
+            over_at = np.flatnonzero(over_pairs)
+            local, first = np.unique(parents[over_at], return_index=True)
+            if len(local):
+                pairs = over_at[first]
                 fresh = reasons[rows[local]] == None  # noqa: E711 - object array: elementwise
                 local, pairs = local[fresh], pairs[fresh]
                 pair_table = pa.table({"name": names.take(pa.array(pairs)), "value": values.take(pa.array(pairs))})
