@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metrics_lake.core.kernels.selectors import map_entries
 from metrics_lake.lake_schemas.contract import LIMIT_REASON_CODE
 
 __all__ = [
@@ -223,8 +224,10 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
     limit_of = np.full(n, None, dtype=object)  # the limit refusing each record
     new_keys = [KEYS.empty_table()]
     candidate = np.ones(n, bool)
+    # The (name, value) pairs of the records' tags, each with its record: read once for both tag limits.
+    parents, names, values = map_entries(records.column("tags"))
     if limits.labels_per_event and n:
-        count = _map_lengths(_one_chunk(records.column("tags")))
+        count = np.bincount(parents, minlength=n)
         over = count > limits.labels_per_event
         if over.any():
             reasons[over] = [
@@ -241,48 +244,31 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
         _refuse_series(reasons, limit_of, rows, over, kept, limits)
         new_keys.append(keys)
     if limits.values_per_label and n:
-        rows = np.flatnonzero(candidate)
-        tags = records.column("tags")
-        tags = _one_chunk(tags if len(rows) == n else tags.take(pa.array(rows)))
-        parents = np.repeat(np.arange(len(tags)), _map_lengths(tags))  # the record of each (name, value) pair
+        if not candidate.all():  # the pairs of records the labels limit refused do not count
+            keep = candidate[parents]
+            parents, names, values = parents[keep], names.filter(pa.array(keep)), values.filter(pa.array(keep))
         if len(parents):
-            # The map's flattened names and values (a taken array's child arrays start at its first offset).
-            window = slice(tags.offsets[0].as_py(), tags.offsets[-1].as_py())
-            names, values = tags.keys[window], tags.items[window]
-            over_pairs, keys = _first_n(state, VALUE, names, values, offsets[rows][parents], limits.values_per_label)
+            over_pairs, keys = _first_n(state, VALUE, names, values, offsets[parents], limits.values_per_label)
             # A record is refused for its first new value over the limit.
             over_at = np.flatnonzero(over_pairs)
-            local, first = np.unique(parents[over_at], return_index=True)
-            if len(local):
-                pairs = over_at[first]
-                fresh = reasons[rows[local]] == None  # noqa: E711 - object array: elementwise
-                local, pairs = local[fresh], pairs[fresh]
-                pair_table = pa.table({"name": names.take(pa.array(pairs)), "value": values.take(pa.array(pairs))})
-                reasons[rows[local]] = [
-                    f"{REASON_CODE}: label {name!r} is at values_per_label="
-                    f"{limits.shown(limits.values_per_label)} this hour; value {value!r} is new"
+            refused_rows, first = np.unique(parents[over_at], return_index=True)
+            pairs = over_at[first]
+            fresh = reasons[refused_rows] == None  # noqa: E711 - object array: elementwise
+            refused_rows, pairs = refused_rows[fresh], pairs[fresh]
+            if len(refused_rows):
+                shown = limits.shown(limits.values_per_label)
+                reasons[refused_rows] = [
+                    f"{REASON_CODE}: label {name!r} is at values_per_label={shown} this hour; value {value!r} is new"
                     for name, value in zip(
-                        pair_table.column("name").to_pylist(), pair_table.column("value").to_pylist(), strict=True
+                        names.take(pa.array(pairs)).to_pylist(), values.take(pa.array(pairs)).to_pylist(), strict=True
                     )
                 ]
-                limit_of[rows[local]] = "values_per_label"
+                limit_of[refused_rows] = "values_per_label"
             new_keys.append(keys)
     refused = reasons != None  # noqa: E711 - object array: elementwise
     return Admission(
         refused, pa.array(reasons, pa.string()), pa.array(limit_of, pa.string()), pa.concat_tables(new_keys)
     )
-
-
-def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
-
-
-def _map_lengths(tags: pa.MapArray) -> np.ndarray:
-    """Entries of each map (0 for a null map), from the offsets: Arrow's list kernels take no maps."""
-    if not len(tags):
-        return np.zeros(0, np.int64)
-    lengths = np.diff(tags.offsets.to_numpy(zero_copy_only=False)).astype(np.int64)
-    return lengths * pc.is_valid(tags).to_numpy(zero_copy_only=False)
 
 
 def _refuse_series(reasons, limit_of, rows: np.ndarray, over: np.ndarray, kept: pa.Table, limits) -> None:
@@ -358,12 +344,8 @@ def top_label_values(series: pa.Table, top: int) -> pa.Table:
     ``labels`` map<string, string>; returns columns ``label``, ``value`` (string) and ``series`` (int64: series
     carrying it) plus ``values`` (int64: distinct values of the label), ordered by label, then series descending.
     A series without a label is not counted for it (Prometheus's ``count by (label)`` drops it too)."""
-    labels = (
-        _one_chunk(series.column("labels")) if series.num_rows else pa.array([], series.schema.field("labels").type)
-    )
-    bounds = labels.offsets.to_numpy(zero_copy_only=False) if len(labels) else np.zeros(1, np.int32)
-    window = slice(int(bounds[0]), int(bounds[-1]))
-    pairs = pa.table({"label": labels.keys[window], "value": labels.items[window]})
+    _, names, values = map_entries(series.column("labels"))
+    pairs = pa.table({"label": names, "value": values})
     counted = pairs.group_by(["label", "value"], use_threads=False).aggregate([("value", "count")])
     distinct = counted.group_by("label", use_threads=False).aggregate([("value", "count")])
     counted = counted.rename_columns(["label", "value", "series"]).sort_by(

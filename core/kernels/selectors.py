@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,6 +35,7 @@ __all__ = [
     "Selector",
     "glob_pattern",
     "label_values",
+    "map_entries",
     "parse_selector",
     "selector_mask",
     "server_pattern",
@@ -114,6 +116,15 @@ def server_pattern(servers: tuple[str, ...]) -> str | None:
 def label_values(labels: pa.Array | pa.ChunkedArray, name: str) -> pa.Array | pa.ChunkedArray:
     """Per row of a ``map<string, string>`` column, the value of label ``name``; "" where absent or null."""
     return pc.fill_null(pc.map_lookup(labels, pa.scalar(name, pa.string()), "first"), "")
+
+
+def map_entries(maps: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """(row of each entry (int64), names, values) of a ``map<string, string>`` array; a null map has no entries."""
+    maps = maps.combine_chunks() if isinstance(maps, pa.ChunkedArray) else maps
+    offsets = maps.offsets.to_numpy(zero_copy_only=False)  # of this (possibly sliced) array, into whole children
+    lengths = np.diff(offsets)
+    entries = slice(int(offsets[0]), int(offsets[-1])) if len(offsets) else slice(0, 0)  # zero-copy views
+    return np.repeat(np.arange(len(maps), dtype=np.int64), lengths), maps.keys[entries], maps.items[entries]
 
 
 def selector_mask(

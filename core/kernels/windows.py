@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.kernels import sketch
+from metrics_lake.core.kernels.selectors import map_entries
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
 from metrics_lake.lake_schemas.types import TAGS, UTC_US
 
@@ -136,14 +137,6 @@ def _labels(table: pa.Table, rows: np.ndarray) -> pa.Array | pa.ChunkedArray:
     return taken[0] if len(taken) == 1 else overlay_labels(*taken)
 
 
-def _flat(maps: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
-    """(row of each entry, keys, values) of a map array."""
-    maps = maps.combine_chunks() if isinstance(maps, pa.ChunkedArray) else maps
-    maps = pa.concat_arrays([maps])  # unsliced, so the children hold exactly its entries
-    lengths = np.diff(maps.offsets.to_numpy(zero_copy_only=False))
-    return np.repeat(np.arange(len(maps), dtype=np.int64), lengths), maps.keys, maps.items
-
-
 def overlay_labels(tags: pa.Array | pa.ChunkedArray, labels: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Per row, the ``tags`` map with the ``labels`` map over it (a label wins over a tag of the same name, as a
     Prometheus target label over a scraped one), entries sorted by name; null where both are null.
@@ -151,8 +144,8 @@ def overlay_labels(tags: pa.Array | pa.ChunkedArray, labels: pa.Array | pa.Chunk
     Both are ``map<string, string>`` arrays of equal length (an event's own
     tags and its server's inventory labels).
     """
-    tag_row, tag_key, tag_value = _flat(tags)
-    label_row, label_key, label_value = _flat(labels)
+    tag_row, tag_key, tag_value = map_entries(tags)
+    label_row, label_key, label_value = map_entries(labels)
     if tags.null_count == len(tags):  # no tags at all (most agents): the labels as they are
         return labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
     codes = pc.dictionary_encode(pa.concat_arrays([tag_key, label_key])).indices.to_numpy(zero_copy_only=False)
