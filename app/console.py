@@ -18,7 +18,7 @@ from rich.logging import RichHandler
 
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["configure_output", "err", "out", "print_batch"]
+__all__ = ["configure_output", "err", "out", "print_batch", "verbose_output"]
 
 #: Progress, summaries and errors (stderr).
 err = Console(stderr=True)
@@ -41,6 +41,14 @@ NOISY_LOGGERS = (
 WARNINGS_LOGGER = "py.warnings"
 
 
+_verbose = False
+
+
+def verbose_output() -> bool:
+    """Whether this run was asked for ``--verbose`` output."""
+    return _verbose
+
+
 def configure_output(*, verbose: bool = False) -> None:
     """Set up logging for one CLI run: our own INFO notices, third-party only from WARNING (all with ``verbose``).
 
@@ -49,6 +57,8 @@ def configure_output(*, verbose: bool = False) -> None:
     Also disables tqdm progress bars (Great Expectations draws one per
     expectation) through tqdm's ``TQDM_DISABLE`` variable unless ``verbose``.
     """
+    global _verbose
+    _verbose = verbose
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(message)s",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -28,11 +29,19 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.spark import jvm_archive
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
+#: Spark's warehouse folder (it stays empty: every catalog table reads the lake).
+WAREHOUSE_DIR = Path(tempfile.gettempdir()) / "metrics-lake-spark-warehouse"
 #: Master URLs of a cluster on this machine's loopback (``lake infra spark up``).
 LOOPBACK_MASTERS = ("spark://127.0.0.1:", "spark://localhost:")
 
 
-def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, extra_java_options: str = ""):
+def build_session(
+    settings: LakeSettings,
+    app_name: str = "metrics-lake",
+    *,
+    extra_java_options: str = "",
+    extra_config: dict[str, str] | None = None,
+):
     """Create (or reuse) a SparkSession for ``settings`` and register the lake data sources.
 
     Registered formats: ``lakelog`` (the speed layer's streaming source over
@@ -41,7 +50,7 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
     there is one (:mod:`metrics_lake.spark.jvm_archive`) and gets
     ``settings.spark_driver_java_options``; ``extra_java_options``, if given,
     replace the archive's options (the archive's own builder passes the one
-    that writes it).
+    that writes it). ``extra_config`` adds Spark settings (``lake sql-server``'s listeners).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -54,8 +63,11 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
     from metrics_lake.spark.datasources.delta_reader import DeltaSnapshotDataSource
     from metrics_lake.spark.datasources.log_source import LogDataSource
 
+    builder = SparkSession.builder
+    for key, value in (extra_config or {}).items():
+        builder = builder.config(key, value)
     spark = (
-        SparkSession.builder.master(settings.spark_master)
+        builder.master(settings.spark_master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
@@ -72,8 +84,13 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
             ),
         )
         .config("spark.sql.session.timeZone", "UTC")
+        # The catalog's tables are the lake's (spark/catalog.py), stored nowhere: keep Spark's empty warehouse
+        # folder out of the user's working directory.
+        .config("spark.sql.warehouse.dir", str(WAREHOUSE_DIR))
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        # The lake's readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
+        .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.driver.memory", "2g")
         # Python workers fork from a daemon that has imported pyarrow and the lake already (spark/worker_daemon.py).
         .config("spark.python.daemon.module", "metrics_lake.spark.worker_daemon")
@@ -84,11 +101,30 @@ def build_session(settings: LakeSettings, app_name: str = "metrics-lake", *, ext
     )
     # The worker daemon starts first: the first registration below waits about 1 s for Spark's one-off search
     # of installed Python data sources (a Python process of its own), and the daemon's start overlaps it.
-    threading.Thread(target=_warm_up_python_workers, args=(spark,), name="python-worker-warm-up", daemon=True).start()
+    warm_up = threading.Thread(target=_warm_up_python_workers, args=(spark,), name="python-worker-warm-up", daemon=True)
+    warm_up.start()
+    _WARM_UPS[id(spark)] = warm_up
     spark.sparkContext.setLogLevel("ERROR")
     for source in (LogDataSource, DeltaSnapshotDataSource):
         spark.dataSource.register(source)
     return spark
+
+
+#: The warm-up thread of each session this process built, by ``id(spark)``, for :func:`stop_session`.
+_WARM_UPS: dict[int, threading.Thread] = {}
+
+
+def stop_session(spark, timeout: float = 10.0) -> None:
+    """Stop ``spark`` once its Python-worker warm-up job has ended (waiting up to ``timeout`` seconds).
+
+    Stopping while the warm-up job runs makes Spark print a Java stack
+    trace for the cancelled job, which would precede a failed query's
+    one-line error.
+    """
+    warm_up = _WARM_UPS.pop(id(spark), None)
+    if warm_up is not None:
+        warm_up.join(timeout)
+    spark.stop()
 
 
 def _warm_up_python_workers(spark) -> None:

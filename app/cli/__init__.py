@@ -74,6 +74,8 @@ COMMAND_OPERATIONS: dict[str, Operation] = {
     "inventory": INVENTORY,
     "quality": QUALITY,
     "sql": ANALYSIS,
+    "sql-server": ANALYSIS,
+    "history": ANALYSIS,
     "tables": ANALYSIS,
     "dashboard": ANALYSIS,
     "compact": COMPACT,
@@ -164,8 +166,10 @@ app.add_typer(alerts_app, name="alerts")
 app.add_typer(inventory_app, name="inventory")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
-for command in (analysis.sql, analysis.tables, analysis.series, analysis.quality, dashboard.dashboard):
+for command in (analysis.sql, analysis.tables, analysis.history, analysis.series, analysis.quality):
     app.command()(command)
+app.command("sql-server")(analysis.sql_server)
+app.command()(dashboard.dashboard)
 app.command("airflow")(airflow_standalone)
 app.add_typer(infra_app, name="infra")
 

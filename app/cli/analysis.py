@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import os
 import sys
 from enum import StrEnum
 from typing import Annotated
@@ -16,12 +17,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from metrics_lake.app.cli.options import day, settings
-from metrics_lake.app.console import err, out
+from metrics_lake.app.console import err, out, verbose_output
 from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["OutputFormat", "quality", "series", "sql", "tables"]
+__all__ = ["OutputFormat", "history", "quality", "series", "sql", "sql_server", "tables"]
 
 
 class OutputFormat(StrEnum):
@@ -65,22 +66,83 @@ def sql(
     format: Annotated[OutputFormat, typer.Option("--format", help="Output format.")] = OutputFormat.table,
     limit: Annotated[int, typer.Option(min=1, help="Most rows to print.")] = 1000,
 ) -> None:
-    """Run Spark SQL over every table (bronze_events, quarantine_events, metric_windows_1m, ...)."""
+    """Run Spark SQL over every table (bronze_events, quarantine_events, metric_windows_1m, ...).
+
+    Time travel: ``FROM t VERSION AS OF 12`` or ``TIMESTAMP AS OF '2026-11-20 10:00'`` (UTC), or ``--version``.
+    With the global ``--verbose``, each table scan prints the files it read of the files in its snapshot.
+    """
     from metrics_lake.core.tables.delta import list_tables, open_table
+    from metrics_lake.spark.catalog import rewrite_time_travel
+    from metrics_lake.spark.datasources.delta_reader import SCAN_REPORT_ENV
     from metrics_lake.spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
-    from metrics_lake.spark.session import build_session
+    from metrics_lake.spark.session import build_session, stop_session
 
     config = settings()
     versions = parse_versions(version or [])
     store = open_store(config)
-    for name in referenced_tables(query, list_tables(store)):  # fail on access before the JVM starts
+    names = referenced_tables(query, list_tables(store))
+    for name in names:  # fail on access, and on a malformed time-travel clause, before the JVM starts
         open_table(store, name)
+    rewrite_time_travel(query, names)
+    if verbose_output():
+        os.environ[SCAN_REPORT_ENV] = "1"  # inherited by Spark's Python workers, which plan the scans
     spark = build_session(config, "lake-sql")
     try:
         result = run_sql(spark, config, query, versions).limit(limit).toArrow()
     finally:
-        spark.stop()
+        stop_session(spark)
     print_arrow(result, format)
+
+
+def history(
+    table: Annotated[str, typer.Argument(help=f"A lake table, e.g. {Table.BRONZE_EVENTS}.")],
+    limit: Annotated[int, typer.Option(min=1, help="Most versions to list, newest first.")] = 20,
+) -> None:
+    """List a table's versions: when, which operation, files and rows added and removed (for time travel)."""
+    from metrics_lake.core.tables.delta import list_tables
+    from metrics_lake.core.tables.time_travel import table_history
+
+    store = open_store(settings())
+    existing = list_tables(store)
+    if table not in existing:
+        raise InputError(f"no table {table!r}; tables: {', '.join(existing)}")
+    view = rich_table.Table("version", "committed (UTC)", "operation", "files +", "files -", "rows +", "rows -")
+    for v in table_history(store, table, limit):
+        removed = "?" if v.rows_removed is None else f"{v.rows_removed:,}"
+        view.add_row(
+            str(v.version),
+            f"{v.at:%Y-%m-%d %H:%M:%S}",
+            v.operation,
+            f"{v.files_added:,}",
+            f"{v.files_removed:,}",
+            f"{v.rows_added:,}",
+            removed,
+        )
+    out.print(view)
+
+
+def sql_server(
+    host: Annotated[str, typer.Option(help="Address both listeners bind.")] = "127.0.0.1",
+    connect_port: Annotated[int, typer.Option(min=1, max=65535, help="Spark Connect (gRPC) port.")] = 15002,
+    jdbc_port: Annotated[int, typer.Option(min=1, max=65535, help="JDBC/ODBC (HiveServer2 Thrift) port.")] = 10000,
+) -> None:
+    """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C."""
+    from metrics_lake.infra.processes import bind_error
+    from metrics_lake.spark.jobs.sql_server import serve_sql
+
+    for port, listener in ((connect_port, "--connect-port"), (jdbc_port, "--jdbc-port")):
+        if (error := bind_error(port, host)) is not None:
+            raise InputError(f"{listener} {port} on {host} is not free ({error.strerror}): choose another port")
+    if connect_port == jdbc_port:
+        raise InputError("--connect-port and --jdbc-port must differ")
+
+    def ready(names: list[str]) -> None:
+        err.print(f"serving {len(names)} lake tables read-only: {', '.join(names)}", highlight=False)
+        err.print(f"  Spark Connect: sc://{host}:{connect_port}", highlight=False)
+        err.print(f"  JDBC/ODBC:     jdbc:hive2://{host}:{jdbc_port}/default", highlight=False)
+        err.print("Ctrl-C stops the server")
+
+    serve_sql(settings(), host=host, connect_port=connect_port, jdbc_port=jdbc_port, ready=ready)
 
 
 def series(

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import errno
 import gzip
+import re
 import zlib
 
 from metrics_lake.core.s3_errors import as_storage_error
+from metrics_lake.lake_schemas import errors
 from metrics_lake.lake_schemas.errors import (
     InputError,
     LakeError,
@@ -63,6 +65,22 @@ def _os_error(exc: OSError) -> LakeError | None:
     return None
 
 
+#: A lake error raised inside Spark's Python workers (a data source planning a scan) as Spark reports it: the
+#: worker's traceback, ending with the error's class and message.
+_WORKER_ERROR = re.compile(r"^metrics_lake\.lake_schemas\.errors\.(\w+): (.+)$", re.MULTILINE)
+
+
+def _raised_in_spark(message: str) -> LakeError | None:
+    """The lake error a Spark error wraps (raised in a Python worker), rebuilt with its class; None if none."""
+    match = _WORKER_ERROR.search(message)
+    if match is None:
+        return None
+    kind = getattr(errors, match.group(1), None)
+    if not (isinstance(kind, type) and issubclass(kind, LakeError)):
+        return None
+    return kind(match.group(2).strip())
+
+
 def translate(exc: BaseException) -> LakeError | None:
     """``exc`` as the lake error it means (module docstring), or None for a bug."""
     if isinstance(exc, LakeError):
@@ -83,7 +101,7 @@ def translate(exc: BaseException) -> LakeError | None:
     if exc.__class__.__name__ == "TableNotFoundError" and exc.__class__.__module__.startswith("deltalake"):
         return NotFoundError(f"no such Delta table: {first_line(exc)}")
     if exc.__class__.__module__.startswith("pyspark.errors"):
-        return InputError(f"Spark: {first_line(exc)}")
+        return _raised_in_spark(str(exc)) or InputError(f"Spark: {first_line(exc)}")
     if isinstance(exc, MemoryError):
         return LakeError(
             "out of memory: lower the batch size (LAKE_MAX_RECORDS_PER_BATCH) or give the process more memory"

@@ -25,11 +25,20 @@ def compact(
         bool,
         typer.Option("--z-order", help="Z-order rewritten partitions by metric, server (slower, better skipping)."),
     ] = False,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Instead of bin-packing, sort new files by metric, server, time (files of 1 Mi rows): "
+            "queries on a series or a metric skip most files.",
+        ),
+    ] = False,
     log_only: Annotated[bool, typer.Option("--log-only", help="Compact only the log's segments.")] = False,
     tables_only: Annotated[bool, typer.Option("--tables-only", help="Compact only Delta tables.")] = False,
 ) -> None:
-    """Compaction: merge small log segments (offsets unchanged) and bin-pack small Delta files, then checkpoint."""
+    """Compaction: merge small log segments (offsets unchanged) and bin-pack (or cluster) small Delta files."""
     from metrics_lake.core.log.segment_compaction import compact_log
+    from metrics_lake.core.maintenance.clustering import cluster_table
     from metrics_lake.core.maintenance.table_compaction import compact_table
     from metrics_lake.core.tables.delta import list_tables
 
@@ -64,6 +73,11 @@ def compact(
     unknown = sorted(set(chosen) - set(existing))
     if unknown:
         raise InputError(f"--tables: no such table(s) {', '.join(unknown)} (existing: {', '.join(existing)})")
+    if cluster and z_order:
+        raise InputError("--cluster and --z-order are two layouts: choose one")
+    if cluster:
+        print_clustering([cluster_table(store, name, progress=err.print) for name in chosen])
+        return
     view = rich_table.Table("table", "files", "after", "avg KiB", "after", "partitions rewritten", "version", "seconds")
     for name in chosen:
         r = compact_table(
@@ -80,6 +94,22 @@ def compact(
             f"{r.avg_bytes_before / 1024:,.1f}",
             f"{r.avg_bytes_after / 1024:,.1f}",
             str(r.partitions_rewritten),
+            str(r.version),
+            f"{r.seconds:.1f}",
+        )
+    out.print(view)
+
+
+def print_clustering(results) -> None:
+    """Render :class:`metrics_lake.core.maintenance.clustering.TableClustering` results as a table on stdout."""
+    view = rich_table.Table("table", "files read", "files written", "rows", "partitions", "version", "seconds")
+    for r in results:
+        view.add_row(
+            r.table,
+            f"{r.files_read:,}",
+            f"{r.files_written:,}",
+            f"{r.rows:,}",
+            str(r.partitions),
             str(r.version),
             f"{r.seconds:.1f}",
         )

@@ -140,11 +140,14 @@ def offset_transactions(consumer: str, topic: str, ends: dict[int, int]) -> list
     return [Transaction(offset_app_id(consumer, topic, p), end, now) for p, end in sorted(ends.items())]
 
 
-def remove_action(data_file: DataFile) -> RemoveAction:
-    """The Delta ``remove`` action for an active :class:`~metrics_lake.core.tables.snapshots.DataFile`."""
+def remove_action(data_file: DataFile, data_change: bool = True) -> RemoveAction:
+    """The Delta ``remove`` action for an active :class:`~metrics_lake.core.tables.snapshots.DataFile`.
+
+    ``data_change=False``: the file's rows stay in the table, rewritten (compaction, clustering).
+    """
     return RemoveAction(
         path=data_file.relative,
-        data_change=True,
+        data_change=data_change,
         deletion_timestamp=int(time.time() * 1000),
         size=data_file.size,
         partition_values=dict(data_file.partition_values),
@@ -159,8 +162,11 @@ def commit_changes(
     *,
     transactions: list[Transaction],
     operation: str,
+    data_change: bool = True,
 ) -> None:
     """Commit ``adds`` and ``removes`` with ``transactions`` as one Delta version on ``table``'s snapshot.
+
+    ``data_change=False`` marks the adds as a rewrite of rows the removes held (compaction, clustering).
 
     Committing on the snapshot the caller planned from is what makes
     delta-rs detect a concurrent writer (module docstring); it raises
@@ -169,7 +175,7 @@ def commit_changes(
     """
     spec = table_spec(name)
     table.create_write_transaction(
-        [f.add_action() for f in adds] + removes,
+        [f.add_action(data_change) for f in adds] + removes,
         mode="append",
         schema=spec.schema,
         partition_by=list(spec.partition_by),

@@ -99,13 +99,18 @@ class WrittenFile:
     stats: str
     modification_time: int
 
-    def add_action(self) -> AddAction:
-        """The Delta ``add`` action for this file."""
-        return AddAction(self.path, self.size, self.partition_values, self.modification_time, True, self.stats)
+    def add_action(self, data_change: bool = True) -> AddAction:
+        """The Delta ``add`` action for this file (``data_change=False``: a rewrite of rows already in the table)."""
+        return AddAction(self.path, self.size, self.partition_values, self.modification_time, data_change, self.stats)
 
 
-def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFile]:
+def write_data_files(
+    store: Store, name: str, data: pa.Table, *, prefix: str = "part-", row_group_rows: int | None = None
+) -> list[WrittenFile]:
     """Write ``data`` (the table's full schema) as Parquet files, one per partition value.
+
+    Files are named ``<prefix><uuid>.zstd.parquet``; ``row_group_rows``
+    caps a Parquet row group (default: pyarrow's, 1 Mi rows).
 
     Partition columns are dropped from the files and recorded as partition
     values (Delta convention). Files get unique names, so a retried Spark
@@ -125,11 +130,11 @@ def write_data_files(store: Store, name: str, data: pa.Table) -> list[WrittenFil
             part = part.filter(pc.equal(part.column(column), pa.scalar(value, schema.field(column).type)))
         values = {column: stat_value(value) for column, value in group.items()}
         directory = "/".join(f"{column}={value}" for column, value in values.items())
-        relative = f"{directory}/part-{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
+        relative = f"{directory}/{prefix}{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
         body = part.drop_columns(partition_by)
         key = keys.table_key(name, relative)
         sink = pa.BufferOutputStream()
-        pq.write_table(body, sink, **write_options(body.schema))
+        pq.write_table(body, sink, row_group_size=row_group_rows, **write_options(body.schema))
         encoded = sink.getvalue()
         store.create(key, encoded)
         written.append(

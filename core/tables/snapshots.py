@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -129,28 +131,47 @@ def _text(value) -> str:
 
 
 def read_data_file(
-    data_file: DataFile, schema: pa.Schema, filesystem: pafs.FileSystem, columns=None, dictionary: Iterable[str] = ()
+    data_file: DataFile,
+    schema: pa.Schema,
+    filesystem: pafs.FileSystem,
+    columns=None,
+    dictionary: Iterable[str] = (),
+    rows: pc.Expression | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> pa.Table:
     """One data file with its partition columns restored, cast to ``schema`` (only ``columns``, if given).
 
     A column the file lacks (written before the column was added to the table) reads as null.
     String columns named in ``dictionary`` come back dictionary-encoded
     (``dictionary<int32, string>``, from Parquet's own dictionary pages):
-    cheaper to read and to group by than materialised strings.
+    cheaper to read and to group by than materialised strings. ``rows``, a
+    filter over stored (not partition) columns, keeps only matching rows and
+    skips the row groups whose statistics exclude a match. ``part=(i, n)``
+    reads only the i-th of n interleaved shares of those row groups, so n
+    tasks can share one large file.
     """
     wanted = list(columns or schema.names)
     partition = dict(data_file.partition_values)
     stored = [c for c in wanted if c not in partition]
     encoded = [c for c in dictionary if c in stored]
     try:
-        data = pq.read_table(data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None)
+        if part == (0, 1):
+            data = pq.read_table(
+                data_file.path, filesystem=filesystem, columns=stored, read_dictionary=encoded or None, filters=rows
+            )
+        else:
+            data = _read_share(data_file.path, filesystem, stored, encoded, rows, part)
     except pa.ArrowInvalid:  # a file written before a column was added (schema evolution): it reads as null
+        if part[0] != 0:  # the first share reads such a (rare, old) file whole
+            return pa.schema([schema.field(c) for c in wanted]).empty_table()
         present = set(pq.read_schema(data_file.path, filesystem=filesystem).names)
         kept = [c for c in stored if c in present]
         data = pq.read_table(data_file.path, filesystem=filesystem, columns=kept, read_dictionary=encoded or None)
         for name in stored:
             if name not in present:
                 data = data.append_column(name, pa.nulls(data.num_rows, schema.field(name).type))
+        if rows is not None:
+            data = data.filter(rows)
     for name in wanted:
         if name in partition and name not in data.column_names:
             column = pa.array([partition[name]] * data.num_rows, pa.string()).cast(schema.field(name).type)
@@ -158,6 +179,23 @@ def read_data_file(
     as_dictionary = pa.dictionary(pa.int32(), pa.string())
     target = pa.schema([schema.field(c).with_type(as_dictionary) if c in encoded else schema.field(c) for c in wanted])
     return data.select(wanted).cast(target)
+
+
+def _read_share(
+    path: str,
+    filesystem: pafs.FileSystem,
+    columns: list[str],
+    dictionary: list[str],
+    rows: pc.Expression | None,
+    part: tuple[int, int],
+) -> pa.Table:
+    """Rows of every ``part[1]``-th row group of ``path`` from the ``part[0]``-th, of those ``rows`` may match."""
+    file_format = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=dictionary))
+    fragment = file_format.make_fragment(path, filesystem)
+    groups = fragment.split_by_row_group(rows) if rows is not None else fragment.split_by_row_group()
+    share = groups[part[0] :: part[1]]
+    dataset = pads.FileSystemDataset(share, fragment.physical_schema, file_format, filesystem)
+    return dataset.to_table(columns=columns, filter=rows)
 
 
 def read_data_files(

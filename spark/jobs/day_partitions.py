@@ -98,7 +98,7 @@ def compute_day_files(
 
     def map_task(index: int) -> Iterator[tuple[int, bytes]]:
         store = open_store(load_settings(root=root))
-        states = to_states(read_data_files(store, list(groups[index].files), schema, columns, dictionary))
+        states = to_states(read_data_files(store, groups[index], schema, columns, dictionary))
         for partition, part in group_by_partition(states, series_partitions(states, partitions)).items():
             yield partition, _to_ipc(part)
 

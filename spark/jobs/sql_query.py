@@ -1,9 +1,9 @@
 """``lake sql``: run Spark SQL over the lake's Delta tables.
 
-Every table a query names is registered as a temporary view over its current
-Delta snapshot (format ``lakedelta``), or over an older version for time
-travel. Only the tables a query mentions are opened, so a query never pays
-for, or fails on, tables it does not use.
+Every lake table is a table of the session's catalog
+(:mod:`metrics_lake.spark.catalog`) read at its latest snapshot when the
+query is planned; ``VERSION AS OF`` / ``TIMESTAMP AS OF`` and ``--version``
+read an older one. A table the query does not use is never read.
 """
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import list_tables
 from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.spark.catalog import register_lake_tables, rewrite_time_travel
 
 
 def referenced_tables(query: str, tables: list[str]) -> list[str]:
@@ -36,25 +35,32 @@ def parse_versions(specs: list[str]) -> dict[str | None, int]:
 
 
 def register_views(spark, settings: LakeSettings, query: str, versions: dict[str | None, int]) -> list[str]:
-    """Create a temp view per table ``query`` references; returns their names.
+    """Make the lake's tables catalog tables (:mod:`metrics_lake.spark.catalog`); returns the names ``query`` uses.
 
-    Raises :class:`~metrics_lake.lake_schemas.errors.InputError` if ``--version`` names a table that does not exist.
+    ``--version`` pins a table (or, with key None, every table the query
+    names) with a temporary view of that version, which shadows the catalog
+    table of the same name. Raises
+    :class:`~metrics_lake.lake_schemas.errors.InputError` if ``--version``
+    names a table that does not exist.
     """
-    existing = list_tables(open_store(settings))
+    existing = register_lake_tables(spark, settings)
     unknown = sorted(name for name in versions if name is not None and name not in existing)
     if unknown:
         raise InputError(f"--version names unknown table(s) {unknown}; tables: {existing}")
     names = referenced_tables(query, existing)
-    for name in names:
-        reader = spark.read.format("lakedelta").option("root", settings.root).option("table", name)
-        version = versions.get(name, versions.get(None))
-        if version is not None:
-            reader = reader.option("version", str(version))
-        reader.load().createOrReplaceTempView(name)
+    for name in existing:
+        version = versions.get(name, versions.get(None)) if name in names else None
+        if version is None:
+            spark.catalog.dropTempView(name)  # an earlier query's pin in this session
+        else:
+            spark.sql(
+                f"CREATE OR REPLACE TEMPORARY VIEW `{name}` AS "
+                f"SELECT * FROM default.`{name}` WITH ('version' = '{version}')"
+            )
     return names
 
 
 def run_sql(spark, settings: LakeSettings, query: str, versions: dict[str | None, int] | None = None):
-    """Register the views ``query`` needs and return its DataFrame."""
-    register_views(spark, settings, query, versions or {})
-    return spark.sql(query)
+    """Register the lake's tables, rewrite ``VERSION``/``TIMESTAMP AS OF`` of lake tables, return the DataFrame."""
+    names = register_views(spark, settings, query, versions or {})
+    return spark.sql(rewrite_time_travel(query, names))

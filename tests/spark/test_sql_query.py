@@ -74,3 +74,51 @@ def test_cli_sql_and_tables_print_results(spark, settings, log, monkeypatch, cap
     assert result.exit_code == 0 and "quarantine_events" in result.stdout
     result = runner.invoke(app, ["sql", "SELECT nope FROM quarantine_events"])
     assert result.exit_code == 2 and "error" in result.output
+
+
+def test_time_travel_in_sql_equals_version_flag_and_a_vacuumed_version_is_a_clear_error(spark, settings, log, store):
+    import datetime as dt
+
+    from metrics_lake.core.maintenance.clustering import cluster_table
+    from metrics_lake.core.tables.delta import open_table
+    from metrics_lake.spark.catalog import rewrite_time_travel
+
+    for seed in (1, 2):
+        with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+            producer.send(
+                FleetSimulator(
+                    servers=3, metrics=2, seconds=30, seed=seed, start_ms=1_800_000_000_000 + seed * 60_000
+                ).generate()
+            )
+        run_stream(spark, settings, once=True)
+    count = "SELECT count(*) AS n FROM bronze_events"
+    flagged = run_sql(spark, settings, count, {"bronze_events": 1}).collect()[0].n
+    assert flagged == 180
+    assert run_sql(spark, settings, f"{count} VERSION AS OF 1").collect()[0].n == flagged
+    assert run_sql(spark, settings, f"{count} FOR SYSTEM_VERSION AS OF 1 AS b").collect()[0].n == flagged
+    committed = dt.datetime.fromtimestamp(
+        next(h["timestamp"] for h in open_table(store, "bronze_events").history() if h["version"] == 1) / 1000, dt.UTC
+    )
+    at = (committed + dt.timedelta(milliseconds=1)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    assert run_sql(spark, settings, f"{count} TIMESTAMP AS OF '{at}'").collect()[0].n == flagged
+    assert run_sql(spark, settings, count).collect()[0].n == 360
+    # Pushed filters give what a row-by-row count of the table gives.
+    rows = open_table(store, "bronze_events").to_pyarrow_table(columns=["metric", "server"]).to_pylist()
+    metric, server = rows[0]["metric"], rows[0]["server"]
+    series = f"{count} WHERE metric = '{metric}' AND server = '{server}'"
+    assert run_sql(spark, settings, series).collect()[0].n == sum(
+        1 for r in rows if r["metric"] == metric and r["server"] == server
+    )
+    # Clustering rewrites every file; VACUUM with no retention deletes the old ones: version 1 is gone.
+    cluster_table(store, "bronze_events")
+    open_table(store, "bronze_events").vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(Exception, match=r"bronze_events version 1 is no longer readable: VACUUM deleted"):
+        run_sql(spark, settings, f"{count} VERSION AS OF 1").collect()
+    with pytest.raises(Exception, match=r"VERSION AS OF 9 does not exist: bronze_events has versions 0 \("):
+        run_sql(spark, settings, f"{count} VERSION AS OF 9").collect()
+    assert run_sql(spark, settings, count).collect()[0].n == 360
+    assert rewrite_time_travel(
+        "SELECT * FROM metric_windows_1m TIMESTAMP AS OF TIMESTAMP '2026-11-20'", ["metric_windows_1m"]
+    ) == ("SELECT * FROM metric_windows_1m WITH ('timestamp' = '2026-11-20')")
+    with pytest.raises(ValueError, match="TIMESTAMP AS OF 'noon'"):
+        rewrite_time_travel("SELECT * FROM bronze_events TIMESTAMP AS OF 'noon'", ["bronze_events"])

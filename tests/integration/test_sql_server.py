@@ -1,0 +1,111 @@
+"""``lake sql-server`` with real clients: the pyspark Spark Connect client and PyHive over HiveServer2 (JDBC's
+protocol), each listing the lake's tables, querying, joining with its own data and time-travelling; then the
+server stops without leaving a process, and a taken port is refused naming it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.tables.delta import list_tables, open_table
+from tests.helpers import free_port_block
+from tests.integration.test_kill_restart import LAKE, lake_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120.0) -> str:
+    """Stderr lines of ``process`` up to the first containing ``text``; fails if it exits first or times out."""
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            pytest.fail(f"server exited ({process.wait()}): {''.join(seen)[-3000:]}")
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    pytest.fail(f"no {text!r} within {timeout} s: {''.join(seen)[-3000:]}")
+
+
+def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store):
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=4, metrics=3, seconds=20, seed=3, start_ms=1_800_000_000_000).generate())
+    env = lake_env(settings)
+    subprocess.run([LAKE, "stream", "--once"], env=env, check=True, capture_output=True, timeout=300)
+    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["metric", "server", "value"])
+    metric, server = bronze.column("metric")[0].as_py(), bronze.column("server")[0].as_py()
+    expected = sum(1 for r in bronze.to_pylist() if r["metric"] == metric and r["server"] == server)
+    base = free_port_block((0, 1), lowest=21000)
+    connect_port, jdbc_port = base, base + 1
+    server_process = subprocess.Popen(
+        [LAKE, "sql-server", "--connect-port", str(connect_port), "--jdbc-port", str(jdbc_port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        banner = wait_for_line(server_process, "JDBC/ODBC")
+        assert f"sc://127.0.0.1:{connect_port}" in banner
+
+        # A taken port is refused, naming it, before any JVM starts.
+        taken = subprocess.run(
+            [LAKE, "sql-server", "--connect-port", str(connect_port), "--jdbc-port", str(base + 5)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert taken.returncode == 2 and f"--connect-port {connect_port} on 127.0.0.1 is not free" in taken.stderr
+
+        from pyspark.sql import SparkSession
+
+        remote = SparkSession.builder.remote(f"sc://127.0.0.1:{connect_port}").getOrCreate()
+        try:
+            shown = {row.tableName for row in remote.sql("SHOW TABLES").collect()}
+            assert shown == set(list_tables(store))
+            series = f"SELECT count(*) AS n FROM bronze_events WHERE metric = '{metric}' AND server = '{server}'"
+            assert remote.sql(series).collect()[0].n == expected
+            started = time.perf_counter()
+            assert remote.sql(series).collect()[0].n == expected
+            assert time.perf_counter() - started < 10  # no Spark application started per query
+            mine = remote.createDataFrame([(server, "team-a")], "server string, team string")
+            mine.createOrReplaceTempView("mine")
+            joined = remote.sql(
+                f"SELECT m.team, count(*) AS n FROM bronze_events b JOIN mine m USING (server) WHERE b.metric = '{metric}' GROUP BY m.team"
+            ).collect()
+            assert [(r.team, r.n) for r in joined] == [("team-a", expected)]
+            assert remote.sql("SELECT count(*) AS n FROM bronze_events WITH ('version' = '0')").collect()[0].n == 0
+        finally:
+            remote.stop()
+
+        from pyhive import hive
+
+        connection = hive.connect(host="127.0.0.1", port=jdbc_port, username="analyst")
+        cursor = connection.cursor()
+        cursor.execute("SHOW TABLES")
+        assert {row[1] for row in cursor.fetchall()} == set(list_tables(store))
+        cursor.execute(series)
+        assert cursor.fetchall() == [(expected,)]
+        with pytest.raises(Exception, match="read-only through SQL"):
+            cursor.execute("INSERT INTO bronze_events SELECT * FROM bronze_events LIMIT 1")
+        connection.close()
+    finally:
+        children = psutil.Process(server_process.pid).children(recursive=True)
+        server_process.send_signal(signal.SIGTERM)
+        server_process.wait(timeout=60)
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline()[:3] for p in alive]
+    for port in (connect_port, jdbc_port):
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0
+    assert os.path.exists(settings.root)
