@@ -138,7 +138,10 @@ class DeltaSnapshotReader(DataSourceReader):
     def __init__(self, options, schema: pa.Schema, partition_by: list[str]) -> None:
         self.root = options["root"]
         self.table = options["table"]
-        self.version = int(options["version"]) if options.get("version") not in (None, "") else None
+        version = options.get("version")
+        if version not in (None, "") and not str(version).isdigit():
+            raise InputError(f"{self.table}: version {version!r} is not a version number (0, 1, 2, ...)")
+        self.version = int(version) if version not in (None, "") else None
         self.timestamp = options.get("timestamp") or None
         if self.version is not None and self.timestamp is not None:
             raise InputError(f"{self.table}: give a version or a timestamp to travel to, not both")
