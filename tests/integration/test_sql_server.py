@@ -4,10 +4,12 @@ server stops without leaving a process, and a taken port is refused naming it.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import psutil
@@ -20,6 +22,32 @@ from tests.helpers import free_port_block
 from tests.integration.test_kill_restart import LAKE, lake_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: A notebook's side: the pyspark Connect client against the server (argv: port, metric, server); prints JSON.
+CONNECT_CLIENT = """
+import json, sys, time
+from pyspark.sql import SparkSession
+port, metric, server = sys.argv[1:]
+spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+series = f"SELECT count(*) AS n FROM bronze_events WHERE metric = '{metric}' AND server = '{server}'"
+answers = {"tables": [r.tableName for r in spark.sql("SHOW TABLES").collect()]}
+counts = [spark.sql(series).collect()[0].n]
+started = time.perf_counter()
+counts.append(spark.sql(series).collect()[0].n)
+answers["second_seconds"] = time.perf_counter() - started
+answers["series"] = counts
+spark.createDataFrame([(server, "team-a")], "server string, team string").createOrReplaceTempView("mine")
+answers["joined"] = [
+    [r.team, r.n]
+    for r in spark.sql(
+        f"SELECT m.team, count(*) AS n FROM bronze_events b JOIN mine m USING (server) "
+        f"WHERE b.metric = '{metric}' GROUP BY m.team"
+    ).collect()
+]
+answers["version_0"] = spark.sql("SELECT count(*) AS n FROM bronze_events WITH ('version' = '0')").collect()[0].n
+spark.stop()
+print(json.dumps(answers))
+"""
 
 
 def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120.0) -> str:
@@ -67,26 +95,21 @@ def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store):
         )
         assert taken.returncode == 2 and f"--connect-port {connect_port} on 127.0.0.1 is not free" in taken.stderr
 
-        from pyspark.sql import SparkSession
-
-        remote = SparkSession.builder.remote(f"sc://127.0.0.1:{connect_port}").getOrCreate()
-        try:
-            shown = {row.tableName for row in remote.sql("SHOW TABLES").collect()}
-            assert shown == set(list_tables(store))
-            series = f"SELECT count(*) AS n FROM bronze_events WHERE metric = '{metric}' AND server = '{server}'"
-            assert remote.sql(series).collect()[0].n == expected
-            started = time.perf_counter()
-            assert remote.sql(series).collect()[0].n == expected
-            assert time.perf_counter() - started < 10  # no Spark application started per query
-            mine = remote.createDataFrame([(server, "team-a")], "server string, team string")
-            mine.createOrReplaceTempView("mine")
-            joined = remote.sql(
-                f"SELECT m.team, count(*) AS n FROM bronze_events b JOIN mine m USING (server) WHERE b.metric = '{metric}' GROUP BY m.team"
-            ).collect()
-            assert [(r.team, r.n) for r in joined] == [("team-a", expected)]
-            assert remote.sql("SELECT count(*) AS n FROM bronze_events WITH ('version' = '0')").collect()[0].n == 0
-        finally:
-            remote.stop()
+        # A Connect client cannot share a process with a classic session (the suite's Spark fixture): its own.
+        client = subprocess.run(
+            [sys.executable, "-c", CONNECT_CLIENT, str(connect_port), metric, server],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert client.returncode == 0, client.stderr[-3000:]
+        answers = json.loads(client.stdout.strip().splitlines()[-1])
+        assert set(answers["tables"]) == set(list_tables(store))
+        assert answers["series"] == [expected, expected]
+        assert answers["second_seconds"] < 10  # no Spark application started per query
+        assert answers["joined"] == [["team-a", expected]]
+        assert answers["version_0"] == 0
+        series = f"SELECT count(*) AS n FROM bronze_events WHERE metric = '{metric}' AND server = '{server}'"
 
         from pyhive import hive
 
