@@ -23,6 +23,8 @@ from deltalake import DeltaTable
 
 from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.delta import table_layout
+from metrics_lake.core.tables.pruning import Predicate, keep_files
 from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = [
@@ -68,8 +70,11 @@ def snapshot_files(
     name: str,
     table: DeltaTable,
     partition: tuple[str, str | tuple[str, ...]] | None = None,
+    predicates: list[Predicate] | tuple[Predicate, ...] = (),
 ) -> list[DataFile]:
-    """Active files of ``table`` (table ``name`` of ``store``), only those of ``partition`` if given.
+    """Active files of ``table`` (table ``name`` of ``store``), only those of ``partition`` if given, and only those
+    that may hold rows matching every one of ``predicates`` (partition values and statistics:
+    :func:`~metrics_lake.core.tables.pruning.keep_files`).
 
     ``partition`` is ``(column, value)`` or ``(column, (value, ...))``,
     values as Delta stores them (dates as ``YYYY-MM-DD``).
@@ -78,6 +83,9 @@ def snapshot_files(
     _, root_path = store.arrow_fs()
     base = f"{root_path}/{keys.table_prefix(name)}"
     actions = pa.table(table.get_add_actions(flatten=True))
+    if predicates and actions.num_rows:
+        schema, partition_by = table_layout(store, name)
+        actions = actions.filter(pa.array(keep_files(actions, list(predicates), schema, partition_by)))
     partition_columns = [c for c in actions.column_names if c.startswith("partition.")]
     wanted = None
     if partition is not None:
@@ -95,28 +103,21 @@ def snapshot_files(
     return files
 
 
+def _utc(epoch_us: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=epoch_us)
+
+
 def windowed_files(
     store: Store, name: str, table: DeltaTable, days: list[str], lo_us: int, hi_us: int
 ) -> list[DataFile]:
     """Active files of windowed table ``name`` on ``days`` (ISO dates of its day partition) whose ``window_start``
     statistics overlap ``[lo_us, hi_us]`` (epoch µs); a file without statistics is kept."""
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return []
-    wanted = set()
-    for row in actions.select(["path", "partition.event_date", "min.window_start", "max.window_start"]).to_pylist():
-        day = row["partition.event_date"]
-        day = day.isoformat() if hasattr(day, "isoformat") else str(day)
-        low, high = row["min.window_start"], row["max.window_start"]
-        if day not in days:
-            continue
-        if (
-            low is None
-            or high is None
-            or (int(low.timestamp() * 1e6) <= hi_us and int(high.timestamp() * 1e6) >= lo_us)
-        ):
-            wanted.add(row["path"])
-    return [f for f in snapshot_files(store, name, table) if f.relative in wanted]
+    predicates = [
+        Predicate("event_date", "in", tuple(dt.date.fromisoformat(day) for day in days)),
+        Predicate("window_start", ">=", _utc(lo_us)),
+        Predicate("window_start", "<=", _utc(hi_us)),
+    ]
+    return snapshot_files(store, name, table, predicates=predicates) if days else []
 
 
 def days_between(lo_us: int, hi_us: int) -> list[str]:

@@ -48,7 +48,7 @@ from pyspark.sql.datasource import (
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import table_layout
-from metrics_lake.core.tables.pruning import Predicate, keep_files, row_filter, supported
+from metrics_lake.core.tables.pruning import Predicate, row_filter, supported
 from metrics_lake.core.tables.snapshots import DataFile, read_data_file, snapshot_files
 from metrics_lake.core.tables.time_travel import check_files_present, open_as_of
 from metrics_lake.lake_schemas.errors import InputError
@@ -174,17 +174,11 @@ class DeltaSnapshotReader(DataSourceReader):
         """
         store = open_store(load_settings(root=self.root))
         table = open_as_of(store, self.table, self.version, self.timestamp)
-        files = snapshot_files(store, self.table, table, self.partition)
-        kept = files
-        if self.predicates and files:
-            actions = pa.table(table.get_add_actions(flatten=True))
-            wanted = keep_files(actions, self.predicates, self.arrow_schema, self.partition_by)
-            paths = {path for path, keep in zip(actions.column("path").to_pylist(), wanted, strict=True) if keep}
-            kept = [f for f in files if f.relative in paths]
+        kept = snapshot_files(store, self.table, table, self.partition, self.predicates)
         if self.version is not None or self.timestamp is not None:
             check_files_present(store, self.table, table, [f.relative for f in kept])
         if os.environ.get(SCAN_REPORT_ENV) == "1":
-            self._report(table.version(), files, kept)
+            self._report(table.version(), snapshot_files(store, self.table, table, self.partition), kept)
         row_predicates = tuple(p for p in self.predicates if p.column not in self.partition_by)
         groups = group_files(kept, min_groups=MIN_TASKS)
         if kept and len(groups) < MIN_TASKS:  # fewer files than cores: share each file's row groups among tasks
