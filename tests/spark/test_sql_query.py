@@ -23,18 +23,20 @@ def test_referenced_tables_and_version_specs():
         parse_versions(["x=y"])
 
 
-def test_sql_reads_current_snapshot_and_time_travels(spark, settings, log):
-    def produce(seed: int) -> None:
-        with Producer(log, settings.topic, partitions=settings.partitions) as producer:
-            producer.send(
-                FleetSimulator(
-                    servers=2, metrics=2, seconds=30, seed=seed, start_ms=1_800_000_000_000 + seed * 60_000
-                ).generate()
-            )
-        run_stream(spark, settings, once=True)
+def produce_and_stream(spark, settings, log, seed: int, servers: int) -> None:
+    """A minute of ``servers`` x 2 metrics x 30 s (seeded, a minute apart per seed) into bronze: one new version."""
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(
+            FleetSimulator(
+                servers=servers, metrics=2, seconds=30, seed=seed, start_ms=1_800_000_000_000 + seed * 60_000
+            ).generate()
+        )
+    run_stream(spark, settings, once=True)
 
-    produce(1)
-    produce(2)
+
+def test_sql_reads_current_snapshot_and_time_travels(spark, settings, log):
+    produce_and_stream(spark, settings, log, 1, servers=2)
+    produce_and_stream(spark, settings, log, 2, servers=2)
     count = "SELECT count(*) AS n FROM bronze_events"
     assert run_sql(spark, settings, count).collect()[0].n == 240
     assert run_sql(spark, settings, count, {"bronze_events": 1}).collect()[0].n == 120
@@ -84,13 +86,7 @@ def test_time_travel_in_sql_equals_version_flag_and_a_vacuumed_version_is_a_clea
     from metrics_lake.spark.catalog import rewrite_time_travel
 
     for seed in (1, 2):
-        with Producer(log, settings.topic, partitions=settings.partitions) as producer:
-            producer.send(
-                FleetSimulator(
-                    servers=3, metrics=2, seconds=30, seed=seed, start_ms=1_800_000_000_000 + seed * 60_000
-                ).generate()
-            )
-        run_stream(spark, settings, once=True)
+        produce_and_stream(spark, settings, log, seed, servers=3)
     count = "SELECT count(*) AS n FROM bronze_events"
     flagged = run_sql(spark, settings, count, {"bronze_events": 1}).collect()[0].n
     assert flagged == 180
