@@ -7,9 +7,11 @@ POSTs the spooled batches to the gateway strictly in sequence order, one at
 a time, with headers ``X-Producer-Id`` (the agent's id, kept in the spool as
 ``agent.id``) and ``X-Producer-Seq``. A batch leaves the spool when the
 gateway answered 200 (durable) or 400 with per-event reasons (invalid events
-quarantined, the rest durable). Any other 4xx (the gateway will never take
-this batch as it is: 409 reused sequence, 413 too large, a 400 for an
-unreadable body...) moves it to ``dead-letter/`` in the spool, beside a
+quarantined, the rest durable). A 401 (the token is missing, wrong, expired
+or revoked) keeps every batch spooled and retried, with a warning, until
+the token is fixed. Any other 4xx (the gateway will never take
+this batch as it is: 403 another server's events for this token, 409
+reused sequence, 413 too large, a 400 for an unreadable body...) moves it to ``dead-letter/`` in the spool, beside a
 ``.answer.json`` holding the status and answer, so one bad batch never
 blocks the ones behind it and nothing is thrown away. On 408, 429, 5xx or a
 connection error it is retried with exponential backoff and full jitter (``sleep = random(0, min(cap, base * 2**attempt))``,
@@ -98,7 +100,9 @@ class GatewaySender:
     Duck-types the parts of :class:`metrics_lake.core.log.producer.Producer` agents use
     (``send``, ``send_payloads``, ``flush``, ``close``, ``stats``).
     ``backoff_base``/``backoff_cap`` are seconds; ``timeout`` is the HTTP
-    request timeout in seconds.
+    request timeout in seconds; ``token`` is sent as ``Authorization:
+    Bearer``; ``ca``: a PEM CA file the gateway's certificate must chain to
+    (default: the system's).
     """
 
     def __init__(
@@ -110,6 +114,8 @@ class GatewaySender:
         backoff_cap: float = 10.0,
         timeout: float = 30.0,
         agent_id: str | None = None,
+        token: str | None = None,
+        ca: str | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/events"
         self.spool = Path(spool_dir)
@@ -118,6 +124,10 @@ class GatewaySender:
         self.agent_id = self._load_agent_id(agent_id)
         self.stats = SenderStats()
         self._session = requests.Session()
+        if token is not None:
+            self._session.headers["Authorization"] = f"Bearer {token}"
+        if ca is not None:
+            self._session.verify = ca
         self._lock = threading.Lock()
         self._next_seq = self._last_seq() + 1
         self._wake = threading.Event()
@@ -260,6 +270,11 @@ class GatewaySender:
             self.stats.rejected += body.get("rejected", 0)
             self.stats.segments += 1
             return True
+        if answer.status_code == 401:
+            log.warning(
+                "gateway refused the token (%s); batch %d stays spooled until it is fixed", body.get("error"), seq
+            )
+            return False
         if 400 <= answer.status_code < 500 and answer.status_code not in RETRY_STATUSES:
             self._dead_letter(path, answer.status_code, body)
             return True

@@ -41,8 +41,24 @@ class LakeSettings(BaseSettings):
     s3_secret_key: SecretStr | None = None
     admin_token: SecretStr | None = Field(
         None,
-        description="Bearer token the dashboard's write endpoints (PUT/DELETE /api/queries/…) require; "
-        "unset: they refuse every write.",
+        description="A bootstrap admin credential, accepted beside the admin tokens of `lake tokens` by the "
+        "dashboard's write endpoints (PUT/DELETE /api/queries/…) and the gateway; unset: only those tokens.",
+    )
+    token: SecretStr | None = Field(
+        None,
+        description="The token agents, `lake produce --gateway` and the importer send to the gateway "
+        "(Authorization: Bearer); see also LAKE_TOKEN_FILE.",
+    )
+    token_file: str | None = Field(
+        None, description="A file holding the token clients send (read at start), instead of LAKE_TOKEN."
+    )
+    tls_cert: str | None = Field(None, description="PEM certificate chain the gateway and dashboard serve HTTPS with.")
+    tls_key: str | None = Field(None, description="PEM private key of LAKE_TLS_CERT.")
+    tls_client_ca: str | None = Field(
+        None, description="PEM CA the gateway and dashboard require client certificates from (mutual TLS)."
+    )
+    tls_ca: str | None = Field(
+        None, description="PEM CA clients (agents, importer) verify the gateway's certificate with (default: system's)."
     )
     s3_region: str = "us-east-1"
     checkpoint_dir: str = Field(
@@ -96,6 +112,21 @@ class LakeSettings(BaseSettings):
     )
     gateway_idle_timeout_seconds: float = Field(
         15.0, ge=1, description="Gateway closes a keep-alive connection idle for this long."
+    )
+    gateway_ops_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Port serving only /healthz and /metrics without credentials (for probes and Prometheus).",
+    )
+    gateway_ops_host: str = Field("127.0.0.1", description="Address of the gateway's /healthz and /metrics port.")
+    gateway_token_rate: float | None = Field(
+        None,
+        gt=0,
+        description="Events/s each token (or tenant) may send when its own --rate is unset; unset: unlimited.",
+    )
+    gateway_token_burst: int | None = Field(
+        None, ge=1, description="Events a token (or tenant) may send at once (the bucket's size); default: 5 s of rate."
     )
     gateway_max_connections: int = Field(
         1000, ge=1, description="Open connections the gateway serves at once; above it new requests get 503."
@@ -232,6 +263,25 @@ class LakeSettings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ConfigError(f"{value!r} is not an http:// or https:// URL")
         return None if value is None else value.rstrip("/")
+
+    def client_token(self) -> str | None:
+        """The token clients send to the gateway: ``LAKE_TOKEN``, else the file ``LAKE_TOKEN_FILE``, else None.
+
+        Raises :class:`ConfigError` if the file cannot be read or is empty.
+        """
+        if self.token is not None:
+            return self.token.get_secret_value()
+        if self.token_file is None:
+            return None
+        try:
+            token = Path(self.token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"LAKE_TOKEN_FILE {self.token_file}: cannot read it ({exc.strerror})") from None
+        if not token:
+            raise ConfigError(
+                f"LAKE_TOKEN_FILE {self.token_file} is empty; put the token of `lake tokens create` in it"
+            )
+        return token
 
     @property
     def is_s3(self) -> bool:

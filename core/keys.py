@@ -18,10 +18,12 @@ or ``s3://bucket/prefix``)::
                                                   immutable object per version (core/registry.py)
     notifications/<receiver>.json                 notifications_key: which alert transitions a receiver
                                                   (Alertmanager) has accepted: the outbox's delivery record
+    auth/tokens.json                              TOKENS_KEY: the gateway's and dashboard's access tokens
+                                                  (salted hashes only; core/tokens.py)
 
-The six prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
-:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX`, :data:`REGISTRY_PREFIX` and
-:data:`NOTIFICATIONS_PREFIX` are the units the
+The seven prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
+:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX`, :data:`REGISTRY_PREFIX`,
+:data:`NOTIFICATIONS_PREFIX` and :data:`AUTH_PREFIX` are the units the
 object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
 :func:`grants` says which of them an operation
 (:mod:`metrics_lake.lake_schemas.operations`) needs.
@@ -42,6 +44,7 @@ from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.operations import Access, LogAccess, Operation
 
 __all__ = [
+    "AUTH_PREFIX",
     "CONSUMERS_PREFIX",
     "INVENTORY_TOPIC",
     "LOG_PREFIX",
@@ -51,6 +54,7 @@ __all__ = [
     "REGISTRY_PREFIX",
     "REGISTRY_VERSIONS_PREFIX",
     "TABLES_PREFIX",
+    "TOKENS_KEY",
     "check_group",
     "check_name",
     "consumer_group_prefix",
@@ -87,6 +91,10 @@ REGISTRY_PREFIX = "registry"
 REGISTRY_VERSIONS_PREFIX = f"{REGISTRY_PREFIX}/versions"
 #: What each alert receiver has accepted (the outbox's delivery records).
 NOTIFICATIONS_PREFIX = "notifications"
+#: Access tokens of the gateway and the dashboard: read by the servers that check them, written by admins only.
+AUTH_PREFIX = "auth"
+#: The one object holding every access token's record (replaced by compare-and-swap).
+TOKENS_KEY = f"{AUTH_PREFIX}/tokens.json"
 
 #: The server inventory's topic (keyed, compacted: ``metrics_lake.core.inventory``); reserved, ``LAKE_TOPIC`` may
 #: not name it.
@@ -244,4 +252,8 @@ def grants(operation: Operation) -> frozenset[tuple[str, str]]:
         needed.add(("write", REGISTRY_PREFIX))
     if operation.notifies:
         needed |= {("read", NOTIFICATIONS_PREFIX), ("write", NOTIFICATIONS_PREFIX)}
+    if operation.tokens is not None:
+        needed.add(("read", AUTH_PREFIX))
+    if operation.tokens is Access.WRITE:
+        needed.add(("write", AUTH_PREFIX))
     return frozenset(needed)

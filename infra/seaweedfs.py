@@ -10,13 +10,15 @@ APIs are off, gRPC needs mutual TLS, volume writes need signed tokens
 
 Identities, each scoped to the bucket's prefixes (SeaweedFS ``Action:bucket/path``):
 
-- ``agent`` (agents, gateways): read/write ``log/`` only;
+- ``agent`` (agents, gateways): read/write ``log/``, read the access
+  tokens' hashes under ``auth/`` (a gateway checks its clients);
 - ``pipeline`` (Spark jobs): read ``log/``, write consumer offsets under
   ``log/_consumers/``, read/write ``tables/``, ``quality/``, ``registry/``
   (stored queries and alert rules) and ``notifications/`` (what
-  Alertmanager has accepted);
-- ``analyst``: read ``tables/``, ``quality/`` and ``registry/`` only;
-- ``admin``: bucket administration, used by ``start`` itself.
+  Alertmanager has accepted), read ``auth/`` (the dashboard checks tokens);
+- ``analyst``: read ``tables/``, ``quality/``, ``registry/`` and ``auth/`` only;
+- ``admin``: bucket administration, used by ``start`` itself, and the only
+  identity that writes ``auth/`` (``lake tokens``).
 
 Nothing in the lake depends on SeaweedFS: the code speaks plain S3, so MinIO
 or AWS work the same with ``LAKE_S3_ENDPOINT`` set (or unset for AWS).
@@ -95,8 +97,13 @@ class S3Server:
 #: (:mod:`metrics_lake.core.keys`), the vocabulary in which :func:`metrics_lake.core.keys.grants`
 #: states what an operation needs. Least privileged first.
 GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
-    "analyst": (("read", keys.TABLES_PREFIX), ("read", keys.QUALITY_PREFIX), ("read", keys.REGISTRY_PREFIX)),
-    "agent": (("read", keys.LOG_PREFIX), ("write", keys.LOG_PREFIX)),
+    "analyst": (
+        ("read", keys.TABLES_PREFIX),
+        ("read", keys.QUALITY_PREFIX),
+        ("read", keys.REGISTRY_PREFIX),
+        ("read", keys.AUTH_PREFIX),
+    ),
+    "agent": (("read", keys.LOG_PREFIX), ("write", keys.LOG_PREFIX), ("read", keys.AUTH_PREFIX)),
     "pipeline": (
         ("read", keys.LOG_PREFIX),
         ("write", keys.CONSUMERS_PREFIX),
@@ -108,6 +115,7 @@ GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("write", keys.REGISTRY_PREFIX),
         ("read", keys.NOTIFICATIONS_PREFIX),
         ("write", keys.NOTIFICATIONS_PREFIX),
+        ("read", keys.AUTH_PREFIX),
     ),
 }
 

@@ -22,10 +22,11 @@ without credentials is listed by :func:`exposed_ports`.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import secrets
 from pathlib import Path
+
+from metrics_lake.infra.tls import write_ca, write_certificate
 
 __all__ = ["WEED_FLAGS", "exposed_ports", "write_security"]
 
@@ -34,62 +35,11 @@ WEED_FLAGS = ("-disableHttp", "-filer.disableHttp", "-master.telemetry=false")
 _COMPONENTS = ("master", "volume", "filer", "s3", "client")
 
 
-def _private(path: Path, data: bytes) -> None:
-    """Write ``data`` to a new file readable by the owner only (0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-
-
 def _write_tls(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA and a certificate it signs for 127.0.0.1/localhost (ECDSA P-256, 10 years); returns (ca, cert, key)."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    folder.mkdir(mode=0o700, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-    ca_key, node_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "metrics-lake local SeaweedFS CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    node = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "seaweedfs")]))
-        .issuer_name(ca_name)
-        .public_key(node_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=3650))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = folder / "ca.crt", folder / "node.crt", folder / "node.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(node.public_bytes(serialization.Encoding.PEM))
-    key_pem = node_key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    _private(paths[2], key_pem)
-    return paths
+    """A CA and a certificate it signs for 127.0.0.1/localhost (:mod:`metrics_lake.infra.tls`); (ca, cert, key)."""
+    ca = write_ca(folder, "metrics-lake local SeaweedFS CA")
+    cert, key = write_certificate(ca, folder, "node", ["seaweedfs", "localhost", "127.0.0.1"])
+    return ca[0], cert, key
 
 
 def write_security(data_dir: Path) -> Path:
@@ -109,7 +59,9 @@ def write_security(data_dir: Path) -> Path:
     lines += ["[grpc]", f'ca = "{ca}"', ""]
     for component in _COMPONENTS:
         lines += [f"[grpc.{component}]", f'cert = "{cert}"', f'key = "{key}"', ""]
-    _private(path, "\n".join(lines).encode())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write("\n".join(lines).encode())
     return path
 
 

@@ -67,9 +67,11 @@ PROTOCOL_REASON_CODES = (
     "invalid_payload",  # a body or line the protocol's decoder cannot read (raw kept, base64 if binary)
     "unsupported",  # a well-formed point of a kind the lake does not store (e.g. a native histogram)
 )
+#: The gateway's reason for a valid event its token may not write (another server than the token's ``--servers``).
+ACCESS_REASON_CODE = "forbidden_server"
 #: The speed layer's reason for a valid event over a cardinality limit (``metrics_lake.core.kernels.cardinality``).
 LIMIT_REASON_CODE = "cardinality_limit"
-REASON_CODES = EVENT_REASON_CODES + PROTOCOL_REASON_CODES
+REASON_CODES = EVENT_REASON_CODES + PROTOCOL_REASON_CODES + (ACCESS_REASON_CODE,)
 
 
 def servers_ok(servers: pa.Array) -> pa.Array:

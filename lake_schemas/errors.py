@@ -16,7 +16,9 @@ colon where it differs from the parent's)::
     │   ├── SelectorError                 a series selector (a query's FROM, the label filter) is malformed
     │   ├── RangeError                    a dashboard API range or step is malformed (names the parameter)
     │   ├── RemoteReadError               a Prometheus remote-read request is malformed or too large
-    │   └── SequenceConflictError         a producer reused a sequence number for another body
+    │   ├── SequenceConflictError         a producer reused a sequence number for another body
+    │   └── TokenError                    a request's token is missing, malformed, unknown, expired, revoked
+    │                                     or lacks the scope (the HTTP answer is 401 or 403)
     ├── NotFoundError (LookupError)       a named thing does not exist
     │   ├── TopicNotFoundError            nothing was ever produced to the topic
     │   └── BucketNotFoundError           (also a StorageError) the bucket of LAKE_ROOT
@@ -96,6 +98,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "StoredQueryError",
+    "TokenError",
     "TopicNotFoundError",
 ]
 
@@ -166,6 +169,22 @@ class RangeError(InputError):
 
 class SequenceConflictError(InputError):
     """An upstream producer reused a sequence number for another body (or one too old to check): nothing was sent."""
+
+
+class TokenError(InputError):
+    """A request's credential is refused (``metrics_lake.core.tokens``); ``status`` is the HTTP answer.
+
+    401 when the request did not prove who it is (no token, a malformed,
+    unknown, expired, revoked or wrong one), 403 when it did but the token
+    may not do this (a read token writing, a ``web-*`` token writing
+    ``db-1``), 429 when the address failed too often (``retry_after``
+    seconds). The message never contains the token.
+    """
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
 
 
 class NotFoundError(LakeError, LookupError):

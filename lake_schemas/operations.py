@@ -42,6 +42,7 @@ __all__ = [
     "RETAIN",
     "ROLLUP",
     "STREAM",
+    "TOKENS",
     "LogAccess",
     "Operation",
 ]
@@ -78,7 +79,9 @@ class Operation:
     ``registry``: its use of the registry of stored queries and alert rules
     (``metrics_lake.core.registry``), if any; ``notifies``: whether it sends
     alerts to Alertmanager (and keeps its outbox's delivery record under
-    ``notifications/``).
+    ``notifications/``); ``tokens``: its use of the access tokens under
+    ``auth/`` (the gateway and the dashboard read them to check requests,
+    ``lake tokens`` writes them).
     """
 
     name: str
@@ -89,6 +92,7 @@ class Operation:
     reports: bool = False
     registry: Access | None = None
     notifies: bool = False
+    tokens: Access | None = None
 
     @property
     def tables(self) -> tuple[Table, ...]:
@@ -99,8 +103,8 @@ class Operation:
 _ROLLUPS = rollup_chain()
 _SUITES = tuple(name for name, spec in TABLES.items() if spec.quality_suite)
 
-#: Producers: ``lake produce``, ``lake agent``, ``lake gateway``.
-PRODUCE = Operation("produce", "append metric events to the log", log=LogAccess.WRITE)
+#: Producers: ``lake produce``, ``lake agent``, ``lake gateway`` (which checks its clients' tokens).
+PRODUCE = Operation("produce", "append metric events to the log", log=LogAccess.WRITE, tokens=Access.READ)
 #: The speed layer; query results are evaluated from the windows it has just committed, alert rules from the
 #: query results and the servers' last-seen times it has just committed; it also sends the alerts.
 STREAM = Operation(
@@ -200,7 +204,10 @@ ANALYSIS = Operation(
     "read the tables and the stored queries (Spark SQL, the dashboard, table listings)",
     reads=tuple(TABLES),
     registry=Access.READ,
+    tokens=Access.READ,  # the dashboard checks its users' tokens
 )
+#: ``lake tokens``: create, list and revoke the gateway's and dashboard's access tokens.
+TOKENS = Operation("tokens", "create, list and revoke access tokens", tokens=Access.WRITE)
 #: The demo: produces, then runs the speed layer, in one process.
 DEMO = Operation(
     "demo",
@@ -229,6 +236,7 @@ OPERATIONS: dict[str, Operation] = {
         COMPACT,
         RETAIN,
         ANALYSIS,
+        TOKENS,
         DEMO,
     )
 }

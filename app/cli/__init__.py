@@ -35,6 +35,7 @@ from metrics_lake.app.cli.inventory import inventory_app
 from metrics_lake.app.cli.local import airflow_standalone, infra_app
 from metrics_lake.app.cli.options import settings
 from metrics_lake.app.cli.queries import queries_app
+from metrics_lake.app.cli.tokens import tokens_app
 from metrics_lake.app.console import configure_output, err
 from metrics_lake.core.keys import grants
 from metrics_lake.infra.seaweedfs import least_privileged_identity
@@ -54,6 +55,7 @@ from metrics_lake.lake_schemas.operations import (
     RETAIN,
     ROLLUP,
     STREAM,
+    TOKENS,
     Operation,
 )
 
@@ -80,6 +82,7 @@ COMMAND_OPERATIONS: dict[str, Operation] = {
     "dashboard": ANALYSIS,
     "compact": COMPACT,
     "retain": RETAIN,
+    "tokens": TOKENS,
     "demo": DEMO,
 }
 
@@ -164,6 +167,7 @@ for command in (batch.recompute, batch.rollup):
 app.add_typer(queries_app, name="queries")
 app.add_typer(alerts_app, name="alerts")
 app.add_typer(inventory_app, name="inventory")
+app.add_typer(tokens_app, name="tokens")
 for command in (maintenance.compact, maintenance.retain):
     app.command()(command)
 for command in (analysis.sql, analysis.tables, analysis.history, analysis.series, analysis.quality):

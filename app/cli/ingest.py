@@ -10,7 +10,17 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 from metrics_lake.agents.allocator import keep_freed_memory
-from metrics_lake.app.cli.options import GatewayOption, partition_list, settings, stop_on_signals
+from metrics_lake.app.cli.options import (
+    GatewayOption,
+    InsecureOption,
+    TlsCertOption,
+    TlsClientCaOption,
+    TlsKeyOption,
+    partition_list,
+    server_tls,
+    settings,
+    stop_on_signals,
+)
 from metrics_lake.app.console import err
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.log.producer import producer_for
@@ -37,7 +47,7 @@ def _sink(settings: LakeSettings, gateway: str | None, import_of: Path | None = 
         agent_id = import_id(import_of)
         spool = spool / "imports" / agent_id
     err.print(f"sending through {gateway} (spool {spool})")
-    return GatewaySender(gateway, spool, agent_id=agent_id)
+    return GatewaySender(gateway, spool, agent_id=agent_id, token=settings.client_token(), ca=settings.tls_ca)
 
 
 def _import_with_progress(producer, path: Path):
@@ -151,28 +161,63 @@ def gateway(
         int | None,
         typer.Option(min=1, max=65535, help="Also listen on this port (OTLP/HTTP's conventional 4318)."),
     ] = None,
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
+    ops_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Serve /healthz and /metrics without credentials here (default LAKE_GATEWAY_OPS_PORT).",
+        ),
+    ] = None,
+    insecure: InsecureOption = False,
 ) -> None:
     """Run the ingest gateway: agents POST events (JSON, OTLP/HTTP, Prometheus remote-write, InfluxDB line
-    protocol); a success means durable in the log (see app/gateway/)."""
+    protocol) with a write token once the lake has tokens; a success means durable in the log (see app/gateway/)."""
     from metrics_lake.app.gateway import Gateway, serve
+    from metrics_lake.app.http_server import check_exposure
+    from metrics_lake.core.storage import open_store
+    from metrics_lake.core.tokens import TokenStore
 
     config = settings()
     owned = partition_list(partitions)
+    tls = server_tls(config, tls_cert, tls_key, tls_client_ca)
+    listen = host or config.gateway_host
+    warning = check_exposure("the gateway", listen, tls, bool(TokenStore(open_store(config)).active()), insecure)
+    if warning:
+        err.print(f"[bold red]{warning}[/]")
     stop = stop_on_signals()
     err.print(f"gateway: taking the leases of topic {config.topic!r} partitions {partitions or 'all'}...")
     try:
         ingest = Gateway(config, owned=owned, linger_ms=linger_ms, roll_bytes=roll_bytes)
     except InputError as exc:  # owned partitions out of range
         raise InputError(f"--partitions {partitions}: {exc}") from None
+    scheme = "https" if tls else "http"
+    access = "tokens required" if ingest.auth.enabled else "open: the lake has no tokens"
 
     def ready(address) -> None:
         err.print(
-            f"gateway {ingest.gateway_id} listening on http://{address[0]}:{address[1]} "
-            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms)"
+            f"gateway {ingest.gateway_id} listening on {scheme}://{address[0]}:{address[1]} "
+            f"(partitions {ingest.producer.owned}, linger {linger_ms} ms, {access})"
             + (f", OTLP also on port {otlp_port}" if otlp_port else "")
             + "; Ctrl-C stops"
         )
 
-    listen = host or config.gateway_host
-    serve(ingest, listen, config.gateway_port if port is None else port, stop, ready=ready, otlp_port=otlp_port)
+    def ops_ready(address) -> None:
+        err.print(f"gateway /healthz and /metrics on http://{address[0]}:{address[1]} (no credentials)")
+
+    ops_port = config.gateway_ops_port if ops_port is None else ops_port
+    serve(
+        ingest,
+        listen,
+        config.gateway_port if port is None else port,
+        stop,
+        ready=ready,
+        otlp_port=otlp_port,
+        tls=tls,
+        ops=None if ops_port is None else (config.gateway_ops_host, ops_port),
+        ops_ready=ops_ready,
+    )
     err.print(f"stopped; {ingest.producer.stats.records:,} events received")

@@ -1,9 +1,10 @@
-"""``lake infra up|down|status``, ``lake infra spark …``, ``lake infra alertmanager …`` and ``lake airflow``: servers
+"""``lake infra up|down|status``, ``lake infra tls``, ``lake infra spark …``, ``lake infra alertmanager …`` and ``lake airflow``: servers
 this machine runs."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -56,6 +57,37 @@ def infra_up(
     start(server, log=err.print)
     for line in export_lines(server, identity):
         print(line)
+
+
+@infra_app.command("tls")
+def infra_tls(
+    data_dir: Annotated[Path, typer.Option(help="Where the CA, certificates and keys go (keep it out of git).")] = Path(
+        ".lake-infra/tls"
+    ),
+    host: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A name or address the gateway and dashboard are reached by (repeat; default: localhost, "
+            "127.0.0.1 and this machine's name)."
+        ),
+    ] = None,
+) -> None:
+    """Mint a local CA, a server certificate and a client certificate (for mutual TLS), and print the `export
+    LAKE_TLS_...` lines that make the gateway, the dashboard and the agents use them: eval "$(lake infra tls)"."""
+    import socket
+
+    from metrics_lake.infra.tls import write_ca, write_certificate
+
+    names = host or ["localhost", "127.0.0.1", socket.gethostname()]
+    ca = write_ca(data_dir.resolve(), "metrics-lake local CA")
+    cert, key = write_certificate(ca, data_dir.resolve(), "server", names)
+    client_cert, client_key = write_certificate(ca, data_dir.resolve(), "client", ["lake-client"])
+    err.print(
+        f"CA {ca[0]}; server certificate for {', '.join(names)}; client certificate {client_cert} "
+        "(for --tls-client-ca, mutual TLS)"
+    )
+    for name, value in (("LAKE_TLS_CERT", cert), ("LAKE_TLS_KEY", key), ("LAKE_TLS_CA", ca[0])):
+        print(f"export {name}={shlex.quote(str(value))}")
 
 
 @infra_app.command("down")

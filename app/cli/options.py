@@ -21,11 +21,16 @@ __all__ = [
     "DateOption",
     "FromOption",
     "GatewayOption",
+    "InsecureOption",
+    "TlsCertOption",
+    "TlsClientCaOption",
+    "TlsKeyOption",
     "ToOption",
     "day",
     "days",
     "open_tables",
     "partition_list",
+    "server_tls",
     "settings",
     "stop_on_signals",
     "time_ms",
@@ -56,9 +61,33 @@ GatewayOption = Annotated[
         "LAKE_SPOOL_DIR while it is unreachable, instead of writing the log directly."
     ),
 ]
+TlsCertOption = Annotated[
+    str | None, typer.Option(help="Serve HTTPS with this PEM certificate chain (default LAKE_TLS_CERT).")
+]
+TlsKeyOption = Annotated[str | None, typer.Option(help="PEM private key of --tls-cert (default LAKE_TLS_KEY).")]
+TlsClientCaOption = Annotated[
+    str | None,
+    typer.Option(help="Require client certificates signed by this PEM CA: mutual TLS (default LAKE_TLS_CLIENT_CA)."),
+]
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Listen on a non-loopback address without TLS or tokens anyway (a warning is printed).",
+    ),
+]
 DateOption = Annotated[str | None, typer.Option("--date", help="UTC day, YYYY-MM-DD.")]
 FromOption = Annotated[str | None, typer.Option("--from", help="First UTC day of a range.")]
 ToOption = Annotated[str | None, typer.Option("--to", help="Last UTC day of a range (inclusive).")]
+
+
+def server_tls(config: LakeSettings, cert: str | None, key: str | None, client_ca: str | None):
+    """The :class:`~metrics_lake.app.http_server.TlsFiles` of a server: the options, else ``LAKE_TLS_*``; or None."""
+    from metrics_lake.app.http_server import TlsFiles
+
+    if cert is None and key is None:
+        cert, key = config.tls_cert, config.tls_key
+    return TlsFiles.of(cert, key, client_ca if client_ca is not None else config.tls_client_ca)
 
 
 def partition_list(text: str | None) -> list[int] | None:

@@ -1,5 +1,9 @@
 """The dashboard's HTTP server: the page, Plotly's bundle (from the ``plotly`` package: works offline), the JSON API.
 
+Once the lake has tokens, every route but ``/login``, ``/logout`` and
+``/healthz`` needs a read token, as a session cookie or an
+``Authorization`` header (:mod:`~metrics_lake.app.dashboard.login`).
+
 Routes (JSON errors are ``{"error": message, "parameter": name}``):
 
 - ``GET /`` the dashboard page; ``GET /static/plotly.min.js``;
@@ -10,9 +14,10 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
   edits (404 if unknown); the registry version is its ``ETag``;
 - ``PUT /api/queries/{name}`` (JSON ``{"query": …, "description": …}``) adds
   or changes a stored query, ``DELETE /api/queries/{name}`` removes it; both
-  need ``Authorization: Bearer <LAKE_ADMIN_TOKEN>`` (401 without it, 403 when
-  the lake has no admin token: the dashboard is never an open write
-  endpoint). A bad query is a 400 whose error names the clause; an
+  need an admin token in ``Authorization: Bearer …`` (``lake tokens create
+  --scope admin``, or ``LAKE_ADMIN_TOKEN``): 401 without one, 403 for a
+  token of another scope or a lake with no admin credential at all (the
+  dashboard is never an open write endpoint). A bad query is a 400 whose error names the clause; an
   ``If-Match: <registry version>`` that is not the current one a 412, an
   edit that lost a race a 409 (nothing applied either way);
 - ``GET /api/alerts``: the alert rules (with how many of their alerts fire
@@ -51,7 +56,6 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
 from __future__ import annotations
 
 import datetime as dt
-import hmac
 import json
 import threading
 from importlib import resources
@@ -64,11 +68,14 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from metrics_lake.app.auth import Authenticator, credential_of
+from metrics_lake.app.dashboard.login import ReadGate
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.dashboard.remote_read import RemoteReader
-from metrics_lake.app.http_server import serve_asgi
+from metrics_lake.app.http_server import TlsFiles, serve_asgi
 from metrics_lake.core.kernels.selectors import Selector, parse_selector
 from metrics_lake.core.registry import ALERT, QUERY, Change
+from metrics_lake.core.tokens import Scope
 from metrics_lake.lake_schemas.errors import (
     AlertRuleError,
     NotFoundError,
@@ -77,6 +84,7 @@ from metrics_lake.lake_schemas.errors import (
     RemoteReadError,
     SelectorError,
     StoredQueryError,
+    TokenError,
 )
 
 __all__ = ["build_app", "parse_time", "serve"]
@@ -142,9 +150,12 @@ def _select_param(request: Request) -> Selector | None:
         raise RangeError("select", f"select={text[:80]!r}: {exc}") from None
 
 
-def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlette:
-    """The dashboard application over ``reader``; ``refresh_seconds`` is the page's default auto-refresh."""
+def build_app(reader: DashboardReader, *, refresh_seconds: int = 10, auth: Authenticator | None = None) -> ReadGate:
+    """The dashboard application over ``reader`` behind its :class:`~metrics_lake.app.dashboard.login.ReadGate`;
+    ``refresh_seconds`` is the page's default auto-refresh; ``auth`` checks tokens (default: a new
+    :class:`~metrics_lake.app.auth.Authenticator` over the reader's store)."""
     page = PAGE.read_text().replace("__REFRESH_SECONDS__", str(refresh_seconds))
+    auth = auth or Authenticator(reader.settings, reader.store)
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
@@ -177,12 +188,12 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
     async def query_definition(request: Request) -> Response:
         if request.method == "GET":
             return await run_in_threadpool(_definition, reader, request.path_params["name"])
-        return await _edit(request, reader, QUERY)
+        return await _edit(request, reader, QUERY, auth)
 
     async def alert_rule(request: Request) -> Response:
         if request.method == "GET":
             return await run_in_threadpool(_rule_definition, reader, request.path_params["name"])
-        return await _edit(request, reader, ALERT)
+        return await _edit(request, reader, ALERT, auth)
 
     async def alerts(request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(reader.alerts))
@@ -261,7 +272,9 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10) -> Starlett
     ]
     site = reader.settings.quality_path / "gx" / "uncommitted" / "data_docs" / "local_site"
     routes.append(Mount("/quality", StaticFiles(directory=site, html=True, check_dir=False)))
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    app.state.auth = auth
+    return ReadGate(app, auth)
 
 
 async def _json_body(request: Request, field: str, shape: str) -> dict | Response:
@@ -282,11 +295,11 @@ _BODIES = {
 }
 
 
-async def _edit(request: Request, reader: DashboardReader, kind: str) -> Response:
+async def _edit(request: Request, reader: DashboardReader, kind: str, auth: Authenticator) -> Response:
     """PUT or DELETE of a stored query or an alert rule (module docstring): admin only, If-Match checked, a bad
     text a 400 naming the clause; answers the definition (200 changed, 201 new) or 204 (deleted)."""
     name = request.path_params["name"]
-    denied = _admin_only(request, reader)
+    denied = await _admin_only(request, auth)
     if denied is not None:
         return denied
     expected = request.headers.get("if-match")
@@ -323,21 +336,14 @@ async def _edit(request: Request, reader: DashboardReader, kind: str) -> Respons
     return answer
 
 
-def _admin_only(request: Request, reader: DashboardReader) -> Response | None:
-    """None if the request carries the lake's admin token (``LAKE_ADMIN_TOKEN``), else the 401/403 answer."""
-    token = reader.settings.admin_token
-    if token is None:
-        return _error(403, "writes are disabled: the lake has no admin token (set LAKE_ADMIN_TOKEN)", "Authorization")
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
-        return JSONResponse(
-            {
-                "error": "an admin token is required: Authorization: Bearer <LAKE_ADMIN_TOKEN>",
-                "parameter": "Authorization",
-            },
-            status_code=401,
-            headers={"WWW-Authenticate": 'Bearer realm="metrics-lake"'},
-        )
+async def _admin_only(request: Request, auth: Authenticator) -> Response | None:
+    """None if the request's ``Authorization`` header holds an admin token (``lake tokens create --scope admin``
+    or ``LAKE_ADMIN_TOKEN``), else the 401/403 answer. Never a cookie: a cross-site form cannot set the header."""
+    try:
+        credential = credential_of(request.headers.get("authorization"))
+        await auth.authenticate(credential, request.client.host if request.client else "unknown", Scope.ADMIN)
+    except TokenError as exc:
+        return ReadGate.refusal(request, exc)
     return None
 
 
@@ -406,11 +412,17 @@ def serve(
     *,
     refresh_seconds: int = 10,
     ready=None,
+    tls: TlsFiles | None = None,
+    auth: Authenticator | None = None,
 ) -> None:
-    """Serve the dashboard on ``host:port`` (0: any free port) until ``stop`` is set.
+    """Serve the dashboard on ``host:port`` (0: any free port) until ``stop`` is set; ``tls``: over HTTPS.
 
     ``ready((host, port))`` is called once the socket listens (see
     :func:`~metrics_lake.app.http_server.serve_asgi`).
     """
-    app = build_app(reader, refresh_seconds=refresh_seconds)
-    serve_asgi(app, host, port, stop, name="dashboard-http", ready=ready, timeout_graceful_shutdown=5)
+    auth = auth or Authenticator(reader.settings, reader.store)
+    app = build_app(reader, refresh_seconds=refresh_seconds, auth=auth)
+    try:
+        serve_asgi(app, host, port, stop, name="dashboard-http", ready=ready, tls=tls, timeout_graceful_shutdown=5)
+    finally:
+        auth.close()

@@ -16,7 +16,8 @@ route                    protocol                success                        
 
 Rejected points are always stored for quarantine before the answer; the
 valid ones are durable as for a success. Errors that take nothing (400 for
-an unreadable request, 408, 413, 415, 429, 503) use each protocol's error
+an unreadable request, 401/403 for a refused token, 408, 413, 415, 429,
+503) use each protocol's error
 body: JSON ``{"error"}``, OTLP's ``google.rpc.Status`` (protobuf or JSON as
 the request), plain text for remote-write, InfluxDB's JSON. 429 and 503
 carry ``Retry-After`` and are what these clients retry.
@@ -42,7 +43,7 @@ __all__ = ["Endpoint", "EventsEndpoint", "InfluxEndpoint", "OtlpEndpoint", "Remo
 #: Reasons quoted in an answer that has no per-point list, at most.
 QUOTED_REASONS = 3
 # gRPC status codes for OTLP's Status body (https://grpc.github.io/grpc/core/md_doc_statuscodes.html).
-_GRPC_CODE = {400: 3, 408: 4, 409: 6, 413: 3, 415: 3, 429: 8, 503: 14}
+_GRPC_CODE = {400: 3, 401: 16, 403: 7, 408: 4, 409: 6, 413: 3, 415: 3, 429: 8, 503: 14}
 
 
 class Endpoint:
@@ -179,7 +180,14 @@ class InfluxEndpoint(Endpoint):
     def error(self, status, message, request):  # noqa: D102
         if self.version == 1:
             return JSONResponse({"error": message}, status_code=int(status))
-        code = {400: "invalid", 413: "request too large", 429: "too many requests", 503: "unavailable"}
+        code = {
+            400: "invalid",
+            401: "unauthorized",
+            403: "forbidden",
+            413: "request too large",
+            429: "too many requests",
+            503: "unavailable",
+        }
         return Response(
             json.dumps({"code": code.get(int(status), "internal error"), "message": message}),
             status_code=int(status),

@@ -20,7 +20,9 @@ ingest endpoint exposed to many agents needs on top:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,12 +36,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from metrics_lake.app.auth import Caller, credential_of
 from metrics_lake.app.gateway.body import BodyDecoder, BodyError
 from metrics_lake.app.gateway.endpoints import Endpoint, endpoints
 from metrics_lake.app.gateway.protocols import Decoded
-from metrics_lake.app.gateway.service import Accepted, Gateway
-from metrics_lake.app.http_server import serve_asgi
-from metrics_lake.lake_schemas.errors import SequenceConflictError
+from metrics_lake.app.gateway.service import Accepted, Gateway, forbid_servers
+from metrics_lake.app.http_server import TlsFiles, serve_asgi
+from metrics_lake.core.tokens import Scope
+from metrics_lake.lake_schemas.errors import SequenceConflictError, TokenError
 
 __all__ = ["HeaderDeadlineProtocol", "build_app", "serve"]
 
@@ -100,6 +104,24 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         self.transport.write_eof()
         self.loop.call_later(self.linger_seconds, self.transport.close)
 
+    def eof_received(self) -> None:
+        """The client half-closed: a request whose body has not all arrived is answered 400 before closing.
+
+        uvicorn closes without an answer (the app sees a disconnect and
+        its response goes nowhere), so a client that sent fewer bytes than
+        its ``Content-Length`` and shut its write side waits for nothing.
+        """
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or cycle.response_complete or not cycle.more_body:
+            return
+        body = b"the request body ended before its Content-Length; nothing of it was taken"
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        cycle.disconnected = True  # the app's receive() now says so, and its answer is dropped
+        cycle.message_event.set()
+
     def on_message_begin(self) -> None:  # noqa: D102 (httptools callback)
         super().on_message_begin()
         if self._deadline is None:
@@ -156,14 +178,21 @@ class _Ingest:
         self.pool = ThreadPoolExecutor(max_workers=VALIDATION_THREADS, thread_name_prefix="validate")
         self.receiving = 0  # decoded bytes of bodies being received, counted against the buffer limit
 
-    def answer(self, response: Response, *, close: bool = False) -> Response:
-        """``response`` with ``Retry-After`` on 429/503 and ``Connection: close`` if ``close``; counted by status."""
+    def answer(
+        self, response: Response, *, close: bool = False, caller: Caller | None = None, retry_after: float = 0
+    ) -> Response:
+        """``response`` with ``Retry-After`` on 429/503 and ``Connection: close`` if ``close``; counted by status
+        (and by ``caller``'s token when known). ``retry_after``: seconds, rounded up (default 1)."""
         status = response.status_code
         if status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE):
-            response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            response.headers["Retry-After"] = str(max(RETRY_AFTER_SECONDS, math.ceil(retry_after)))
+        if status == HTTPStatus.UNAUTHORIZED:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="metrics-lake"'
         if close:  # the rest of the body was not read: the connection cannot carry another request
             response.headers["Connection"] = "close"
         self.gateway.metrics.requests.labels(code=str(status)).inc()
+        if caller is not None:
+            self.gateway.metrics.token_requests.labels(token=caller.name, code=str(status)).inc()
         return response
 
     def route(self, endpoint: Endpoint) -> Route:
@@ -175,16 +204,23 @@ class _Ingest:
         return Route(endpoint.path, post, methods=["POST"])
 
     async def post(self, request: Request, endpoint: Endpoint) -> Response:
-        """Read, decode, buffer and answer one request to ``endpoint``."""
+        """Authenticate, read, decode, limit, buffer and answer one request to ``endpoint``."""
+        caller: Caller | None = None
 
-        def fail(status: int, message: str, *, close: bool = False) -> Response:
-            return self.answer(endpoint.error(status, message, request), close=close)
+        def fail(status: int, message: str, *, close: bool = False, retry_after: float = 0) -> Response:
+            response = endpoint.error(status, message, request)
+            return self.answer(response, close=close, caller=caller, retry_after=retry_after)
 
         declared, received = None, _Received()
         try:
             declared = _declared_length(request)
             if declared is not None and declared > self.limit:
                 raise BodyError(413, f"body over {self.limit:,} bytes; send smaller batches")
+            credential = credential_of(request.headers.get("authorization"), _query_password(request, endpoint))
+            caller = await self.gateway.auth.authenticate(credential, _source(request), Scope.WRITE)
+            wait = self.gateway.limit_wait(caller, 0)
+            if wait:
+                raise _Limited(wait, f"token {caller.name!r} is over its ingestion rate; retry in {wait:.1f} s")
             producer = _producer_of(request)
             options = endpoint.options(request)
             if self.gateway.buffer_full(self.receiving):
@@ -195,9 +231,10 @@ class _Ingest:
                 encoding = ""
             decoder = BodyDecoder(encoding, self.limit)
             body = await self._read(request, decoder, received)
-        except BodyError as exc:
+        except (BodyError, TokenError, _Limited) as exc:
             drained = (declared is None or declared <= 2 * self.limit) and await self._drain(request, received)
-            return fail(exc.status, str(exc), close=not drained)
+            wait = getattr(exc, "retry_after", None) or 0
+            return fail(exc.status, str(exc), close=not drained, retry_after=wait)
         except TimeoutError:
             timeout = self.settings.gateway_request_timeout_seconds
             return fail(HTTPStatus.REQUEST_TIMEOUT, f"body not received within {timeout:g} s", close=True)
@@ -207,15 +244,21 @@ class _Ingest:
         content_type = request.headers.get("content-type", "")
         started = time.monotonic()
 
-        def accept() -> tuple[Decoded, Accepted]:
+        def accept() -> tuple[Decoded, int, Accepted]:
             decoded = endpoint.decode(body, content_type, options, self.limit)
+            records, forbidden = forbid_servers(decoded.records, caller)
+            wait = self.gateway.limit_wait(caller, records.num_rows)
+            if wait:
+                self.gateway.metrics.token_events.labels(token=caller.name, outcome="limited").inc(records.num_rows)
+                raise _Limited(wait, f"{records.num_rows:,} events are over token {caller.name!r}'s ingestion rate")
             self.gateway.metrics.skipped.labels(protocol=endpoint.protocol).inc(decoded.skipped)
-            return decoded, self.gateway.accept_records(decoded.records, body, producer, started=started)
+            decoded = dataclasses.replace(decoded, records=records)
+            return decoded, forbidden, self.gateway.accept_records(records, body, producer, started=started)
 
         try:
-            decoded, accepted = await loop.run_in_executor(self.pool, accept)
-        except BodyError as exc:  # found while decoding (a snappy body declaring too many bytes)
-            return fail(exc.status, str(exc))
+            decoded, forbidden, accepted = await loop.run_in_executor(self.pool, accept)
+        except (BodyError, _Limited) as exc:  # found while decoding (a snappy body declaring too many bytes)
+            return fail(exc.status, str(exc), retry_after=getattr(exc, "retry_after", 0))
         except SequenceConflictError as exc:
             return fail(HTTPStatus.CONFLICT, str(exc))
         except Exception as exc:  # an inline flush failed: the records stay pending, a retry finds them
@@ -228,7 +271,12 @@ class _Ingest:
         except Exception as exc:  # storage down, lease lost: the client retries (with the same sequence)
             log.warning("batch not made durable: %s", exc)
             return fail(HTTPStatus.SERVICE_UNAVAILABLE, f"not durable: {exc}")
-        return self.answer(endpoint.success(outcome, decoded, request))
+        counts = self.gateway.metrics.token_events
+        counts.labels(token=caller.name, outcome="accepted").inc(outcome.accepted)
+        counts.labels(token=caller.name, outcome="rejected").inc(len(outcome.errors))
+        if forbidden and forbidden == decoded.records.num_rows:  # every event was another server's
+            return fail(HTTPStatus.FORBIDDEN, f"{forbidden} events quarantined: {outcome.errors[0][1]}")
+        return self.answer(endpoint.success(outcome, decoded, request), caller=caller)
 
     async def _read(self, request: Request, decoder: BodyDecoder, received: _Received) -> bytes:
         """The decoded body, within the request timeout; its bytes count against the buffer while read.
@@ -264,6 +312,26 @@ class _Ingest:
         except (TimeoutError, ClientDisconnect):
             return False
         return True
+
+
+class _Limited(Exception):
+    """A request over its token's ingestion rate: answered 429 with ``Retry-After`` (``retry_after`` s)."""
+
+    status = HTTPStatus.TOO_MANY_REQUESTS
+
+    def __init__(self, retry_after: float, message: str) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _source(request: Request) -> str:
+    """The client's address (what failed credentials are counted against)."""
+    return request.client.host if request.client else "unknown"
+
+
+def _query_password(request: Request, endpoint: Endpoint) -> str | None:
+    """The InfluxDB 1.x ``p`` query parameter of ``/write`` (its clients' way to send a token), else None."""
+    return request.query_params.get("p") if endpoint.path == "/write" else None
 
 
 class _Received:
@@ -307,22 +375,38 @@ def _settle(watcher: asyncio.Future) -> None:
 
 
 def build_app(gateway: Gateway) -> Starlette:
-    """The Starlette app: the ingest endpoints (:func:`~metrics_lake.app.gateway.endpoints.endpoints`),
-    ``PUT``/``DELETE /v1/inventory/{server}`` (:meth:`Gateway.change_inventory`), ``GET /healthz``,
-    ``GET /metrics``; other paths 404/405 in JSON."""
+    """The Starlette app: the ingest endpoints (:func:`~metrics_lake.app.gateway.endpoints.endpoints`, a write
+        token), ``PUT``/``DELETE /v1/inventory/{server}`` (:meth:`Gateway.change_inventory`, a write token for
+    that server),
+        ``GET /healthz`` (open), ``GET /metrics`` (a read token once the lake has tokens); other paths 404/405 in JSON."""
     ingest = _Ingest(gateway)
+
+    async def refused(request: Request, needed: Scope, server: str | None = None) -> Response | None:
+        """None if the request's token allows ``needed`` (for ``server``), else the JSON 401/403/429 answer."""
+        try:
+            credential = credential_of(request.headers.get("authorization"))
+            caller = await gateway.auth.authenticate(credential, _source(request), needed)
+            if server is not None and not caller.may_write(server):
+                raise TokenError(403, f"token {caller.name!r} may not change server {server[:128]!r}")
+        except TokenError as exc:
+            answer = JSONResponse({"error": str(exc)}, status_code=exc.status)
+            return ingest.answer(answer, retry_after=exc.retry_after or 0)
+        return None
 
     async def health(request: Request) -> Response:
         status, body = gateway.health()
         return ingest.answer(JSONResponse(body, status_code=int(status)))
 
     async def metrics(request: Request) -> Response:
-        gateway.metrics.buffered_bytes.set(gateway.producer.buffered_bytes())
-        return Response(prom.generate_latest(gateway.metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
+        if gateway.auth.enabled and (denied := await refused(request, Scope.READ)) is not None:
+            return denied
+        return _metrics_text(gateway)
 
     async def inventory(request: Request) -> Response:
         server = request.path_params["server"]
         body = None
+        if (denied := await refused(request, Scope.WRITE, server)) is not None:
+            return denied
         if request.method == "PUT":
             declared = _declared_length(request)
             if declared is not None and declared > MAX_INVENTORY_BODY:
@@ -352,13 +436,42 @@ def build_app(gateway: Gateway) -> Starlette:
     return app
 
 
+def _metrics_text(gateway: Gateway) -> Response:
+    gateway.metrics.buffered_bytes.set(gateway.producer.buffered_bytes())
+    return Response(prom.generate_latest(gateway.metrics.registry), media_type=prom.CONTENT_TYPE_LATEST)
+
+
+def build_ops_app(gateway: Gateway) -> Starlette:
+    """``GET /healthz`` and ``GET /metrics`` without credentials, for the ops listener (probes, Prometheus)."""
+
+    async def health(request: Request) -> Response:
+        status, body = gateway.health()
+        return JSONResponse(body, status_code=int(status))
+
+    async def metrics(request: Request) -> Response:
+        return _metrics_text(gateway)
+
+    return Starlette(routes=[Route("/healthz", health), Route("/metrics", metrics)])
+
+
 def serve(
-    gateway: Gateway, host: str, port: int, stop: threading.Event, *, ready=None, otlp_port: int | None = None
+    gateway: Gateway,
+    host: str,
+    port: int,
+    stop: threading.Event,
+    *,
+    ready=None,
+    otlp_port: int | None = None,
+    tls: TlsFiles | None = None,
+    ops: tuple[str, int] | None = None,
+    ops_ready=None,
 ) -> None:
     """Serve ``gateway`` on ``host:port`` until ``stop`` is set; then flush and release the leases.
 
     ``otlp_port``: also listen there (OTLP/HTTP's conventional port is 4318;
-    every route is served on both ports).
+    every route is served on both ports). ``tls``: serve HTTPS (both
+    ports). ``ops``: ``(host, port)`` of a plain-HTTP listener serving only
+    :func:`build_ops_app` (``ops_ready((host, port))`` once it listens).
 
     ``ready((host, port))`` is called once the socket listens (``port`` 0
     picks a free port). uvicorn runs on its own thread and event loop, so
@@ -368,6 +481,16 @@ def serve(
     settings = gateway.settings
     app = build_app(gateway)
     protocol = type("Protocol", (HeaderDeadlineProtocol,), {"header_timeout": settings.gateway_request_timeout_seconds})
+    ops_thread = None
+    if ops is not None:
+        ops_thread = threading.Thread(
+            target=serve_asgi,
+            args=(build_ops_app(gateway), *ops, stop),
+            kwargs={"name": "gateway-ops", "ready": ops_ready, "timeout_graceful_shutdown": 2},
+            name="gateway-ops",
+            daemon=True,
+        )
+        ops_thread.start()
     try:
         serve_asgi(
             app,
@@ -377,6 +500,7 @@ def serve(
             name="gateway-http",
             ready=ready,
             extra_ports=() if otlp_port is None else (otlp_port,),
+            tls=tls,
             http=protocol,
             loop="auto",
             timeout_keep_alive=int(settings.gateway_idle_timeout_seconds),
@@ -384,5 +508,8 @@ def serve(
             timeout_graceful_shutdown=int(settings.gateway_ack_timeout_seconds) + 1,
         )
     finally:
+        stop.set()
+        if ops_thread is not None:
+            ops_thread.join()
         app.state.pool.shutdown()
         gateway.close()

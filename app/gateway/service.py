@@ -22,16 +22,20 @@ from http import HTTPStatus
 import numpy as np
 import prometheus_client as prom
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from metrics_lake.app.auth import Authenticator, Caller
 from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Change, Inventory, check_labels
 from metrics_lake.core.log.log import AppendResult
 from metrics_lake.core.log.producer import Producer, Sent, Source, producer_for
+from metrics_lake.core.rate_limits import RateLimits
 from metrics_lake.core.storage import open_store
+from metrics_lake.lake_schemas.contract import ACCESS_REASON_CODE, raw_text
 from metrics_lake.lake_schemas.errors import InputError, SequenceConflictError
 
-__all__ = ["Accepted", "Gateway", "GatewayMetrics", "Outcome", "body_digest", "events_answer"]
+__all__ = ["Accepted", "Gateway", "GatewayMetrics", "Outcome", "body_digest", "events_answer", "forbid_servers"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +93,19 @@ class GatewayMetrics:
         self.owned_partitions = prom.Gauge(
             "lake_gateway_owned_partitions", "Partitions this gateway holds leases on.", registry=self.registry
         )
+        self.token_events = prom.Counter(
+            "lake_gateway_token_events",
+            "Events per token (its name; 'anonymous' on an open lake) by outcome: accepted, rejected (quarantined, "
+            "forbidden servers included), limited (refused with 429 by the token's rate limit).",
+            ["token", "outcome"],
+            registry=self.registry,
+        )
+        self.token_requests = prom.Counter(
+            "lake_gateway_token_requests",
+            "Ingest requests per token by status code (requests refused before a token was known are not here).",
+            ["token", "code"],
+            registry=self.registry,
+        )
         self.inventory_changes = prom.Counter(
             "lake_gateway_inventory_changes",
             "Server inventory changes appended (PUT and DELETE /v1/inventory/{server}).",
@@ -124,6 +141,46 @@ class Outcome:
     accepted: int
     errors: list[tuple[int, str]]
     duplicate: bool
+
+
+def forbid_servers(records: pa.Table, caller: Caller) -> tuple[pa.Table, int]:
+    """``records`` with the valid events of servers ``caller`` may not write turned into rejects; and their count.
+
+    A forbidden event keeps its fields and gets ``reason``
+    ``forbidden_server: …`` and ``raw`` (the event as JSON), so it lands
+    in ``quarantine_events`` like any reject.
+    """
+    if caller.record is None or caller.record.servers is None or records.num_rows == 0:
+        return records, 0
+    servers, reasons = records.column("server"), records.column("reason")
+    names = [s for s in pc.unique(servers).to_pylist() if s is not None]
+    denied = [s for s in names if not caller.may_write(s)]
+    if not denied:
+        return records, 0
+    mask = pc.and_(pc.is_in(servers, pa.array(denied, pa.string())), pc.is_null(reasons)).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(mask)
+    if len(rows) == 0:
+        return records, 0
+    glob = caller.record.servers
+    reason = list(reasons.to_pylist())
+    raw = list(records.column("raw").to_pylist())
+    picked = records.take(pa.array(rows)).to_pylist()
+    for i, event in zip(rows, picked, strict=True):
+        server = event["server"]
+        reason[i] = f"{ACCESS_REASON_CODE}: token {caller.name!r} may write servers {glob!r}, not {server!r}"
+        ts = event["ts"]
+        document = {
+            "ts": None if ts is None else int(ts.timestamp() * 1000),
+            "server": server,
+            "metric": event["metric"],
+            "value": event["value"],
+        }
+        if event["tags"]:
+            document["tags"] = dict(event["tags"])
+        raw[i] = raw_text(json.dumps(document, separators=(",", ":")).encode())
+    records = records.set_column(records.schema.get_field_index("reason"), "reason", pa.array(reason, pa.string()))
+    records = records.set_column(records.schema.get_field_index("raw"), "raw", pa.array(raw, pa.string()))
+    return records, len(rows)
 
 
 def events_answer(outcome: Outcome) -> tuple[int, dict]:
@@ -164,10 +221,29 @@ class Gateway:
             **({"linger_ms": linger_ms} if linger_ms else {}),
             **({"roll_bytes": roll_bytes} if roll_bytes else {}),
         )
-        self.inventory = Inventory(open_store(settings))
+        store = open_store(settings)
+        self.inventory = Inventory(store)
+        self.auth = Authenticator(settings, store, registry=self.metrics.registry)
+        self.limits = RateLimits()
         # Take every lease before serving: a predecessor's lease expires within its TTL.
         self.producer.acquire()
         self.metrics.owned_partitions.set(len(self.producer.owned))
+
+    def limit_wait(self, caller: Caller, events: int) -> float:
+        """Take ``events`` from ``caller``'s ingestion limit: 0.0 if within it, else seconds to wait (nothing taken).
+
+        The limit is the token's ``rate``/``burst`` (shared by its tenant),
+        else ``gateway_token_rate``/``gateway_token_burst``; no rate: unlimited.
+        ``events`` 0 only checks that the bucket is not empty.
+        """
+        record = caller.record
+        rate = record.rate if record is not None and record.rate else self.settings.gateway_token_rate
+        if rate is None:
+            return 0.0
+        burst = (record.burst if record is not None and record.rate else None) or self.settings.gateway_token_burst
+        key = record.limit_key if record is not None else f"token:{caller.name}"
+        bucket = self.limits.bucket(key, rate, burst or 5 * rate)
+        return bucket.take(events) if events else bucket.empty()
 
     def buffer_full(self, incoming_bytes: int = 0) -> bool:
         """Whether the producer's buffer, plus ``incoming_bytes`` being received, reached ``gateway_buffer_bytes``."""
@@ -280,4 +356,5 @@ class Gateway:
 
     def close(self) -> None:
         """Flush what is buffered and release the leases."""
+        self.auth.close()
         self.producer.close()

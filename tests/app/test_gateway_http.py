@@ -29,11 +29,14 @@ def stored(tmp_path) -> list[dict]:
     return [row for table in log_rows(tmp_path) for row in table.to_pylist()]
 
 
-def raw_exchange(url: str, request: bytes, *, wait: float = 10) -> tuple[bytes, bool]:
-    """Send raw bytes; the answer read until the server closes or ``wait`` s pass, and whether it closed."""
+def raw_exchange(url: str, request: bytes, *, wait: float = 10, half_close: bool = False) -> tuple[bytes, bool]:
+    """Send raw bytes (then shut the write side if ``half_close``); the answer read until the server closes or
+    ``wait`` s pass, and whether it closed."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=wait) as sock:
         sock.sendall(request)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
         answer = b""
         try:
             while chunk := sock.recv(65536):
@@ -69,6 +72,16 @@ def test_a_client_still_sending_after_a_malformed_header_reads_the_400_not_a_res
     for _ in range(5):  # a reset is a race; without the lingering close it shows in most tries
         answer, closed = raw_exchange(url, b"POST /v1/events HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n" + body)
         assert answer.startswith(b"HTTP/1.1 400 ") and closed
+    assert stored(tmp_path) == []
+
+
+@pytest.mark.parametrize("sent", [0, 1, 500])
+def test_a_body_cut_short_by_a_half_close_is_answered_400_and_stores_nothing(start_gateway, tmp_path, sent):
+    url, _ = start_gateway()
+    body = ndjson(events_of("web-1", "web-2"))
+    head = b"POST /v1/events HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (len(body) + 1000)
+    answer, closed = raw_exchange(url, head + body[:sent], half_close=True)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"ended before its Content-Length" in answer and closed
     assert stored(tmp_path) == []
 
 

@@ -28,6 +28,7 @@ from metrics_lake.lake_schemas.operations import (
     QUERIES,
     RECOMPUTE,
     STREAM,
+    TOKENS,
 )
 from metrics_lake.lake_schemas.tables import TABLES, Table, rollup_chain
 
@@ -162,10 +163,17 @@ def test_no_module_builds_a_key_by_hand():
 
 def test_the_object_store_policies_are_the_layout_s_prefixes():
     actions = identity_actions("lake")
-    assert actions["agent"] == ["Read:lake/log/*", "Write:lake/log/*", "List:lake"]
+    assert actions["agent"] == ["Read:lake/log/*", "Write:lake/log/*", "Read:lake/auth/*", "List:lake"]
     assert "Write:lake/log/_consumers/*" in actions["pipeline"] and "Write:lake/log/*" not in actions["pipeline"]
-    assert actions["analyst"] == ["Read:lake/tables/*", "Read:lake/quality/*", "Read:lake/registry/*", "List:lake"]
+    assert actions["analyst"] == [
+        "Read:lake/tables/*",
+        "Read:lake/quality/*",
+        "Read:lake/registry/*",
+        "Read:lake/auth/*",
+        "List:lake",
+    ]
     assert "Write:lake/registry/*" in actions["pipeline"]
+    assert not any(action.startswith("Write:lake/auth") for grants in actions.values() for action in grants)
     assert set(GRANTS) == {"agent", "pipeline", "analyst"}
 
 
@@ -178,6 +186,7 @@ def test_the_object_store_policies_are_the_layout_s_prefixes():
         (ANALYSIS, "analyst"),
         (QUERIES, "pipeline"),
         (COMPACT, "admin"),
+        (TOKENS, "admin"),
     ],
 )
 def test_each_operation_gets_the_least_privileged_identity_covering_it(operation, identity):
