@@ -126,8 +126,8 @@ class GatewaySender:
         self._session = requests.Session()
         if token is not None:
             self._session.headers["Authorization"] = f"Bearer {token}"
-        if ca is not None:
-            self._session.verify = ca
+        # Passed per request: a Session's own verify loses to REQUESTS_CA_BUNDLE (psf/requests#3829).
+        self._verify = ca if ca is not None else True
         self._lock = threading.Lock()
         self._next_seq = self._last_seq() + 1
         self._wake = threading.Event()
@@ -260,7 +260,9 @@ class GatewaySender:
             "X-Producer-Seq": str(seq),
         }
         try:
-            answer = self._session.post(self.url, data=path.read_bytes(), headers=headers, timeout=self.timeout)
+            answer = self._session.post(
+                self.url, data=path.read_bytes(), headers=headers, timeout=self.timeout, verify=self._verify
+            )
         except requests.RequestException as exc:
             log.info("gateway unreachable (%s); batch %d stays spooled", exc.__class__.__name__, seq)
             return False

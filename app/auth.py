@@ -122,6 +122,7 @@ class Authenticator:
         self.records, self.version = self.tokens.load()
         self.verified: dict[bytes, str] = {}  # SHA-256 of a verified token -> its id
         self.failures = RateLimits()
+        self.failure_rate, self.failure_burst = FAILURE_RATE, FAILURE_BURST
         self.failed = prom.Counter(
             "lake_auth_failures", "Requests refused for their credential, by reason", ["reason"], registry=registry
         )
@@ -158,8 +159,19 @@ class Authenticator:
     def _fail(self, source: str, reason: str, status: int, message: str) -> TokenError:
         self.failed.labels(reason=reason).inc()
         if status == 401:
-            self.failures.bucket(source, FAILURE_RATE, FAILURE_BURST).take(1)
+            self.failures.bucket(source, self.failure_rate, self.failure_burst).charge(1)
         return TokenError(status, message)
+
+    async def authenticate_request(
+        self, authorization: str | None, source: str, needed: Scope, query_password: str | None = None
+    ) -> Caller:
+        """:meth:`authenticate` the credential of an ``Authorization`` header (or InfluxDB's ``p``); a malformed
+        header counts as a failed credential of ``source``."""
+        try:
+            credential = credential_of(authorization, query_password)
+        except TokenError as exc:
+            raise self._fail(source, "malformed", exc.status, str(exc)) from None
+        return await self.authenticate(credential, source, needed)
 
     async def authenticate(self, credential: str | None, source: str, needed: Scope) -> Caller:
         """The caller of a request carrying ``credential`` from address ``source``, allowed to do ``needed``.
@@ -168,7 +180,7 @@ class Authenticator:
         expired or revoked token), 403 (the token's scope does not allow
         ``needed``), 429 (``source`` failed too often; ``retry_after`` s).
         """
-        wait = self.failures.bucket(source, FAILURE_RATE, FAILURE_BURST).empty()
+        wait = self.failures.bucket(source, self.failure_rate, self.failure_burst).empty()
         if wait > 0:
             self.failed.labels(reason="throttled").inc()
             raise TokenError(429, f"too many failed credentials from {source}; retry in {wait:.0f} s", wait)

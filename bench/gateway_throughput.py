@@ -11,6 +11,12 @@ the agent identity), then drives it from this process:
   batches of ``--batch`` events back to back until ``--requests`` requests
   are acknowledged.
 
+Both run twice: over plain HTTP on a lake without tokens, then over TLS
+(a CA minted for the run, as ``lake infra tls`` does) with a write token
+checked on every request (Argon2id once, then the cached digest), and the
+cost of the second is printed as a ratio. Then the token is revoked and the
+time until the gateway refuses it is measured (the revocation target).
+
 For each it prints events/s, p50/p99 of the time from POST to the 200
 (durable) answer as the client sees it, and the average segment object size
 from the gateway's own ``/metrics``. The **peer** is the same events appended
@@ -55,12 +61,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_gateway(env: dict[str, str], port: int, log: Path, *args: str) -> subprocess.Popen:
+def start_gateway(env: dict[str, str], url: str, verify, log: Path, *args: str) -> subprocess.Popen:
     """`lake gateway --port PORT *args` as a process, once it answers /healthz; ``SystemExit`` if it exits first."""
-    gateway = subprocess.Popen([LAKE, "gateway", "--port", str(port), *args], env=env, stderr=open(log, "wb"))
+    port = url.rsplit(":", 1)[1]
+    gateway = subprocess.Popen([LAKE, "gateway", "--port", port, *args], env=env, stderr=open(log, "wb"))
     while gateway.poll() is None:
         try:
-            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+            if requests.get(f"{url}/healthz", timeout=1, verify=verify).ok:
                 return gateway
         except requests.ConnectionError:
             time.sleep(0.2)
@@ -71,19 +78,23 @@ def encode(lines: list[str]) -> bytes:
     return gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1)
 
 
-def segment_stats(url: str) -> tuple[float, float]:
-    """(segments written, their total bytes) from the gateway's /metrics."""
+def segment_stats(url: str, auth: dict | None = None) -> tuple[float, float]:
+    """(segments written, their total bytes) from the gateway's /metrics; ``auth``: headers and verify."""
+    auth = auth or {"headers": {}, "verify": True}
+    answer = requests.get(f"{url}/metrics", timeout=10, **auth)
     values = {}
-    for family in text_string_to_metric_families(requests.get(f"{url}/metrics", timeout=10).text):
+    for family in text_string_to_metric_families(answer.text):
         for sample in family.samples:
             values[sample.name] = sample.value
     return values["lake_gateway_segment_bytes_count"], values["lake_gateway_segment_bytes_sum"]
 
 
 def drive(
-    url: str, name: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None
+    url: str, name: str, bodies: list[list[tuple[bytes, int]]], pace_s: float | None, auth: dict | None = None
 ) -> tuple[float, list[float], int]:
     """One thread per client (producer id ``<name>-<i>``); returns (wall seconds, ack latencies in s, events acked).
+
+    ``auth``: ``{"headers": {...}, "verify": ...}`` for a gateway with tokens and TLS.
 
     Raises ``SystemExit`` if any request is not answered 200.
     """
@@ -104,13 +115,17 @@ def drive(
             "Content-Type": "application/x-ndjson",
             "Content-Encoding": "gzip",
             "X-Producer-Id": f"{name}-{index}",
+            **(auth or {}).get("headers", {}),
         }
+        verify = (auth or {}).get("verify", True)
         start = time.monotonic()
         for seq, (body, count) in enumerate(batches, 1):
             if pace_s is not None:
                 time.sleep(max(0.0, start + seq * pace_s - time.monotonic()))
             sent = time.monotonic()
-            answer = session.post(f"{url}/v1/events", data=body, headers=headers | {"X-Producer-Seq": str(seq)})
+            answer = session.post(
+                f"{url}/v1/events", data=body, headers=headers | {"X-Producer-Seq": str(seq)}, verify=verify
+            )
             if answer.status_code != 200:
                 raise RuntimeError(f"gateway answered {answer.status_code}: {answer.text}")
             with lock:
@@ -128,14 +143,24 @@ def drive(
     return time.monotonic() - started, latencies, events[0]
 
 
-def report(name: str, url: str, before: tuple[float, float], wall: float, latencies: list[float], events: int) -> None:
-    count, total = (a - b for a, b in zip(segment_stats(url), before, strict=True))
+def report(
+    name: str,
+    url: str,
+    before: tuple[float, float],
+    wall: float,
+    latencies: list[float],
+    events: int,
+    auth: dict | None = None,
+) -> tuple[float, float]:
+    """Print one scenario's line; returns (events/s, ack p99 ms)."""
+    count, total = (a - b for a, b in zip(segment_stats(url, auth), before, strict=True))
     p50, p99, top = np.percentile(np.array(latencies) * 1000, [50, 99, 100])
     print(
-        f"{name:<12} {events:>9,} events {events / wall:>10,.0f} ev/s   "
+        f"{name:<22} {events:>9,} events {events / wall:>10,.0f} ev/s   "
         f"ack p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  max {top:6.1f} ms   "
         f"{count:>5.0f} segments, avg {total / max(count, 1) / 1024:8.1f} KiB"
     )
+    return events / wall, p99
 
 
 def main() -> None:
@@ -171,14 +196,53 @@ def main() -> None:
 
 
 def run(args, work: Path, env: dict) -> None:
-    """Start the gateway, drive both scenarios, stop it, then time the peers on the same backend."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+    """Drive both scenarios over plain HTTP, then over TLS with a token; revoke it; then time the peers."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")}
-    gateway = start_gateway(clean | env, port, work / "gateway.log", "--linger-ms", str(args.linger_ms))
-    try:
-        print(f"backend {args.backend}, {args.partitions} partitions, linger {args.linger_ms} ms, 2 cores\n")
+    print(f"backend {args.backend}, {args.partitions} partitions, linger {args.linger_ms} ms, 2 cores\n")
+    # Saturation bodies: pre-encoded, the same for both runs.
+    sim = FleetSimulator(servers=200, metrics=10, seconds=max(1, args.requests * args.batch // 2000), seed=2)
+    table = sim.generate()
+    lines = table_to_payloads(table)
+    bodies = [
+        [
+            (encode(lines[(k * args.batch) % len(lines) : (k * args.batch) % len(lines) + args.batch]), args.batch)
+            for k in range(c, args.requests, args.clients)
+        ]
+        for c in range(args.clients)
+    ]
+    plain = scenarios(args, work, clean | env, f"http://127.0.0.1:{free_port()}", None, bodies, "plain HTTP")
+    # The same over TLS with a token: a CA and a certificate minted for the run, a write token.
+    from metrics_lake.core.storage import open_store
+    from metrics_lake.core.tokens import Scope, TokenStore
+    from metrics_lake.infra.tls import write_ca, write_certificate
 
+    ca = write_ca(work / "tls", "bench CA")
+    cert, key = write_certificate(ca, work / "tls", "server", ["127.0.0.1"])
+    lake_env = {k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_")}
+    tokens = TokenStore(open_store(load_settings(**lake_env)))
+    token, _ = tokens.create("bench-agents", Scope.WRITE)
+    auth = {"headers": {"Authorization": f"Bearer {token}"}, "verify": str(ca[0])}
+    secure_env = clean | env | {"LAKE_TLS_CERT": str(cert), "LAKE_TLS_KEY": str(key)}
+    secure = scenarios(
+        args, work, secure_env, f"https://127.0.0.1:{free_port()}", auth, bodies, "TLS + token", tokens=tokens
+    )
+    print(
+        f"\nTLS + token / plain: saturation {secure[0] / plain[0]:.2f}x the events/s "
+        f"({100 * (1 - secure[0] / plain[0]):+.1f} % cost), ack p99 {secure[1] - plain[1]:+.1f} ms"
+    )
+    events = args.requests * args.batch
+    peers(args, env, table, bodies, events, plain)
+
+
+def scenarios(args, work: Path, env: dict, url: str, auth, bodies, label: str, tokens=None) -> tuple[float, float]:
+    """Start a gateway at ``url``, run the demo load and the saturation run; returns saturation (events/s, p99 ms).
+
+    With ``tokens``, the token is revoked afterwards and the seconds until the gateway refuses it are printed.
+    """
+    verify = auth["verify"] if auth else True
+    log = work / f"gateway-{label.split()[0].lower()}.log"
+    gateway = start_gateway(env, url, verify, log, "--linger-ms", str(args.linger_ms))
+    try:
         # Demo load: 2 agents, one request per second each (the demo's ~176 events/s).
         demo = FleetSimulator(servers=20, metrics=8, seconds=args.demo_seconds, rate=1.1, seed=1)
         per_agent = [[], []]
@@ -188,39 +252,38 @@ def run(args, work: Path, env: dict) -> None:
                 per_agent[agent].append((encode(table_to_payloads(part)), part.num_rows))
         # Warm-up, not measured: the first requests pay for imports and Arrow kernels initialised on first use.
         warm = FleetSimulator(servers=20, metrics=8, seconds=5, rate=1.1, seed=3).generate()
-        drive(url, "warm-up", [[(encode(table_to_payloads(warm)), warm.num_rows)] * 3], pace_s=None)
-        before = segment_stats(url)
-        report("demo load", url, before, *drive(url, "demo", per_agent, pace_s=1.0))
-
-        # Saturation: pre-encoded bodies, clients back to back.
-        sim = FleetSimulator(servers=200, metrics=10, seconds=max(1, args.requests * args.batch // 2000), seed=2)
-        table = sim.generate()
-        lines = table_to_payloads(table)
-        bodies = [
-            [
-                (encode(lines[(k * args.batch) % len(lines) : (k * args.batch) % len(lines) + args.batch]), args.batch)
-                for k in range(c, args.requests, args.clients)
-            ]
-            for c in range(args.clients)
-        ]
-        before = segment_stats(url)
+        drive(url, f"warm-up-{label}", [[(encode(table_to_payloads(warm)), warm.num_rows)] * 3], None, auth)
+        before = segment_stats(url, auth)
+        report(f"demo load, {label}", url, before, *drive(url, f"demo-{label}", per_agent, 1.0, auth), auth)
+        before = segment_stats(url, auth)
         spy = None
         if args.profile:  # where the gateway's time goes (py-spy samples it from outside; needs ptrace rights)
             spy = subprocess.Popen(
                 [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(gateway.pid), "--threads",
-                 "--format", "raw", "--rate", "200", "--output", str(args.profile)],
+                 "--format", "raw", "--rate", "200", "--output", f"{args.profile}.{label.split()[0].lower()}"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             time.sleep(1)
-        wall, latencies, events = drive(url, "saturation", bodies, pace_s=None)
+        wall, latencies, events = drive(url, f"saturation-{label}", bodies, None, auth)
         if spy:
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
-        report("saturation", url, before, wall, latencies, events)
+        result = report(f"saturation, {label}", url, before, wall, latencies, events, auth)
+        if tokens is not None:
+            tokens.revoke("bench-agents")
+            revoked = time.monotonic()
+            body = encode(table_to_payloads(warm.slice(0, 1)))
+            while requests.post(f"{url}/v1/events", data=body, verify=verify, **{"headers": auth["headers"]}).ok:
+                time.sleep(0.05)
+            print(f"{'revocation':<22} refused {time.monotonic() - revoked:.2f} s after `lake tokens revoke`")
+        return result
     finally:
         gateway.terminate()
         gateway.wait(60)
 
+
+def peers(args, env: dict, table, bodies, events: int, plain: tuple[float, float]) -> None:
+    """The same events through a library producer (no HTTP or JSON), then with the gateway's parsing (no HTTP)."""
     # Peer: the same number of events appended by a library producer, no HTTP or JSON.
     # Same lake and backend, another topic.
     lake_env = {k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_")}
@@ -231,7 +294,7 @@ def run(args, work: Path, env: dict) -> None:
         for start in range(0, peer_events.num_rows, args.batch):
             producer.send(peer_events.slice(start, args.batch))
     peer_rate = peer_events.num_rows / (time.monotonic() - started)
-    print(f"{'peer':<12} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, Arrow in)")
+    print(f"{'peer':<22} {peer_events.num_rows:>9,} events {peer_rate:>10,.0f} ev/s   (library Producer, Arrow in)")
     # Second peer: the gateway's own decompression, parsing and validation of the same bodies, then the
     # producer; no HTTP.
     compressed = [body for client in bodies for body, _ in client]
@@ -241,9 +304,11 @@ def run(args, work: Path, env: dict) -> None:
             producer.send(records_from_body(gzip.decompress(body), "application/x-ndjson"))
     parse_rate = events / (time.monotonic() - started)
     print(
-        f"{'peer+parse':<12} {events:>9,} events {parse_rate:>10,.0f} ev/s   (gunzip + NDJSON parse + validate + Producer)"
+        f"{'peer+parse':<22} {events:>9,} events {parse_rate:>10,.0f} ev/s   (gunzip + NDJSON parse + validate + Producer)"
     )
-    print(f"\ngateway / peer: {events / wall / peer_rate:.2f};  gateway / peer+parse: {events / wall / parse_rate:.2f}")
+    print(
+        f"\ngateway (plain) / peer: {plain[0] / peer_rate:.2f};  gateway (plain) / peer+parse: {plain[0] / parse_rate:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -45,11 +45,17 @@ class TokenBucket:
                 return 0.0
             return (need - self.level) / self.rate
 
-    def empty(self) -> float:
-        """Seconds until the bucket holds anything again (0.0 if it does now); takes nothing."""
+    def charge(self, n: float) -> None:
+        """Take ``n`` units whatever the level (a debt if need be): what failed logins cost."""
         with self.lock:
             self._refill()
-            return 0.0 if self.level > 0 else (1e-9 - self.level) / self.rate
+            self.level -= n
+
+    def empty(self) -> float:
+        """Seconds until the bucket holds one unit (0.0 if it does now); takes nothing."""
+        with self.lock:
+            self._refill()
+            return 0.0 if self.level >= 1 else (1 - self.level) / self.rate
 
     def idle_full(self) -> bool:
         """Whether the bucket has refilled completely (forgetting it changes nothing)."""

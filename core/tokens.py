@@ -151,11 +151,12 @@ class TokenStore:
             return {}, None
         try:
             doc = json.loads(data)
-            if doc.get("format") != FORMAT:
-                raise ValueError(f"format {doc.get('format')!r}, not {FORMAT}")
+            version_ok = doc.get("format") == FORMAT
             records = [TokenRecord(**{**each, "scope": Scope(each["scope"])}) for each in doc["tokens"]]
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise IntegrityError(f"{TOKENS_KEY} is not a token list this lake wrote ({exc}); restore it") from None
+        if not version_ok:
+            raise IntegrityError(f"{TOKENS_KEY} has format {doc.get('format')!r}, not {FORMAT}; restore it")
         return {r.id: r for r in records}, version
 
     def active(self) -> list[TokenRecord]:

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from metrics_lake.app.auth import Authenticator, Caller, credential_of
+from metrics_lake.app.auth import Authenticator, Caller
 from metrics_lake.core.tokens import Scope
 from metrics_lake.lake_schemas.errors import TokenError
 
@@ -72,9 +72,9 @@ class ReadGate:
 
     async def caller(self, request: Request, needed: Scope) -> Caller:
         """The caller of ``request`` by its ``Authorization`` header or its session cookie; raises TokenError."""
-        credential = credential_of(request.headers.get("authorization"))
-        if credential is not None or COOKIE not in request.cookies:
-            return await self.auth.authenticate(credential, _source(request), needed)
+        authorization = request.headers.get("authorization")
+        if authorization is not None or COOKIE not in request.cookies:
+            return await self.auth.authenticate_request(authorization, _source(request), needed)
         token_id, expires = self.sessions.get(request.cookies[COOKIE], ("", 0.0))
         if expires < time.time():
             self.sessions.pop(request.cookies[COOKIE], None)

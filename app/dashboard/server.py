@@ -68,7 +68,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from metrics_lake.app.auth import Authenticator, credential_of
+from metrics_lake.app.auth import Authenticator
 from metrics_lake.app.dashboard.login import ReadGate
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.dashboard.remote_read import RemoteReader
@@ -340,8 +340,8 @@ async def _admin_only(request: Request, auth: Authenticator) -> Response | None:
     """None if the request's ``Authorization`` header holds an admin token (``lake tokens create --scope admin``
     or ``LAKE_ADMIN_TOKEN``), else the 401/403 answer. Never a cookie: a cross-site form cannot set the header."""
     try:
-        credential = credential_of(request.headers.get("authorization"))
-        await auth.authenticate(credential, request.client.host if request.client else "unknown", Scope.ADMIN)
+        source = request.client.host if request.client else "unknown"
+        await auth.authenticate_request(request.headers.get("authorization"), source, Scope.ADMIN)
     except TokenError as exc:
         return ReadGate.refusal(request, exc)
     return None

@@ -36,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from metrics_lake.app.auth import Caller, credential_of
+from metrics_lake.app.auth import Caller
 from metrics_lake.app.gateway.body import BodyDecoder, BodyError
 from metrics_lake.app.gateway.endpoints import Endpoint, endpoints
 from metrics_lake.app.gateway.protocols import Decoded
@@ -216,8 +216,9 @@ class _Ingest:
             declared = _declared_length(request)
             if declared is not None and declared > self.limit:
                 raise BodyError(413, f"body over {self.limit:,} bytes; send smaller batches")
-            credential = credential_of(request.headers.get("authorization"), _query_password(request, endpoint))
-            caller = await self.gateway.auth.authenticate(credential, _source(request), Scope.WRITE)
+            caller = await self.gateway.auth.authenticate_request(
+                request.headers.get("authorization"), _source(request), Scope.WRITE, _query_password(request, endpoint)
+            )
             wait = self.gateway.limit_wait(caller, 0)
             if wait:
                 raise _Limited(wait, f"token {caller.name!r} is over its ingestion rate; retry in {wait:.1f} s")
@@ -384,8 +385,9 @@ def build_app(gateway: Gateway) -> Starlette:
     async def refused(request: Request, needed: Scope, server: str | None = None) -> Response | None:
         """None if the request's token allows ``needed`` (for ``server``), else the JSON 401/403/429 answer."""
         try:
-            credential = credential_of(request.headers.get("authorization"))
-            caller = await gateway.auth.authenticate(credential, _source(request), needed)
+            caller = await gateway.auth.authenticate_request(
+                request.headers.get("authorization"), _source(request), needed
+            )
             if server is not None and not caller.may_write(server):
                 raise TokenError(403, f"token {caller.name!r} may not change server {server[:128]!r}")
         except TokenError as exc:

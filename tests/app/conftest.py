@@ -15,23 +15,24 @@ from tests.helpers import LAKE
 
 @pytest.fixture
 def start_gateway(tmp_path):
-    """Start gateways on free ports over one lake; yields a function returning (url, gateway)."""
+    """Start gateways on free ports over one lake; yields a function returning (url, gateway); ``tls``: a
+    :class:`~metrics_lake.app.http_server.TlsFiles` to serve HTTPS with."""
     stops = []
 
-    def start(linger_ms: int = 20, **overrides):
+    def start(linger_ms: int = 20, tls=None, **overrides):
         settings = load_settings(root=str(tmp_path / "lake"), lease_ttl_seconds=2, **overrides)
         gateway = Gateway(settings, linger_ms=linger_ms)
         stop, ready, address = threading.Event(), threading.Event(), []
         thread = threading.Thread(
             target=serve,
             args=(gateway, "127.0.0.1", 0, stop),
-            kwargs={"ready": lambda a: (address.append(a), ready.set())},
+            kwargs={"ready": lambda a: (address.append(a), ready.set()), "tls": tls},
             daemon=True,
         )
         thread.start()
         ready.wait(10)
         stops.append((stop, thread))
-        return f"http://127.0.0.1:{address[0][1]}", gateway
+        return f"{'https' if tls else 'http'}://127.0.0.1:{address[0][1]}", gateway
 
     yield start
     for stop, thread in stops:
