@@ -79,8 +79,8 @@ def encode(lines: list[str]) -> bytes:
 
 
 def segment_stats(url: str, auth: dict | None = None) -> tuple[float, float]:
-    """(segments written, their total bytes) from the gateway's /metrics; ``auth``: headers and verify."""
-    auth = auth or {"headers": {}, "verify": True}
+    """(segments written, their total bytes) from the gateway's /metrics; ``auth["metrics"]``: headers and verify."""
+    auth = (auth or {}).get("metrics", {"headers": {}, "verify": True})
     answer = requests.get(f"{url}/metrics", timeout=10, **auth)
     values = {}
     for family in text_string_to_metric_families(answer.text):
@@ -221,7 +221,12 @@ def run(args, work: Path, env: dict) -> None:
     lake_env = {k.removeprefix("LAKE_").lower(): v for k, v in env.items() if k.startswith("LAKE_")}
     tokens = TokenStore(open_store(load_settings(**lake_env)))
     token, _ = tokens.create("bench-agents", Scope.WRITE)
-    auth = {"headers": {"Authorization": f"Bearer {token}"}, "verify": str(ca[0])}
+    reader, _ = tokens.create("bench-metrics", Scope.READ)  # /metrics needs a read token once the lake has tokens
+    auth = {
+        "headers": {"Authorization": f"Bearer {token}"},
+        "verify": str(ca[0]),
+        "metrics": {"headers": {"Authorization": f"Bearer {reader}"}, "verify": str(ca[0])},
+    }
     secure_env = clean | env | {"LAKE_TLS_CERT": str(cert), "LAKE_TLS_KEY": str(key)}
     secure = scenarios(
         args, work, secure_env, f"https://127.0.0.1:{free_port()}", auth, bodies, "TLS + token", tokens=tokens
