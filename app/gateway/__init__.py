@@ -21,13 +21,21 @@ HTTP API (all answers are JSON, except ``/metrics``):
       are durable as for 200. Also ``400 {"error"}`` for a request that
       cannot be read (malformed headers, a corrupt or truncated compressed
       body): nothing of it was taken. Do not retry a 400.
+    - ``401``: no token, or a malformed, unknown, wrong, expired or revoked
+      one, once the lake has tokens (:mod:`metrics_lake.app.auth`);
+      ``403``: a token of another scope, or a request whose every event
+      is for a server outside the token's ``--servers`` glob (they are
+      quarantined as ``forbidden_server``; in a mixed request only those
+      are). Nothing of a 401 or a scope 403 is stored.
     - ``408``: the body did not arrive within the request timeout.
     - ``409``: this producer id already sent this sequence with another
       body (or one too old to check); nothing of it was stored. Send new
       batches with new sequence numbers.
     - ``413``: body over ``LAKE_GATEWAY_MAX_BODY_BYTES``, received or
       decompressed. ``415``: an unsupported ``Content-Encoding``.
-    - ``429`` + ``Retry-After``: the gateway's buffer is full (backpressure).
+    - ``429`` + ``Retry-After``: the gateway's buffer is full (backpressure),
+      the token is over its ingestion rate (nothing stored), or the client's
+      address sent too many bad credentials.
     - ``503`` + ``Retry-After``: the batch could not be made durable in
       time (object store down, partition lease lost), or too many
       connections; retry the same request (same producer id and sequence).
@@ -39,7 +47,8 @@ HTTP API (all answers are JSON, except ``/metrics``):
     decoders in :mod:`~metrics_lake.app.gateway.protocols`.
 
 ``GET /healthz``: 200 with the partitions this gateway owns, 503 if none.
-``GET /metrics``: Prometheus text format (events accepted/rejected/duplicate,
+``GET /metrics`` (a read token once the lake has tokens; both also on the
+credential-free ``--ops-port``): Prometheus text format (events accepted/rejected/duplicate,
 requests by status, body-received-to-durable-ack latency, flush latency,
 segment sizes, buffered bytes).
 

@@ -14,7 +14,13 @@ ingest endpoint exposed to many agents needs on top:
   (408), so slow or abandoned clients do not hold connections forever; an
   idle keep-alive connection is closed after ``LAKE_GATEWAY_IDLE_TIMEOUT_SECONDS``;
 - validation runs on a small thread pool (Arrow releases the GIL), and the
-  wait for the group commit is a callback, not a blocked thread.
+  wait for the group commit is a callback, not a blocked thread;
+- the caller's token is checked before the body is read
+  (:mod:`metrics_lake.app.auth`), its ingestion limit before and after
+  decoding (the events counted), and events of servers outside its glob
+  are quarantined (:func:`~metrics_lake.app.gateway.service.forbid_servers`);
+- a client that half-closes before its body is complete gets a 400
+  (:meth:`HeaderDeadlineProtocol.eof_received`).
 """
 
 from __future__ import annotations

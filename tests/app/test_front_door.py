@@ -155,16 +155,24 @@ def test_a_web_token_cannot_write_db_servers_events(start_gateway, tmp_path, pki
 
 
 def test_a_token_over_its_rate_gets_429_with_retry_after_and_nothing_stored(start_gateway, tmp_path, pki, tokens):
-    url, _ = start_gateway(tls=TlsFiles.of(*pki["server"]))
-    limited = bearer(tokens["limited"])
+    url, gateway = start_gateway(tls=TlsFiles.of(*pki["server"]))
+    now = [100.0]
+    gateway.limits.clock = lambda: now[0]  # the buckets' clock: refills happen when the test says
+    limited = bearer(tokens["limited"])  # 10 events/s, burst 20, tenant acme
     assert post(url, events_of(*(f"web-{i}" for i in range(20))), pki["ca"], limited).status_code == 200
+    empty = post(url, events_of("db-x"), pki["ca"], limited)  # refused before its body is read: the bucket is empty
+    assert empty.status_code == 429 and empty.headers["Retry-After"] == "1" and "retry in 0.1 s" in empty.text
+    now[0] += 0.2  # 2 events refilled: 15 more are refused once counted
     over = post(url, events_of(*(f"db-{i}" for i in range(15))), pki["ca"], limited)
-    assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1
-    assert "ingestion rate" in over.json()["error"]
+    assert over.status_code == 429 and over.headers["Retry-After"] == "2"  # 13 events short at 10/s: 1.3 s
+    assert "15 events are over token 'small''s ingestion rate" in over.json()["error"]
     assert len(stored(tmp_path)) == 20
-    time.sleep(1.6)  # 16 events refilled at 10/s
+    now[0] += 1.4  # 16 events in the bucket
     assert post(url, events_of(*(f"db-{i}" for i in range(15))), pki["ca"], limited).status_code == 200
     assert len(stored(tmp_path)) == 35
+    metrics = requests.get(f"{url}/metrics", headers=bearer(tokens["read"]), verify=pki["ca"]).text
+    assert 'lake_gateway_token_events_total{outcome="limited",token="small"} 15.0' in metrics
+    assert 'lake_gateway_token_requests_total{code="429",token="small"} 2.0' in metrics
 
 
 def test_revocation_reaches_a_running_gateway_within_seconds(start_gateway, tmp_path, pki, tokens):
@@ -298,6 +306,7 @@ def test_fuzzed_credentials_store_exactly_the_accepted_requests(start_gateway, t
         i, headers, servers, role = item
         if i == revoke_at:
             tokens["store"].revoke("ops")
+            gateway.auth.refresh()  # the refresh thread's next tick, now (revocation latency is tested above)
         answer = post(url, events_of(*servers), pki["ca"], headers)
         answers[i] = answer.status_code
         return answer
@@ -316,6 +325,7 @@ def test_fuzzed_credentials_store_exactly_the_accepted_requests(start_gateway, t
     rows = stored(tmp_path)
     assert sorted(r["server"] for r in rows) == sorted(expected)  # each once, nothing of a refused request
     assert sum(1 for s in answers.values() if s == 200) > 60
+    assert sum(1 for i, *_, role in plan if role == "admin" and answers[i] == 401) > 5  # refused once revoked
     assert all(r["reason"] is None for r in rows)
     metrics = requests.get(f"{url}/metrics", headers=bearer(tokens["read"]), verify=pki["ca"]).text
     assert not any(tokens[role][17:] in metrics for role in ("write", "web", "read", "admin"))
@@ -356,6 +366,7 @@ COOKIE_NAME = "lake_session"
 
 def test_a_failing_address_is_throttled(start_gateway, pki, tokens):
     url, gateway = start_gateway(tls=TlsFiles.of(*pki["server"]))
+    gateway.auth.failures.clock = lambda: 100.0  # no refill during the test, however slow the machine
     statuses = [post(url, events_of("web-1"), pki["ca"], bearer("mlk_bad")).status_code for _ in range(25)]
     assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
     throttled = post(url, events_of("web-1"), pki["ca"], bearer(tokens["write"]))  # the address, whatever it sends
