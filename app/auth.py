@@ -98,6 +98,13 @@ def credential_of(authorization: str | None, query_password: str | None = None) 
     raise TokenError(401, "unsupported Authorization header: send 'Bearer <token>' (or 'Token', or Basic user:token)")
 
 
+def _worded_for(needed: Scope, error: TokenError) -> TokenError:
+    """``error``, saying first that an admin token is required when that is what was asked (a 401 for an edit)."""
+    if needed is not Scope.ADMIN or error.status != 401 or str(error).startswith("an admin token"):
+        return error
+    return TokenError(401, f"an admin token is required ({error})", error.retry_after)
+
+
 class Authenticator:
     """Checks requests' tokens against the lake's (module docstring); :meth:`close` stops its refresh thread.
 
@@ -170,16 +177,23 @@ class Authenticator:
         try:
             credential = credential_of(authorization, query_password)
         except TokenError as exc:
-            raise self._fail(source, "malformed", exc.status, str(exc)) from None
+            raise _worded_for(needed, self._fail(source, "malformed", exc.status, str(exc))) from None
         return await self.authenticate(credential, source, needed)
 
     async def authenticate(self, credential: str | None, source: str, needed: Scope) -> Caller:
         """The caller of a request carrying ``credential`` from address ``source``, allowed to do ``needed``.
 
         Raises :class:`TokenError`: 401 (no, malformed, unknown, wrong,
-        expired or revoked token), 403 (the token's scope does not allow
+        expired or revoked token; for ``admin``, the message starts "an
+        admin token is required"), 403 (the token's scope does not allow
         ``needed``), 429 (``source`` failed too often; ``retry_after`` s).
         """
+        try:
+            return await self._authenticate(credential, source, needed)
+        except TokenError as exc:
+            raise _worded_for(needed, exc) from None
+
+    async def _authenticate(self, credential: str | None, source: str, needed: Scope) -> Caller:
         wait = self.failures.bucket(source, self.failure_rate, self.failure_burst).empty()
         if wait > 0:
             self.failed.labels(reason="throttled").inc()
