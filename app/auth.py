@@ -108,8 +108,8 @@ def _worded_for(needed: Scope, error: TokenError) -> TokenError:
 class Authenticator:
     """Checks requests' tokens against the lake's (module docstring); :meth:`close` stops its refresh thread.
 
-    ``registry``: where ``lake_auth_failures_total{reason}`` is counted (a
-    private one if None). Raises the store's errors if the first read of the
+    ``registry``: where ``lake_auth_failures_total{reason}`` is counted (not
+    exported if None). Raises the store's errors if the first read of the
     token list fails (a wrong root fails at start, not per request).
     """
 
@@ -127,6 +127,7 @@ class Authenticator:
         self.refresh_seconds = refresh_seconds
         self.clock = clock
         self.records, self.version = self.tokens.load()
+        self.enabled = self._any_active()
         self.verified: dict[bytes, str] = {}  # SHA-256 of a verified token -> its id
         self.failures = RateLimits()
         self.failure_rate, self.failure_burst = FAILURE_RATE, FAILURE_BURST
@@ -137,17 +138,21 @@ class Authenticator:
         self._thread = threading.Thread(target=self._refresh_loop, name="token-refresh", daemon=True)
         self._thread.start()
 
-    @property
-    def enabled(self) -> bool:
-        """Whether the lake has an active token (then every request needs one)."""
+    def _any_active(self) -> bool:
         now = self.clock()
         return any(r.state(now) == "active" for r in self.records.values())
 
     def refresh(self) -> None:
-        """Re-read the token list now (the refresh thread does it every ``refresh_seconds``)."""
+        """Re-read the token list now (the refresh thread does it every ``refresh_seconds``).
+
+        Also recomputes ``enabled``: whether the lake has an active token
+        (then every request needs one), kept as an attribute so a request
+        does not scan every token's record.
+        """
         records, version = self.tokens.load()
         if version != self.version:
             self.records, self.version = records, version
+        self.enabled = self._any_active()
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(self.refresh_seconds):
