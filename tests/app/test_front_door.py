@@ -49,6 +49,11 @@ def tokens(tmp_path):
     return made
 
 
+def wrong(token: str) -> str:
+    """``token`` with the first character of its secret changed: well-formed, never the right one."""
+    return token[:17] + ("B" if token[17] != "B" else "C") + token[18:]
+
+
 def bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
@@ -113,7 +118,7 @@ def test_missing_wrong_and_other_scope_tokens_store_nothing(start_gateway, tmp_p
     refusals = [
         ({}, 401, "a token is required"),
         (bearer("nonsense"), 401, "malformed token"),
-        (bearer(tokens["write"][:-4] + "AAAA"), 401, "wrong secret for token 'agents'"),
+        (bearer(wrong(tokens["write"])), 401, "wrong secret for token 'agents'"),
         (bearer("mlk_aaaaaaaaaaaa_" + "B" * 43), 401, "unknown token"),
         (bearer(tokens["read"]), 403, "scope read; this needs write"),
         ({"Authorization": "Bearer " + "x" * 5000}, 401, "too long"),
@@ -217,7 +222,7 @@ def test_our_agent_sends_its_token_over_tls_and_keeps_batches_a_wrong_token_cann
     start_gateway, tmp_path, pki, tokens
 ):
     url, _ = start_gateway(tls=TlsFiles.of(*pki["server"]))
-    bad = GatewaySender(url, tmp_path / "wrong", token=tokens["write"][:-1] + "A", ca=pki["ca"], backoff_cap=0.2)
+    bad = GatewaySender(url, tmp_path / "wrong", token=wrong(tokens["write"]), ca=pki["ca"], backoff_cap=0.2)
     bad.send_payloads(events_of("db-9"))
     assert not bad.flush(timeout=2)
     bad.close(timeout=0)
@@ -286,7 +291,7 @@ def test_fuzzed_credentials_store_exactly_the_accepted_requests(start_gateway, t
         lambda: {"Authorization": ""},
         lambda: {"Authorization": "Bearer"},
         lambda: {"Authorization": rng.choice(["Bearer ", "Token ", "Basic "]) + "x" * rng.randint(1, 3000)},
-        lambda: {"Authorization": "Bearer " + tokens["write"][: rng.randint(0, 60)]},
+        lambda: {"Authorization": "Bearer " + tokens["write"][: rng.randint(0, 59)]},
         lambda: bearer(tokens["read"]),
         lambda: {"Authorization": "Bearer " + tokens["write"].swapcase()},
         lambda: {"Authorization": bytes(rng.randrange(33, 127) for _ in range(40)).decode()},
@@ -348,7 +353,7 @@ def test_the_dashboard_needs_a_read_token_and_a_read_token_cannot_edit(tmp_path,
     query = {"query": "FROM web-* SELECT cpu WINDOW 5m COMPUTE avg"}
     edit = client.put("/api/queries/web_cpu", json=query, headers=bearer(tokens["read"]))
     assert edit.status_code == 403 and "scope read; this needs admin" in edit.json()["error"]
-    refused = client.post("/login", data={"token": tokens["read"][:-2] + "AA"}, follow_redirects=False)
+    refused = client.post("/login", data={"token": wrong(tokens["read"])}, follow_redirects=False)
     assert refused.status_code == 401 and COOKIE_NAME not in refused.cookies
     signed_in = client.post("/login", data={"token": tokens["read"]}, follow_redirects=False)
     assert signed_in.status_code == 303 and "httponly" in signed_in.headers["set-cookie"].lower()
@@ -397,7 +402,7 @@ remote_write:
     tls_config: {{ca_file: "{pki["ca"]}"}}
     {queue}
   - url: {url}/api/v1/write
-    authorization: {{credentials: "{tokens["write"][:-3]}AAA"}}
+    authorization: {{credentials: "{wrong(tokens["write"])}"}}
     tls_config: {{ca_file: "{pki["ca"]}"}}
     write_relabel_configs: [{{target_label: via, replacement: wrong}}]
     {queue}
