@@ -170,3 +170,19 @@ def test_names_that_would_leave_the_lake_root_are_refused(tmp_path, args, env, e
     _assert_one_clear_line(result, expected, " ".join(args))
     outside = [p for p in tmp_path.rglob("*") if root not in (p, *p.parents) and p not in (root.parent,)]
     assert outside == [], f"written outside the lake root: {outside}"
+
+
+def test_spark_down_says_where_it_looked_and_that_something_still_listens(tmp_path):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        args = [LAKE, "infra", "spark", "down", "--data-dir", str(tmp_path / "elsewhere"), "--master-port", str(port)]
+        busy = subprocess.run(args, capture_output=True, text=True, timeout=60, env=os.environ | {"COLUMNS": "400"})
+    assert busy.returncode == 2 and "Traceback" not in busy.stderr
+    assert f"no Spark cluster's PID files in {tmp_path / 'elsewhere'}" in busy.stderr
+    assert f"something listens on 127.0.0.1:{port}" in busy.stderr and "--data-dir DIR" in busy.stderr
+    idle = subprocess.run(args, capture_output=True, text=True, timeout=60, env=os.environ | {"COLUMNS": "400"})
+    assert idle.returncode == 0 and f"not running (no PID files in {tmp_path / 'elsewhere'}" in idle.stderr
