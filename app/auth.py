@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 
 import prometheus_client as prom
+from starlette.requests import Request
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.rate_limits import RateLimits
@@ -48,7 +49,7 @@ from metrics_lake.core.storage import Store
 from metrics_lake.core.tokens import MAX_TOKEN_CHARS, Scope, TokenRecord, TokenStore, parse_token
 from metrics_lake.lake_schemas.errors import LakeError, TokenError
 
-__all__ = ["ANONYMOUS", "Authenticator", "Caller", "credential_of"]
+__all__ = ["ANONYMOUS", "Authenticator", "Caller", "client_address", "credential_of"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,11 @@ class Caller:
 
 #: The caller of a request without a credential to a lake with no token (module docstring).
 ANONYMOUS = Caller("anonymous", Scope.WRITE)
+
+
+def client_address(request: Request) -> str:
+    """The address a request came from (what failed credentials are counted against); ``"unknown"`` if none."""
+    return request.client.host if request.client else "unknown"
 
 
 def credential_of(authorization: str | None, query_password: str | None = None) -> str | None:
@@ -174,13 +180,12 @@ class Authenticator:
             self.failures.bucket(source, self.failure_rate, self.failure_burst).charge(1)
         return TokenError(status, message)
 
-    async def authenticate_request(
-        self, authorization: str | None, source: str, needed: Scope, query_password: str | None = None
-    ) -> Caller:
-        """:meth:`authenticate` the credential of an ``Authorization`` header (or InfluxDB's ``p``); a malformed
-        header counts as a failed credential of ``source``."""
+    async def authenticate_request(self, request: Request, needed: Scope, query_password: str | None = None) -> Caller:
+        """:meth:`authenticate` the credential of ``request``'s ``Authorization`` header (or InfluxDB's ``p``,
+        ``query_password``); a malformed header counts as a failed credential of its address."""
+        source = client_address(request)
         try:
-            credential = credential_of(authorization, query_password)
+            credential = credential_of(request.headers.get("authorization"), query_password)
         except TokenError as exc:
             raise _worded_for(needed, self._fail(source, "malformed", exc.status, str(exc))) from None
         return await self.authenticate(credential, source, needed)
@@ -199,7 +204,8 @@ class Authenticator:
             raise _worded_for(needed, exc) from None
 
     async def _authenticate(self, credential: str | None, source: str, needed: Scope) -> Caller:
-        wait = self.failures.bucket(source, self.failure_rate, self.failure_burst).empty()
+        failed = self.failures.find(source)  # most addresses never failed: no bucket is made for them
+        wait = 0.0 if failed is None else failed.empty()
         if wait > 0:
             self.failed.labels(reason="throttled").inc()
             raise TokenError(429, f"too many failed credentials from {source}; retry in {wait:.0f} s", wait)

@@ -9,6 +9,8 @@ Secrets are :class:`pydantic.SecretStr` so they never print.
 
 from __future__ import annotations
 
+import getpass
+import os
 import tomllib
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from metrics_lake.core.keys import INVENTORY_TOPIC, NAME_PATTERN
 from metrics_lake.lake_schemas.errors import ConfigError
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["LakeSettings", "load_settings"]
+__all__ = ["LakeSettings", "default_author", "load_settings"]
 
 
 class LakeSettings(BaseSettings):
@@ -346,3 +348,12 @@ def load_settings(**overrides) -> LakeSettings:
         raise ConfigError("invalid configuration: " + "; ".join(problems)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"lake.toml in {Path.cwd()} is not valid TOML: {exc}") from None
+
+
+def default_author() -> str:
+    """Who a change is recorded as when the caller does not say (registry edits, tokens): ``LAKE_AUTHOR``, else
+    the OS user."""
+    try:
+        return os.environ.get("LAKE_AUTHOR") or getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
+        return f"uid-{os.getuid()}"

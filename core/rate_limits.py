@@ -77,6 +77,11 @@ class RateLimits:
         self.buckets: dict[str, TokenBucket] = {}
         self.lock = threading.Lock()
 
+    def find(self, key: str) -> TokenBucket | None:
+        """The bucket of ``key`` if one was made, else None (nothing is created)."""
+        with self.lock:
+            return self.buckets.get(key)
+
     def bucket(self, key: str, rate: float, burst: float) -> TokenBucket:
         """The bucket of ``key`` (a new, full one if unknown or its limits changed)."""
         with self.lock:

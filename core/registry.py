@@ -48,13 +48,12 @@ in versions written before alert rules existed)::
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from metrics_lake.core import keys
+from metrics_lake.core.config import default_author
 from metrics_lake.core.kernels.alert_rules import DAY_S, AlertRule, check_against_queries, parse_rule
 from metrics_lake.core.kernels.stored_queries import (
     DEFAULT_FILE,
@@ -80,7 +79,6 @@ __all__ = [
     "Registry",
     "RegistryVersion",
     "declared_changes",
-    "default_author",
     "read_declarations",
 ]
 
@@ -242,14 +240,6 @@ class RegistryVersion:
             return cls(int(doc["version"]), doc["at"], doc["by"], changes, found[QUERY], found[ALERT])
         except (ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"registry object {key} is not a registry version ({exc}); restore it") from None
-
-
-def default_author() -> str:
-    """Who an edit is recorded as when the caller does not say: ``LAKE_AUTHOR``, else the OS user."""
-    try:
-        return os.environ.get("LAKE_AUTHOR") or getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container's arbitrary uid)
-        return f"uid-{os.getuid()}"
 
 
 def _now() -> str:

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
-import getpass
 import json
-import os
 import re
 import secrets
 import socket
@@ -41,6 +39,7 @@ from enum import StrEnum
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 
+from metrics_lake.core.config import default_author
 from metrics_lake.core.keys import TOKENS_KEY
 from metrics_lake.core.storage import Store, VersionConflictError
 from metrics_lake.lake_schemas.errors import ConflictError, InputError, IntegrityError, NotFoundError, TokenError
@@ -127,10 +126,8 @@ def parse_token(text: str) -> tuple[str, str]:
 
 
 def _who() -> str:
-    try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
-    except (KeyError, OSError):  # no passwd entry (containers)
-        return f"uid{os.getuid()}@{socket.gethostname()}"
+    """``author@host``: who made or revoked a token, and on which machine."""
+    return f"{default_author()}@{socket.gethostname()}"
 
 
 class TokenStore:

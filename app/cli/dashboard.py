@@ -31,27 +31,23 @@ def dashboard(
 ) -> None:
     """Serve the dashboard (one panel per stored query, freshness, pipeline) and its JSON API until Ctrl-C; once
     the lake has tokens, a read token signs in (admin to edit)."""
-    from metrics_lake.app.auth import Authenticator
     from metrics_lake.app.dashboard import DashboardReader, serve
     from metrics_lake.app.http_server import check_exposure
+    from metrics_lake.core.tokens import TokenStore
 
     config = settings()
     tls = server_tls(config, tls_cert, tls_key, tls_client_ca)
     reader = DashboardReader(config)
     reader.freshness()  # fails here, in one line, on a wrong root or missing read access
-    auth = Authenticator(config, reader.store)
-    try:
-        warning = check_exposure("the dashboard", host, tls, auth.enabled, insecure)
-    except Exception:
-        auth.close()
-        raise
+    tokens = bool(TokenStore(reader.store).active())
+    warning = check_exposure("the dashboard", host, tls, tokens, insecure)
     if warning:
         err.print(f"[bold red]{warning}[/]")
     stop = stop_on_signals()
     scheme = "https" if tls else "http"
-    access = "read token required" if auth.enabled else "open: the lake has no tokens"
+    access = "read token required" if tokens else "open: the lake has no tokens"
 
     def ready(address) -> None:
         err.print(f"dashboard on {scheme}://{address[0]}:{address[1]}/ (API under /api/, {access}); Ctrl-C stops it")
 
-    serve(reader, host, port, stop, refresh_seconds=refresh, ready=ready, tls=tls, auth=auth)
+    serve(reader, host, port, stop, refresh_seconds=refresh, ready=ready, tls=tls)

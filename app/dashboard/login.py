@@ -15,6 +15,7 @@ a cookie (a cross-site form cannot send that header: no CSRF).
 from __future__ import annotations
 
 import html
+import math
 import secrets
 import time
 from urllib.parse import parse_qs
@@ -22,7 +23,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from metrics_lake.app.auth import Authenticator, Caller
+from metrics_lake.app.auth import Authenticator, Caller, client_address
 from metrics_lake.core.tokens import Scope
 from metrics_lake.lake_schemas.errors import TokenError
 
@@ -40,10 +41,6 @@ _FORM = """<!doctype html><html><head><meta charset="utf-8"><title>metrics-lake:
 <p>Sign in with a read or admin token (<code>lake tokens create --scope read</code>).</p>{error}
 <form method="post" action="/login"><label>token <input name="token" type="password" autocomplete="off" autofocus>
 </label><p><button type="submit">sign in</button></p></form></body></html>"""
-
-
-def _source(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
 
 
 class ReadGate:
@@ -72,9 +69,8 @@ class ReadGate:
 
     async def caller(self, request: Request, needed: Scope) -> Caller:
         """The caller of ``request`` by its ``Authorization`` header or its session cookie; raises TokenError."""
-        authorization = request.headers.get("authorization")
-        if authorization is not None or COOKIE not in request.cookies:
-            return await self.auth.authenticate_request(authorization, _source(request), needed)
+        if request.headers.get("authorization") is not None or COOKIE not in request.cookies:
+            return await self.auth.authenticate_request(request, needed)
         token_id, expires = self.sessions.get(request.cookies[COOKIE], ("", 0.0))
         if expires < time.time():
             self.sessions.pop(request.cookies[COOKIE], None)
@@ -84,7 +80,7 @@ class ReadGate:
         record = self.auth.records.get(token_id)
         if record is None:
             raise TokenError(401, "the session's token no longer exists; sign in again at /login")
-        return self.auth.check(record, _source(request), needed)
+        return self.auth.check(record, client_address(request), needed)
 
     @staticmethod
     def refusal(request: Request, exc: TokenError) -> Response:
@@ -93,7 +89,7 @@ class ReadGate:
             return RedirectResponse("/login", status_code=303)
         headers = {"WWW-Authenticate": 'Bearer realm="metrics-lake"'} if exc.status == 401 else {}
         if exc.retry_after:
-            headers["Retry-After"] = str(int(exc.retry_after) + 1)
+            headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))
         return JSONResponse({"error": str(exc), "parameter": "Authorization"}, status_code=exc.status, headers=headers)
 
     async def login(self, request: Request) -> Response:
@@ -105,7 +101,7 @@ class ReadGate:
         try:
             if not token:
                 raise TokenError(401, "enter a token")
-            caller = await self.auth.authenticate(token, _source(request), Scope.READ)
+            caller = await self.auth.authenticate(token, client_address(request), Scope.READ)
         except TokenError as exc:
             error = f'<p class="error">{html.escape(str(exc))}</p>'
             return HTMLResponse(_FORM.format(error=error), status_code=exc.status)

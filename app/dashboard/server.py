@@ -68,7 +68,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from metrics_lake.app.auth import Authenticator
+from metrics_lake.app.auth import Authenticator, client_address
 from metrics_lake.app.dashboard.login import ReadGate
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.dashboard.remote_read import RemoteReader
@@ -314,7 +314,7 @@ async def _edit(request: Request, reader: DashboardReader, kind: str, auth: Auth
         change = Change("put", name, body[field], description if isinstance(description, str) else None, kind)
     else:
         change = Change("delete", name, kind=kind)
-    by = f"api:{request.client.host if request.client else 'unknown'}"
+    by = f"api:{client_address(request)}"
     existed = name in (await run_in_threadpool(reader.registry.current)).of_kind(kind)
     try:
         version = await run_in_threadpool(
@@ -340,8 +340,7 @@ async def _admin_only(request: Request, auth: Authenticator) -> Response | None:
     """None if the request's ``Authorization`` header holds an admin token (``lake tokens create --scope admin``
     or ``LAKE_ADMIN_TOKEN``), else the 401/403 answer. Never a cookie: a cross-site form cannot set the header."""
     try:
-        source = request.client.host if request.client else "unknown"
-        await auth.authenticate_request(request.headers.get("authorization"), source, Scope.ADMIN)
+        await auth.authenticate_request(request, Scope.ADMIN)
     except TokenError as exc:
         return ReadGate.refusal(request, exc)
     return None
@@ -413,14 +412,13 @@ def serve(
     refresh_seconds: int = 10,
     ready=None,
     tls: TlsFiles | None = None,
-    auth: Authenticator | None = None,
 ) -> None:
     """Serve the dashboard on ``host:port`` (0: any free port) until ``stop`` is set; ``tls``: over HTTPS.
 
     ``ready((host, port))`` is called once the socket listens (see
     :func:`~metrics_lake.app.http_server.serve_asgi`).
     """
-    auth = auth or Authenticator(reader.settings, reader.store)
+    auth = Authenticator(reader.settings, reader.store)
     app = build_app(reader, refresh_seconds=refresh_seconds, auth=auth)
     try:
         serve_asgi(app, host, port, stop, name="dashboard-http", ready=ready, tls=tls, timeout_graceful_shutdown=5)

@@ -223,7 +223,7 @@ class _Ingest:
             if declared is not None and declared > self.limit:
                 raise BodyError(413, f"body over {self.limit:,} bytes; send smaller batches")
             caller = await self.gateway.auth.authenticate_request(
-                request.headers.get("authorization"), _source(request), Scope.WRITE, _query_password(request, endpoint)
+                request, Scope.WRITE, _query_password(request, endpoint)
             )
             wait = self.gateway.limit_wait(caller, 0)
             if wait:
@@ -331,11 +331,6 @@ class _Limited(Exception):
         self.retry_after = retry_after
 
 
-def _source(request: Request) -> str:
-    """The client's address (what failed credentials are counted against)."""
-    return request.client.host if request.client else "unknown"
-
-
 def _query_password(request: Request, endpoint: Endpoint) -> str | None:
     """The InfluxDB 1.x ``p`` query parameter of ``/write`` (its clients' way to send a token), else None."""
     return request.query_params.get("p") if endpoint.path == "/write" else None
@@ -391,9 +386,7 @@ def build_app(gateway: Gateway) -> Starlette:
     async def refused(request: Request, needed: Scope, server: str | None = None) -> Response | None:
         """None if the request's token allows ``needed`` (for ``server``), else the JSON 401/403/429 answer."""
         try:
-            caller = await gateway.auth.authenticate_request(
-                request.headers.get("authorization"), _source(request), needed
-            )
+            caller = await gateway.auth.authenticate_request(request, needed)
             if server is not None and not caller.may_write(server):
                 raise TokenError(403, f"token {caller.name!r} may not change server {server[:128]!r}")
         except TokenError as exc:
