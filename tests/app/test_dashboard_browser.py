@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -108,6 +109,12 @@ def wait_refreshed(driver, since: float) -> None:
     WebDriverWait(driver, 60).until(
         lambda d: d.execute_script("return Number(document.body.dataset.refreshed || 0)") > since * 1000
     )
+
+
+def server_names(driver) -> list[str]:
+    """The servers the page's status table lists, sorted."""
+    rows = driver.find_element(By.ID, "servers").find_elements(By.XPATH, ".//tbody/tr/td[2]")
+    return sorted(r.text for r in rows)
 
 
 def panel_facts(driver) -> dict[str, dict]:
@@ -284,6 +291,9 @@ def test_the_label_filter_keeps_the_servers_it_selects_and_names_a_malformed_sel
                 started = time.time()
                 field.send_keys(text + "\n")
                 wait_refreshed(driver, started)
+                # An auto-refresh that read the cleared field may finish after `started`: wait for the one after Enter.
+                redrawn = WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,))
+                redrawn.until(lambda d, want=shown: server_names(d) == want)
                 servers = driver.find_element(By.ID, "servers")
                 rows = servers.find_elements(By.XPATH, ".//tbody/tr/td[2]")
                 assert sorted(r.text for r in rows) == shown, text
@@ -293,6 +303,8 @@ def test_the_label_filter_keeps_the_servers_it_selects_and_names_a_malformed_sel
             started = time.time()
             field.send_keys("1x=y\n")
             wait_refreshed(driver, started)
+            redrawn = WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,))
+            redrawn.until(lambda d: "error:" in d.find_element(By.ID, "servers").text)
             meta = driver.find_element(By.ID, "servers").text
             assert "error:" in meta and "select" in meta and "1x" in meta, meta
         finally:
