@@ -162,7 +162,7 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
     from metrics_lake.app.notifier import notifying
     from metrics_lake.spark.jobs.sql_query import run_sql
     from metrics_lake.spark.jobs.stream_metrics import start_stream
-    from metrics_lake.spark.session import build_session
+    from metrics_lake.spark.session import build_session, stop_session
 
     producer = producer_for(settings, store)
     host = HostAgent()
@@ -244,7 +244,7 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
     console.rule(f"[bold]this machine's CPU ({host.server}), 1-minute windows")
     windows = run_sql(spark, settings, cpu_query).toPandas()
     console.print(windows.to_string(index=False))
-    spark.stop()
+    stop_session(spark)
 
 
 def _print_alerts(store, since: float, notifications: list | None, console: Console) -> None:

@@ -37,7 +37,7 @@ def stream(
     from metrics_lake.app.notifier import notifying
     from metrics_lake.app.speed_metrics import SpeedMetrics
     from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
-    from metrics_lake.spark.session import build_session
+    from metrics_lake.spark.session import build_session, stop_session
 
     config = settings(trigger_seconds=trigger)
     prepare_lake(config)
@@ -65,7 +65,7 @@ def stream(
         if stop is not None and stop.is_set():
             err.print("stopped on signal, between micro-batches")
     finally:
-        spark.stop()
+        stop_session(spark)
 
 
 def replay(

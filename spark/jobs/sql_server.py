@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.spark.catalog import register_lake_tables
-from metrics_lake.spark.session import build_session
+from metrics_lake.spark.session import build_session, stop_session
 
 __all__ = ["REFRESH_SECONDS", "serve_sql"]
 
@@ -83,4 +83,4 @@ def serve_sql(
     finally:
         if thrift is not None:
             thrift.stop()
-        spark.stop()
+        stop_session(spark)
