@@ -297,46 +297,57 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return np.arange(len(groups)) - np.repeat(starts, np.diff(np.r_[starts, len(groups)]))
 
 
+def _appearance_codes(column) -> np.ndarray:
+    """An int64 code per row of a string column (array or chunked), numbered in order of first appearance; nulls
+    get a code of their own."""
+    encoded = pc.dictionary_encode(column, null_encoding="encode")  # one dictionary across chunks
+    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
+    return np.concatenate([np.zeros(0, np.int64), *(c.indices.to_numpy(zero_copy_only=False) for c in chunks)])
+
+
 def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, limit: int):
     """Per ``groups`` value, admit the first keys (by first offset) not yet in ``state`` while the group has fewer
-    than ``limit``; returns (bool per input row: its key is new and not admitted, the admitted new :data:`KEYS`)."""
-    joined = pc.binary_join_element_wise(groups, keys, _SEP)
-    known = pc.is_in(joined, value_set=state.lookup(kind)).to_numpy(zero_copy_only=False)
-    new = np.flatnonzero(~known)
-    over = np.zeros(len(known), bool)
-    if not len(new):
-        return over, KEYS.empty_table()
-    # Codes in order of first appearance: rows are in offset order, so a key's first row is its first offset.
-    fresh = joined if len(new) == len(joined) else joined.take(pa.array(new))
-    encoded = pc.dictionary_encode(fresh)  # one dictionary across chunks: codes in order of first appearance
-    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
-    codes = np.concatenate([np.zeros(0, np.int32), *(c.indices.to_numpy(zero_copy_only=False) for c in chunks)])
-    # A key's first row is where its code first appears: where the running maximum code grows.
+    than ``limit``; returns (bool per input row: its key is new and not admitted, the admitted new :data:`KEYS`).
+
+    Works on the distinct (group, key) pairs: a block of a million events holds a few thousand series, so the
+    strings are joined and looked up once per pair, not once per row.
+    """
+    if not len(offsets):
+        return np.zeros(0, bool), KEYS.empty_table()
+    # Codes in order of first appearance: rows are in offset order, so a pair's first row is its first offset.
+    encoded = pc.dictionary_encode(pa.array(_appearance_codes(groups) << 32 | _appearance_codes(keys)))
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    # A pair's first row is where its code first appears: where the running maximum code grows.
     running = np.maximum.accumulate(codes)
-    first = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
-    rows = new[first]
-    firsts = pa.table({"group": pc.take(groups, pa.array(rows)), "key": pc.take(keys, pa.array(rows))})
+    first_rows = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
+    pairs = pa.table({"group": pc.take(groups, pa.array(first_rows)), "key": pc.take(keys, pa.array(first_rows))})
+    joined = pc.binary_join_element_wise(pairs.column("group"), pairs.column("key"), _SEP)
+    fresh = np.flatnonzero(~pc.is_in(joined, value_set=state.lookup(kind)).to_numpy(zero_copy_only=False))
+    if not len(fresh):
+        return np.zeros(len(codes), bool), KEYS.empty_table()
+    firsts = pairs.take(pa.array(fresh))
     order = pc.sort_indices(firsts, [("group", "ascending")]).to_numpy()  # stable: first offsets stay in order
     group = firsts.column("group").take(pa.array(order)).to_numpy(zero_copy_only=False)
-    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
     counts = state.counts(kind)
     room = np.repeat(
         np.array([limit - counts.get(group[i], 0) for i in starts], np.int64), np.diff(np.r_[starts, len(group)])
     )
-    admitted = np.zeros(len(first), bool)
+    admitted = np.zeros(len(fresh), bool)
     admitted[order] = _rank_within(group) < room
-    over[new] = ~admitted[codes]
+    refused_pair = np.zeros(len(first_rows), bool)  # pairs the state holds are admitted
+    refused_pair[fresh] = ~admitted
     chosen = np.flatnonzero(admitted)
     admitted_keys = pa.table(
         {
             "kind": pa.array([kind] * len(chosen), pa.string()),
             "group": firsts.column("group").take(pa.array(chosen)),
             "key": firsts.column("key").take(pa.array(chosen)),
-            "first_offset": pa.array(offsets[rows[chosen]], pa.int64()),
+            "first_offset": pa.array(offsets[first_rows[fresh[chosen]]], pa.int64()),
         },
         schema=KEYS,
     )
-    return over, admitted_keys
+    return refused_pair[codes], admitted_keys
 
 
 def top_label_values(series: pa.Table, top: int) -> pa.Table:
