@@ -118,10 +118,12 @@ def explode(sketches: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarra
         raise IntegrityError(f"sketch bytes are not whole {_ENTRY.itemsize}-byte entries: not an {FORMAT} sketch")
     data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
     rows = np.repeat(np.arange(len(array), dtype=np.int64), lengths // _ENTRY.itemsize)
-    if array.null_count:
-        pieces = [data[start : start + length] for start, length in zip(offsets[:-1], lengths, strict=True) if length]
-        raw = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-    else:
+    if array.null_count and lengths.sum() != offsets[-1] - offsets[0]:  # a null row has bytes: leave them out
+        keep = np.zeros(len(data) + 1, np.int8)  # +1 at each valid row's first byte, -1 after its last
+        np.add.at(keep, offsets[:-1][lengths > 0], 1)
+        np.add.at(keep, (offsets[:-1] + lengths)[lengths > 0], -1)
+        raw = data[np.cumsum(keep[:-1]) > 0]
+    else:  # nulls, if any, have no bytes (Arrow's builders write none): the valid rows' bytes are contiguous
         raw = data[offsets[0] : offsets[-1]]
     entries = np.frombuffer(raw.tobytes(), dtype=_ENTRY)
     return rows, entries["k"].astype(np.int32), entries["n"].astype(np.int64)
