@@ -87,7 +87,11 @@ class LakeSettings(BaseSettings):
     )
     watermark_seconds: int = Field(120, ge=0, description="Event-time lateness the speed layer waits for.")
     max_records_per_batch: int = Field(
-        1_000_000, ge=1, description="Most log records one micro-batch reads (Spark read limit)."
+        16_000_000,
+        ge=1,
+        description="Most log records one micro-batch reads (Spark read limit). A backlog (`lake stream --once`, a "
+        "stream catching up) goes faster in big batches: each batch re-reads and rewrites the windows and stored-"
+        "query results it touches; lower it if the driver runs out of memory (it holds a batch's window states).",
     )
     trigger_seconds: float = Field(5.0, gt=0, description="Micro-batch interval of `lake stream`.")
     shuffle_partitions: int = Field(

@@ -335,12 +335,24 @@ def plan_batch(
 
 def process_partition(store: Store, plan: BatchPlan, partition: int, *, clock_skew_seconds: int) -> list[ChunkResult]:
     """Process ``partition``'s chunks of ``plan`` one after the other (:func:`process_chunk`), judging their events
-    against the cardinality limits in offset order; the last result carries the partition's limit states."""
+    against the cardinality limits in offset order; the last result carries the partition's limit states and the
+    window states of all its chunks, merged.
+
+    Merging here, in the task, rather than on the driver: a series' windows
+    that straddle chunks are combined in parallel across tasks, and since
+    producers partition by server the driver gets disjoint states it only
+    concatenates.
+    """
     gate = LimitGate(store, CONSUMER, plan.topic, partition, plan.limits)
     chunks = plan.partition_chunks().get(partition, [])
     results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds, gate=gate) for chunk in chunks]
     if results:
         results[-1].limit_states = {partition: dict(gate.states)}
+    if len(results) > 1:  # chunks are in offset order: merge_states keeps the newest labels (the last row's)
+        merged = merge_states(pa.concat_tables([r.states for r in results]))
+        for result in results:
+            result.states = WINDOW_STATE.empty_table()
+        results[-1].states = merged
     return results
 
 
