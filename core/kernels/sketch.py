@@ -158,6 +158,8 @@ def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tupl
     # One int64 per pair sorts faster than a two-key lexsort; numpy's sort of a plain
     # int64 array is SIMD-accelerated, so all-ones counts take the sort + count path.
     packed = (np.asarray(row, np.int64) << KEY_BITS) | (np.asarray(keys, np.int64) + (1 << (KEY_BITS - 1)))
+    if np.all(packed[1:] > packed[:-1]):  # already merged (decoded sketches): a linear check instead of a sort
+        return np.asarray(row, np.int64), np.asarray(keys, np.int32), np.asarray(counts, np.int64)
     if np.all(counts == 1):
         pairs, merged = np.unique(packed, return_counts=True)
     else:
@@ -196,11 +198,10 @@ def quantiles(
     present = last > first
     before = np.where(first > 0, cumulative[np.maximum(first - 1, 0)], 0)
     total = np.where(present, cumulative[np.maximum(last - 1, 0)] - before, 0)
-    values = representatives(keys)
     for column, q in enumerate(qs):
         rank = np.floor(q * (total - 1)).astype(np.int64)
         position = np.searchsorted(cumulative, before + rank, side="right")
-        result[present, column] = values[position[present]]
+        result[present, column] = representatives(keys[position[present]])  # only the buckets read, not all
     if low is not None and high is not None:
         result = np.clip(result, np.asarray(low, np.float64)[:, None], np.asarray(high, np.float64)[:, None])
     return result

@@ -59,7 +59,7 @@ from metrics_lake.core.kernels.selectors import (
     parse_selector,
     selector_mask,
 )
-from metrics_lake.core.kernels.windows import WINDOW_STATE
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.lake_schemas.contract import METRIC_NAME
 from metrics_lake.lake_schemas.errors import SelectorError, StoredQueryError
 from metrics_lake.lake_schemas.tables import QUERY_RESULTS
@@ -320,29 +320,32 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
     if query.group_by:
         rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
         rows = rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
-    minutes = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
-    first = minutes - np.mod(minutes, slide_us)  # latest window start at or before the minute
+        sources = [_per_minute(rows)]
+    else:
+        n = rows.num_rows
+        fleet = rows.set_column(rows.schema.get_field_index("server"), "server", pa.nulls(n, pa.string()))
+        fleet = _per_minute(fleet.set_column(fleet.schema.get_field_index("labels"), "labels", pa.nulls(n, TAGS)))
+        # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
+        sources = [rows, fleet] if query.per_server else [fleet]
     hops = -(-query.duration_s // query.slide_s)
     pieces = []
-    for k in range(hops):
-        window_start = first - k * slide_us
-        window_end = window_start + duration_us
-        inside = (window_end > minutes) & chosen(window_start, window_end)
-        if not inside.any():
-            continue
-        picked = rows.filter(pa.array(inside))
-        n = picked.num_rows
-        # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
-        keys = [picked.column("server"), None] if query.per_server else [None]
-        for server in [picked.column("server")] if query.group_by else keys:
+    for source in sources:
+        minutes = pc.cast(source.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+        first = minutes - np.mod(minutes, slide_us)  # latest window start at or before the minute
+        for k in range(hops):
+            window_start = first - k * slide_us
+            window_end = window_start + duration_us
+            inside = (window_end > minutes) & chosen(window_start, window_end)
+            if not inside.any():
+                continue
+            picked = source.filter(pa.array(inside))
             pieces.append(
                 pa.table(
                     {
-                        "metric": pa.array([query.name] * n, pa.string()),
-                        "server": server if server is not None else pa.nulls(n, pa.string()),
+                        "metric": pa.array([query.name] * picked.num_rows, pa.string()),
+                        "server": picked.column("server"),
                         "window_start": pa.array(window_start[inside], pa.int64()).cast(UTC_US),
-                        **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch")},
-                        "labels": picked.column("labels") if server is not None else pa.nulls(n, TAGS),
+                        **{name: picked.column(name) for name in ("count", "sum", "min", "max", "sketch", "labels")},
                         "minute": pa.array(minutes[inside], pa.int64()),
                     }
                 )
@@ -351,6 +354,19 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
         return WINDOW_STATE.empty_table()
     states = pa.concat_tables(pieces).sort_by([("minute", "ascending")])
     return states.drop_columns(["minute"]).cast(WINDOW_STATE)
+
+
+def _per_minute(rows: pa.Table) -> pa.Table:
+    """``rows`` (1-minute window states keyed by ``server``: a group key, or null for the fleet) merged into one per
+    key and minute, in minute order.
+
+    A minute's state is merged once here rather than once per hopping window
+    holding it: a 5-minute window every minute over 2,500 servers merged 5 x
+    2,500 sketches per window, now 5 (merging is exact and associative:
+    :mod:`~metrics_lake.core.kernels.windows`).
+    """
+    merged = merge_states(rows.select(WINDOW_STATE.names))
+    return merged.sort_by([("window_start", "ascending")])
 
 
 def _group_key(rows: pa.Table, group_by: tuple[str, ...]) -> pa.Array:
