@@ -95,3 +95,6 @@ def print_batch(outcome) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if verbose_output() and outcome.stages:  # where the batch's time went
+        stages = ", ".join(f"{name} {seconds:.2f}" for name, seconds in outcome.stages.items())
+        err.print(f"  stages (s): {stages}", highlight=False, soft_wrap=True)

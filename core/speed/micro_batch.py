@@ -256,7 +256,9 @@ class BatchOutcome:
     events new to bronze whose server the inventory does not hold (kept, with empty labels), and events new to
     quarantine for a cardinality limit, per limit name (``limited``).
 
-    A table that already held the batch's positions (a replayed batch) counts 0 rows.
+    A table that already held the batch's positions (a replayed batch) counts 0 rows. ``stages``: wall seconds of
+    each step, in order: what the caller measured before the commit (``plan``, ``tasks``) and each table's commit
+    (by table name; ``windows merge`` is the states' merge before the windows' commit).
     """
 
     records: int
@@ -267,6 +269,7 @@ class BatchOutcome:
     seconds: float
     unknown_servers: int = 0
     limited: dict[str, int] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 def configured_limits(settings: LakeSettings, partitions: int) -> CardinalityLimits:
@@ -572,9 +575,10 @@ def commit_batch(
     queries: list[StoredQuery] | None = None,
     rules: list[AlertRule] | None = None,
     alerting: AlertOptions | None = None,
+    stages: dict[str, float] | None = None,
 ) -> BatchOutcome:
     """Commit a processed batch: bronze, quarantine, windows, query results, last seen, alerts; each with its new
-    positions.
+    positions. ``stages``: seconds the caller spent before (planning, tasks), reported first in the outcome's.
 
     ``queries`` and ``rules``: the stored queries to keep live and the alert
     rules to evaluate (default: the lake's registry,
@@ -587,6 +591,15 @@ def commit_batch(
     docstring).
     """
     started = started or time.monotonic()
+    stages = dict(stages or {})
+    lap = time.monotonic()
+
+    def timed(stage: str) -> None:
+        nonlocal lap
+        now = time.monotonic()
+        stages[stage] = now - lap
+        lap = now
+
     alerting = alerting or AlertOptions()
     registry = Registry(store).current() if queries is None or rules is None else None
     queries = registry.queries() if queries is None else queries
@@ -611,20 +624,26 @@ def commit_batch(
             ),
         )
         rows[name] = sum(r.counts.get(name, 0) for r in results) if committed else 0
+        timed(name)
     times = [r.event_time_max_ms for r in results if r.event_time_max_ms is not None]
     candidates = [max(times) - watermark_seconds * 1000] if times else []
     watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
     states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
+    timed("windows merge")
     written = _upsert_windows(store, plan, states, watermark)
+    timed(WINDOWS)
     touched: dict[str, set[int]] = {}
     for result in results:
         for metric, minutes in result.touched.items():
             touched.setdefault(metric, set()).update(minutes)
     rows[QUERIES] = _upsert_query_results(store, plan, touched, queries, watermark)
+    timed(QUERIES)
     seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
     rows[LAST_SEEN] = _upsert_last_seen(store, plan, seen, rules, alerting.absence_lookback_s)
+    timed(LAST_SEEN)
     clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
     rows[ALERTS] = _commit_alerts(store, plan, rules, queries, clock, alerting.absence_lookback_s)
+    timed(ALERTS)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
     if plan.ends:
@@ -643,6 +662,7 @@ def commit_batch(
         limited=limited,
         watermark_ms=plan.watermark_ms,
         seconds=time.monotonic() - started,
+        stages=stages,
     )
 
 

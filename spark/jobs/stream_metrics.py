@@ -110,6 +110,7 @@ def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutco
     )
     if not plan.chunks:
         return None
+    planned = time.monotonic()
     results = process_on_executors(spark, settings, plan)
     return commit_batch(
         store,
@@ -118,6 +119,7 @@ def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutco
         watermark_seconds=settings.watermark_seconds,
         started=started,
         alerting=AlertOptions.from_settings(settings),
+        stages={"plan": planned - started, "tasks": time.monotonic() - planned},
     )
 
 
