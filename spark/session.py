@@ -41,11 +41,15 @@ def build_session(
     *,
     extra_java_options: str = "",
     extra_config: dict[str, str] | None = None,
+    data_sources: bool = True,
 ):
     """Create (or reuse) a SparkSession for ``settings`` and register the lake data sources.
 
     Registered formats: ``lakelog`` (the speed layer's streaming source over
     the segment log) and ``lakedelta`` (batch reader over a Delta snapshot).
+    ``data_sources=False`` leaves them out, for callers that run only RDD
+    jobs (``lake stream --once``): the first registration waits about 1 s
+    for Spark's search of installed Python data sources.
     The driver JVM maps this environment's class-data sharing archive when
     there is one (:mod:`metrics_lake.spark.jvm_archive`) and gets
     ``settings.spark_driver_java_options``; ``extra_java_options``, if given,
@@ -105,7 +109,7 @@ def build_session(
     warm_up.start()
     _WARM_UPS[id(spark)] = warm_up
     spark.sparkContext.setLogLevel("ERROR")
-    for source in (LogDataSource, DeltaSnapshotDataSource):
+    for source in (LogDataSource, DeltaSnapshotDataSource) if data_sources else ():
         spark.dataSource.register(source)
     return spark
 

@@ -41,7 +41,7 @@ def stream(
 
     config = settings(trigger_seconds=trigger)
     prepare_lake(config)
-    spark = build_session(config, "lake-stream")
+    spark = build_session(config, "lake-stream", data_sources=not once)  # --once runs RDD jobs only
     try:
         stop = None if once else stop_on_signals()
         mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
