@@ -53,6 +53,17 @@ def check_windows(store, produced: pa.Table) -> int:
     return len(expected)
 
 
+#: The tables a batch commits, in order (BatchOutcome.stages names them).
+TABLES_IN_COMMIT_ORDER = [
+    "bronze_events",
+    "quarantine_events",
+    "metric_windows_1m",
+    "query_results",
+    "last_seen",
+    "alerts",
+]
+
+
 def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, log, store):
     # 300 samples per window (rate 5/s): many per sketch bucket.
     sim = FleetSimulator(servers=6, metrics=4, seconds=180, rate=5.0, seed=11, start_ms=START_MS)
@@ -61,8 +72,15 @@ def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, 
         producer.send_payloads(list(INVALID))
     produced = produced_rows(log)
 
-    run_stream(spark, settings, once=True)
+    outcomes = []
+    run_stream(spark, settings, once=True, progress=outcomes.append)
 
+    # Each batch says where its time went, step by step, and the steps add up to no more than the batch.
+    assert [list(o.stages) for o in outcomes] == [
+        ["plan", "tasks", *TABLES_IN_COMMIT_ORDER[:2], "windows merge", *TABLES_IN_COMMIT_ORDER[2:]]
+    ]
+    assert all(s >= 0 for s in outcomes[0].stages.values())
+    assert sum(outcomes[0].stages.values()) <= outcomes[0].seconds + 1e-6
     bronze = table_rows(store, "bronze_events")
     positions = [(r["topic"], r["partition"], r["offset"]) for r in bronze]
     valid = produced.filter(produced.column("reason").is_null())
