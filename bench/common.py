@@ -116,6 +116,29 @@ def duckdb_windows_sql(source: str) -> str:
         FROM {source} GROUP BY ALL"""
 
 
+def chdb_windows_sql(source: str) -> str:
+    """chDB's peer of ``metric_windows_1m``: 1-minute windows per (metric, server) of ``source`` (a table or
+    ``file(...)``, ``ts`` a DateTime64) with count/sum/min/max/avg, p50/p95/p99 and, as the lake keeps, a mergeable
+    sketch: ClickHouse's t-digest state (``quantilesTDigestState``), serialised to bytes (ClickHouse reads it back
+    with ``CAST(sketch, 'AggregateFunction(quantilesTDigest(0.5, 0.95, 0.99), Float64)')`` and merges it)."""
+    return f"""
+        SELECT metric, server, window_start, count, sum, min, max, avg,
+               q[1] AS p50, q[2] AS p95, q[3] AS p99, CAST(state AS String) AS sketch
+        FROM (SELECT metric, server, toStartOfMinute(ts) AS window_start,
+                     count() AS count, sum(value) AS sum, min(value) AS min, max(value) AS max, avg(value) AS avg,
+                     quantilesTDigestState(0.5, 0.95, 0.99)(value) AS state, finalizeAggregation(state) AS q
+              FROM {source} GROUP BY metric, server, window_start)"""
+
+
+def chdb_session(workdir: Path):
+    """A chDB (in-process ClickHouse) session in ``workdir``, limited to two threads like the lake's Spark."""
+    from chdb import session  # imported here: the benchmarks that do not use it need not load ClickHouse
+
+    chdb = session.Session(str(workdir))
+    chdb.query("SET max_threads = 2")
+    return chdb
+
+
 def write_jsonl(events, path: Path, invalid_every: int = 0) -> int:
     """Write simulator events (a LOG_RECORD table) as contract JSON Lines; every ``invalid_every``-th line broken.
 
@@ -138,6 +161,11 @@ def write_jsonl(events, path: Path, invalid_every: int = 0) -> int:
                 event["tags"] = dict(e)
             handle.write(json.dumps(event, separators=(",", ":")) + "\n")
     return invalid
+
+
+def data_bytes(path: Path) -> int:
+    """Bytes of the files under ``path``, leaving out a Delta table's log (``_delta_log``)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and "_delta_log" not in f.parts)
 
 
 def mib(n: int) -> str:

@@ -17,7 +17,10 @@ chunks straight into bronze (not timed), then times, in this process:
   part of their start may fall in either);
 - **DuckDB** (``threads=2``): the second day's bronze Parquet files grouped
   by (metric, server, minute) with count/sum/min/max/avg and
-  ``approx_quantile`` p50/p95/p99, written to Parquet.
+  ``approx_quantile`` p50/p95/p99, written to Parquet;
+- **chDB** (in-process ClickHouse, ``max_threads=2``): the same windows from
+  the same files, with a mergeable sketch as the lake keeps (a serialised
+  t-digest state, :func:`common.chdb_windows_sql`).
 
 Prints events/s for both, the ratio, and the peak RSS of this process
 (driver) and of Spark's Python workers. Run:
@@ -36,7 +39,7 @@ import duckdb
 import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
-from common import duckdb_windows_sql, scratch_dir
+from common import chdb_session, chdb_windows_sql, duckdb_windows_sql, scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core import keys
@@ -80,6 +83,7 @@ def fill_bronze(settings, day: dt.date, servers: int, metrics: int, rate: float,
                 "tags": events.column("tags"),
                 "ingested_at": events.column("ts").cast(BRONZE_EVENTS.field("ingested_at").type),
                 "event_date": pc.cast(events.column("ts"), pa.date32()),
+                "labels": pa.nulls(n, BRONZE_EVENTS.field("labels").type),  # written before the lake had an inventory
             }
         )
         files = write_data_files(store, Table.BRONZE_EVENTS, rows)
@@ -88,14 +92,19 @@ def fill_bronze(settings, day: dt.date, servers: int, metrics: int, rate: float,
     return total - first_offset
 
 
-def duckdb_peer(settings, day: dt.date, out: Path) -> float:
-    """Seconds for DuckDB (2 threads) to compute the same windows from ``day``'s bronze files."""
+def day_files(settings, day: dt.date) -> list[str]:
+    """Paths of the active bronze files of ``day``."""
     table = open_table(open_store(settings), Table.BRONZE_EVENTS)
-    paths = [
+    return [
         f"{settings.root}/{keys.table_key(Table.BRONZE_EVENTS, p)}"
         for p in pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
         if f"event_date={day.isoformat()}/" in p
     ]
+
+
+def duckdb_peer(settings, day: dt.date, out: Path) -> float:
+    """Seconds for DuckDB (2 threads) to compute the same windows from ``day``'s bronze files."""
+    paths = day_files(settings, day)
     started = time.monotonic()
     con = duckdb.connect()
     con.execute("SET threads = 2")
@@ -105,6 +114,26 @@ def duckdb_peer(settings, day: dt.date, out: Path) -> float:
         f"COPY ({duckdb_windows_sql(f'read_parquet([{listing}])')}) TO '{out}' (FORMAT parquet, COMPRESSION zstd)"
     )
     return time.monotonic() - started
+
+
+def chdb_peer(settings, day: dt.date, out: Path) -> tuple[float, int]:
+    """Seconds and windows for chDB (2 threads) computing the same windows, with sketches, from ``day``'s bronze
+    files."""
+    paths = day_files(settings, day)
+    folders = {str(Path(p).parent) for p in paths}
+    assert len(folders) == 1, folders  # a day's files share its partition folder
+    names = ",".join(Path(p).name for p in paths)
+    chdb = chdb_session(out.parent / "chdb-session")
+    started = time.monotonic()
+    source = f"file('{folders.pop()}/{{{names}}}', 'Parquet')"  # {a,b}: ClickHouse's alternatives in a path
+    chdb.query(
+        f"INSERT INTO FUNCTION file('{out}', 'Parquet') {chdb_windows_sql(source)} "
+        "SETTINGS output_format_parquet_compression_method = 'zstd'"
+    )
+    seconds = time.monotonic() - started
+    windows = int(chdb.query(f"SELECT count() FROM file('{out}', 'Parquet')", "CSV").bytes())
+    chdb.close()
+    return seconds, windows
 
 
 def children_rss() -> dict[str, int]:
@@ -158,7 +187,14 @@ def main() -> None:
     print(
         f"DuckDB                   {seconds:7.1f} s  {events[1] / seconds:>12,.0f} ev/s  (2 threads, approx_quantile)"
     )
+    ch_seconds, ch_windows = chdb_peer(settings, DAYS[1], work / "chdb-windows.parquet")
+    assert ch_windows == warm.windows, (ch_windows, warm.windows)
+    print(
+        f"chDB                     {ch_seconds:7.1f} s  {events[1] / ch_seconds:>12,.0f} ev/s  "
+        "(2 threads, t-digest state kept as the sketch)"
+    )
     print(f"recompute / DuckDB: cold {seconds / cold.seconds:.2f}, warm {seconds / warm.seconds:.2f}")
+    print(f"recompute / chDB:   cold {ch_seconds / cold.seconds:.2f}, warm {ch_seconds / warm.seconds:.2f}")
     print(
         f"memory after the recomputes: driver JVM {rss['java'] / 2**20:,.0f} MiB, Spark's Python workers "
         f"{rss['python'] / 2**20:,.0f} MiB; this Python process peaked at "

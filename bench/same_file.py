@@ -1,39 +1,67 @@
-"""Benchmark: one JSON Lines file into bronze and 1-minute windows, the lake's CLI against DuckDB, same file, same run.
+"""Benchmark: one JSON Lines file into bronze and 1-minute windows, the lake's CLI against DuckDB and chDB, same file, same run.
 
 For each size (servers x metrics x seconds of the fleet simulator, one sample
 per series and second, one line in 1,000 broken in one of four ways):
 
-- **lake**: ``lake produce --from-file F`` then ``lake stream --once`` on a
-  fresh local lake, each a fresh process (CLI wall time, Spark's start-up
-  included), with the peak RSS of each command's process tree (driver JVM,
-  Python workers) and of its largest process;
+- **lake, sequential**: ``lake produce --from-file F`` then ``lake stream
+  --once`` on a fresh local lake, each a fresh process (CLI wall time,
+  Spark's start-up included), with the peak RSS of each command's process
+  tree (driver JVM, Python workers) and of its largest process;
+- **lake, overlapped**: on another fresh lake, ``lake stream --trigger 1``
+  and ``lake produce --from-file F`` started together (the stream consumes
+  while the import appends), timed until the speed layer has committed the
+  log's last record (its consumer group reaches the log's end offsets);
 - **DuckDB** (``threads=2``): read the file, keep the valid events (the
   contract's checks in SQL), write bronze Parquet partitioned by date, and
   1-minute windows per (metric, server) with count/sum/min/max/avg and
   ``approx_quantile`` p50/p95/p99 to Parquet — what a one-machine user would
   do instead;
+- **chDB** (in-process ClickHouse, ``max_threads=2``): the same work, the
+  windows with a mergeable sketch as the lake's (a serialised t-digest
+  state, :func:`common.chdb_windows_sql`);
 - ``pyarrow.json`` parsing the file alone, as the floor of any Arrow reader.
 
 The outputs are checked against each other (valid events and windows
-counted) before anything is printed. Run:
-``python bench/same_file.py [--sizes 500x10x240 500x10x2400]``.
+counted) before anything is printed. A second table compares what each
+system stored: bytes per event of the log, of bronze (data files, without
+the Delta log) and bytes per window. Run:
+``python bench/same_file.py [--sizes 500x10x240 2500x10x480]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import duckdb
 import pyarrow.json as pj
-from common import BROKEN, LAKE, duckdb_windows_sql, lake_env, mib, run_measured, write_jsonl
+from common import (
+    BROKEN,
+    LAKE,
+    chdb_session,
+    chdb_windows_sql,
+    data_bytes,
+    duckdb_windows_sql,
+    lake_env,
+    mib,
+    run_measured,
+    write_jsonl,
+)
 from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core import keys
+from metrics_lake.core.config import load_settings
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.consumer_groups import committed_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed.progress import CONSUMER
+from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.tables import Table
 
 START_MS = 1_763_596_800_000  # 2025-11-20T00:00:00Z
@@ -71,11 +99,76 @@ def duckdb_peer(source: Path, out: Path) -> tuple[float, int, int]:
     return seconds, events, windows
 
 
+def chdb_peer(source: Path, out: Path) -> tuple[float, int, int]:
+    """Seconds, valid events and windows for chDB doing the same work as :func:`duckdb_peer` with two threads.
+
+    Lines are read as text and parsed with ``JSONExtract``: ClickHouse's
+    ``JSONEachRow`` reader splits a file for its threads by counting braces,
+    and one truncated line (the file has some) makes it fail the whole file.
+    The valid events are held in memory once for both outputs.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    chdb = chdb_session(out / "session")
+    chdb.query(
+        f"""
+        CREATE TABLE events ENGINE = Memory AS
+        SELECT fromUnixTimestamp64Milli(ts_ms, 'UTC') AS ts, server, metric, value, tags FROM (
+            SELECT JSONExtract(line, 'ts', 'Nullable(Int64)') AS ts_ms,
+                   JSONExtract(line, 'server', 'Nullable(String)') AS server,
+                   JSONExtract(line, 'metric', 'Nullable(String)') AS metric,
+                   JSONExtract(line, 'value', 'Nullable(Float64)') AS value,
+                   JSONExtract(line, 'tags', 'Map(String, String)') AS tags
+            FROM file('{source}', 'LineAsString'))
+        WHERE ts_ms BETWEEN 946684800000 AND 4102444799999
+          AND server IS NOT NULL AND length(server) BETWEEN 1 AND 128
+          AND match(metric, '^[a-z0-9_.]{{1,128}}$')
+          AND value IS NOT NULL AND isFinite(value)
+        """
+    )
+    zstd = "SETTINGS output_format_parquet_compression_method = 'zstd'"
+    chdb.query(
+        f"""INSERT INTO FUNCTION file('{out}/bronze/event_date={{_partition_id}}/data.parquet', 'Parquet')
+            PARTITION BY toDate(ts) SELECT * FROM events {zstd}"""
+    )
+    chdb.query(f"INSERT INTO FUNCTION file('{out}/windows.parquet', 'Parquet') {chdb_windows_sql('events')} {zstd}")
+    seconds = time.perf_counter() - started
+    events = int(chdb.query(f"SELECT count() FROM file('{out}/bronze/*/*.parquet')", "CSV").bytes())
+    windows = int(chdb.query(f"SELECT count() FROM file('{out}/windows.parquet')", "CSV").bytes())
+    chdb.close()
+    return seconds, events, windows
+
+
+def overlapped(source: Path, work: Path) -> float:
+    """Wall seconds for ``lake stream`` and ``lake produce --from-file`` started together on a fresh lake under
+    ``work``, until the speed layer has committed every record the import appended."""
+    work.mkdir(parents=True)
+    env = lake_env(work)
+    settings = load_settings(root=env["LAKE_ROOT"])
+    started = time.perf_counter()
+    with open(work / "stream.log", "w") as log:
+        stream = subprocess.Popen([LAKE, "stream", "--trigger", "1"], env=env, cwd=work, stderr=log)
+        try:
+            run_measured([LAKE, "produce", "--from-file", str(source)], env, cwd=work)
+            store = open_store(settings)
+            ends = end_offsets(SegmentLog(store), settings.topic)
+            deadline = time.monotonic() + 600
+            while committed_offsets(store, CONSUMER, settings.topic) != ends:
+                if stream.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"lake stream ended or stalled; see {work / 'stream.log'}")
+                time.sleep(0.05)
+            seconds = time.perf_counter() - started
+        finally:
+            stream.send_signal(signal.SIGINT)
+            stream.wait(120)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", nargs="+", default=["500x10x240", "500x10x2400"])
+    parser.add_argument("--sizes", nargs="+", default=["500x10x240", "2500x10x480"])
     args = parser.parse_args()
-    rows = []
+    rows, sizes = [], []
     for size in args.sizes:
         servers, metrics, seconds = (int(x) for x in size.split("x"))
         with tempfile.TemporaryDirectory(prefix="lake-bench-") as tmp:
@@ -102,8 +195,10 @@ def main() -> None:
             )
             bronze, windows = bronze.num_rows, windows.num_rows
             duck_seconds, duck_events, duck_windows = duckdb_peer(source, work / "duckdb")
-            assert bronze == duck_events == total - invalid, (bronze, duck_events, total - invalid)
-            assert windows == duck_windows, (windows, duck_windows)
+            ch_seconds, ch_events, ch_windows = chdb_peer(source, work / "chdb")
+            assert bronze == duck_events == ch_events == total - invalid, (bronze, duck_events, ch_events, total)
+            assert windows == duck_windows == ch_windows, (windows, duck_windows, ch_windows)
+            both = overlapped(source, work / "overlapped")
             lake_seconds = produce.seconds + stream.seconds
             rows.append(
                 (
@@ -111,22 +206,62 @@ def main() -> None:
                     f"{produce.seconds:.1f} ({total / produce.seconds / 1e6:.2f} M/s)",
                     f"{stream.seconds:.1f}",
                     f"{lake_seconds:.1f} ({total / lake_seconds / 1e6:.2f} M/s)",
+                    f"{both:.1f} ({total / both / 1e6:.2f} M/s)",
                     f"{duck_seconds:.1f} ({total / duck_seconds / 1e6:.2f} M/s)",
-                    f"{duck_seconds / lake_seconds:.2f}x",
+                    f"{ch_seconds:.1f} ({total / ch_seconds / 1e6:.2f} M/s)",
+                    f"{duck_seconds / lake_seconds:.2f}x / {ch_seconds / lake_seconds:.2f}x",
+                    f"{duck_seconds / both:.2f}x / {ch_seconds / both:.2f}x",
                     f"{total / parse / 1e6:.2f}",
                     f"{mib(produce.peak_tree_rss)} / {mib(stream.peak_tree_rss)} ({mib(stream.peak_process_rss)})",
                 )
             )
-    header = (
-        "events",
-        "lake produce s",
-        "lake stream --once s",
-        "lake total s",
-        "DuckDB s",
-        "lake vs DuckDB",
-        "pyarrow.json M/s",
-        "peak RSS MiB produce / stream (largest process)",
+            valid = total - invalid
+            sizes.append(
+                (
+                    f"{total:,}",
+                    f"{data_bytes(lake / keys.LOG_PREFIX) / total:.2f}",
+                    f"{data_bytes(lake / keys.table_prefix(Table.BRONZE_EVENTS)) / valid:.2f}",
+                    f"{data_bytes(work / 'duckdb' / 'bronze') / valid:.2f}",
+                    f"{data_bytes(work / 'chdb' / 'bronze') / valid:.2f}",
+                    f"{data_bytes(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M)) / windows:.0f}",
+                    f"{(work / 'duckdb' / 'windows.parquet').stat().st_size / windows:.0f}",
+                    f"{(work / 'chdb' / 'windows.parquet').stat().st_size / windows:.0f}",
+                )
+            )
+    print_table(
+        (
+            "events",
+            "lake produce s",
+            "lake stream --once s",
+            "lake sequential s",
+            "lake overlapped s",
+            "DuckDB s",
+            "chDB s",
+            "sequential vs DuckDB / chDB",
+            "overlapped vs DuckDB / chDB",
+            "pyarrow.json M/s",
+            "peak RSS MiB produce / stream (largest process)",
+        ),
+        rows,
     )
+    print()
+    print_table(
+        (
+            "events",
+            "lake log B/event",
+            "lake bronze B/event",
+            "DuckDB bronze",
+            "chDB bronze",
+            "lake windows B/window (sketch)",
+            "DuckDB windows (no sketch)",
+            "chDB windows (t-digest state)",
+        ),
+        sizes,
+    )
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` under ``header`` in aligned columns."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
