@@ -16,7 +16,9 @@ turns that into *lag*: the seconds since the moment that many records had
 been produced. For ``query_results`` that is the stored queries' evaluation
 lag: how long after its events are produced a query window shows them.
 Reported: lag p50/p99/max after a warm-up of a quarter of the run, the rate
-actually produced, and the peak RSS of the stream's process tree. Run:
+actually produced, the peak RSS of the stream's process tree, and for the
+lake the median seconds of each step of a batch (``lake --verbose
+stream``'s stages: planning, Spark tasks, each table's commit). Run:
 ``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60]``.
 """
 
@@ -140,15 +142,19 @@ def run_lake(rate: int, seconds: int) -> dict:
                     pass
                 done.wait(0.5)
 
+        log = work / "stream.log"  # a file, not a pipe: nothing drains a pipe while the load runs
+
         def start() -> None:
             process.append(
-                subprocess.Popen([LAKE, "stream"], env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                subprocess.Popen(
+                    [LAKE, "--verbose", "stream"], env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=log.open("w")
+                )
             )
             threading.Thread(target=sample_rss, daemon=True).start()
             deadline = time.monotonic() + 180  # wait for Spark to be up: the first (empty) tables exist
             while not (work / "lakehouse" / keys.table_key(Table.METRIC_WINDOWS_1M, "_delta_log")).exists():
                 if time.monotonic() > deadline or process[0].poll() is not None:
-                    raise RuntimeError(process[0].stderr.read().decode()[-3000:])
+                    raise RuntimeError(log.read_text()[-3000:])
                 time.sleep(0.2)
             time.sleep(3)  # the query's first (empty) batches
 
@@ -159,7 +165,22 @@ def run_lake(rate: int, seconds: int) -> dict:
 
         result = measure(Path(settings.root), settings, rate, seconds, start, stop)
         result["rss"] = peak[0]
+        result["stages"] = median_stages(log.read_text())
         return result
+
+
+def median_stages(log: str) -> dict[str, float]:
+    """Median seconds of each step of the batches that read records, from ``lake --verbose stream``'s
+    ``stages (s): plan 0.01, tasks 0.52, ...`` lines (the first quarter of the batches left out: warm-up)."""
+    batches = [
+        dict(
+            (name, float(value)) for name, value in (step.rsplit(" ", 1) for step in line.split(": ", 1)[1].split(", "))
+        )
+        for line in log.splitlines()
+        if line.strip().startswith("stages (s):")
+    ]
+    batches = batches[len(batches) // 4 :]
+    return {name: float(np.median([b.get(name, 0.0) for b in batches])) for name in (batches[0] if batches else {})}
 
 
 def run_peer(rate: int, seconds: int) -> dict:
@@ -209,6 +230,9 @@ def main() -> None:
                     f"{lag['p99']:>7.1f} {lag['max']:>7.1f} {mib(r['rss']):>13}",
                     flush=True,
                 )
+            if r.get("stages"):
+                steps = ", ".join(f"{step} {seconds:.2f}" for step, seconds in r["stages"].items())
+                print(f"{'':>12} {'  median batch (s):':<28} {steps}", flush=True)
 
 
 if __name__ == "__main__":
