@@ -27,7 +27,7 @@ def _encode_parquet(table: pa.Table, codec: str) -> bytes:
 
 
 def _encode_lake(table: pa.Table) -> bytes:
-    """What the log writes: zstd, dictionaries for strings only, byte-stream-split floats (core/parquet_layout.py)."""
+    """What the log writes: zstd, dictionaries for strings only, delta-packed times (core/parquet_layout.py)."""
     sink = io.BytesIO()
     pq.write_table(table, sink, **write_options(table.schema))
     return sink.getvalue()

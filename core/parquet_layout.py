@@ -4,8 +4,16 @@ Parquet writers try a dictionary for every column by default and fall back
 when it grows too big; for offsets, timestamps and measured values, which
 never repeat, that costs time for nothing. Measured on 300,000 bronze rows
 (``pyarrow`` 26, zstd): the default takes 0.34 s for 4.06 MB; dictionaries
-only for string columns and byte-stream-split for floating-point columns
-take 0.15 s for 2.96 MB, with statistics still written.
+only for string columns take 0.15 s for 2.96 MB, with statistics still
+written.
+
+Floating-point columns are plain (zstd), not ``BYTE_STREAM_SPLIT``:
+measured with ``bench/storage_density.py`` and ``bench/same_file.py``'s
+files, byte-stream-split made node_exporter values larger (bronze 1.43 ->
+1.50 B/sample; windows 38.6 -> 41.4 B/window), windows of random values
+larger too (81.8 -> 91.6 B/window), and saved 0.1 B/event only on bronze of
+random values (6.29 -> 6.18 for ``value``). Spark's vectorised Parquet
+reader cannot decode it either (``Unsupported encoding: BYTE_STREAM_SPLIT``).
 
 64-bit integers and timestamps (offsets, event and append times, window
 starts, counts) are ``DELTA_BINARY_PACKED``: a file's offsets are dense and
@@ -42,11 +50,9 @@ def write_options(schema: pa.Schema) -> dict:
     """Keyword arguments for ``pyarrow.parquet.write_table`` of data with ``schema`` (zstd, per-column encodings)."""
     leaves = [leaf for field in schema for leaf in _leaves(field)]
     strings = [path for path, kind in leaves if pa.types.is_string(kind) or pa.types.is_large_string(kind)]
-    floats = [path for path, kind in leaves if pa.types.is_floating(kind)]
     deltas = [path for path, kind in leaves if pa.types.is_int64(kind) or pa.types.is_timestamp(kind)]
     return {
         "compression": "zstd",
         "use_dictionary": [path for path in strings if path.split(".")[0] not in HIGH_CARDINALITY],
-        "use_byte_stream_split": floats or False,
         "column_encoding": dict.fromkeys(deltas, "DELTA_BINARY_PACKED"),
     }
