@@ -151,27 +151,53 @@ KEY_BITS = 22
 def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Add the counts of equal (row, key) pairs; returns ``(row, key, count)`` sorted by row then key.
 
-    ``row`` must be below ``2**41`` (it is a row number).
+    ``row`` must be below ``2**41`` (it is a row number). Linear when the
+    pairs are already merged. When they start with a merged run of at least
+    four fifths of them (a windows table's rows, then a batch's new states:
+    the speed layer's upsert), the rest is merged on its own and inserted
+    into the run by binary search instead of sorting everything again
+    (200,000 windows of 30 buckets plus one new bucket each: 0.09 s, against
+    0.14 s sorting; with a longer tail the sort is faster).
     """
     if len(keys) == 0:
         return row.astype(np.int64), keys.astype(np.int32), counts.astype(np.int64)
-    # One int64 per pair sorts faster than a two-key lexsort; numpy's sort of a plain
-    # int64 array is SIMD-accelerated, so all-ones counts take the sort + count path.
     packed = (np.asarray(row, np.int64) << KEY_BITS) | (np.asarray(keys, np.int64) + (1 << (KEY_BITS - 1)))
-    if np.all(packed[1:] > packed[:-1]):  # already merged (decoded sketches): a linear check instead of a sort
-        return np.asarray(row, np.int64), np.asarray(keys, np.int32), np.asarray(counts, np.int64)
-    if np.all(counts == 1):
-        pairs, merged = np.unique(packed, return_counts=True)
+    counts = np.asarray(counts, np.int64)
+    descents = np.flatnonzero(packed[1:] <= packed[:-1])
+    if not len(descents):  # already merged (decoded sketches): a linear check instead of a sort
+        return np.asarray(row, np.int64), np.asarray(keys, np.int32), counts
+    run = int(descents[0]) + 1  # packed[:run] is strictly increasing
+    if run >= 4 * (len(packed) - run):
+        head, head_counts = packed[:run], counts[:run].copy()
+        tail, tail_counts = _sum_equal(packed[run:], counts[run:])
+        at = np.searchsorted(head, tail)
+        found = at < run
+        found[found] = head[at[found]] == tail[found]
+        head_counts[at[found]] += tail_counts[found]  # tail pairs are unique: no index repeats
+        new = ~found  # inserted before ``at`` in tail order, which is sorted: the result stays sorted
+        placed = at[new] + np.arange(np.count_nonzero(new))  # their positions in the result
+        kept = np.ones(run + len(placed), bool)
+        kept[placed] = False
+        pairs, merged = np.empty(len(kept), np.int64), np.empty(len(kept), np.int64)
+        pairs[kept], pairs[placed] = head, tail[new]
+        merged[kept], merged[placed] = head_counts, tail_counts[new]
     else:
-        # Stable = timsort for int64: callers concatenate states that are each in key order (a table's rows and a
-        # batch's), so the pairs come in a few sorted runs, which timsort merges in linear time (merging 100,000
-        # windows into themselves, whole merge_states: 0.17 s, against 0.24 s with quicksort).
-        order = np.argsort(packed, kind="stable")
-        packed = packed[order]
-        starts = np.flatnonzero(np.concatenate([[True], packed[1:] != packed[:-1]]))
-        pairs, merged = packed[starts], np.add.reduceat(np.asarray(counts, np.int64)[order], starts)
+        pairs, merged = _sum_equal(packed, counts)
     unpacked_keys = (pairs & ((1 << KEY_BITS) - 1)) - (1 << (KEY_BITS - 1))
-    return pairs >> KEY_BITS, unpacked_keys.astype(np.int32), merged.astype(np.int64)
+    return pairs >> KEY_BITS, unpacked_keys.astype(np.int32), merged
+
+
+def _sum_equal(packed: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct values of ``packed`` (int64), sorted, with the sum of their ``counts`` (int64)."""
+    if np.all(counts == 1):  # one int64 per pair: numpy's SIMD sort and a count
+        return np.unique(packed, return_counts=True)
+    # Stable = timsort for int64: callers concatenate states that are each in key order, so the pairs come in a
+    # few sorted runs, which timsort merges in linear time (merging 100,000 windows into themselves, whole
+    # merge_states: 0.17 s, against 0.24 s with quicksort).
+    order = np.argsort(packed, kind="stable")
+    packed = packed[order]
+    starts = np.flatnonzero(np.concatenate([[True], packed[1:] != packed[:-1]]))
+    return packed[starts], np.add.reduceat(counts[order], starts)
 
 
 def quantiles(

@@ -97,3 +97,28 @@ def test_estimates_clamped_to_min_and_max_stay_ordered_and_within_the_bound():
     assert 99.9 <= clamped[0] <= clamped[1] <= clamped[2] <= 100.0
     for q, value in zip([0.0, 0.5, 0.99], clamped, strict=True):
         assert abs(value - exact_quantile(values, q)) <= sketch.RELATIVE_ERROR * exact_quantile(values, q)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_merge_buckets_equals_a_dictionary_of_sums_whatever_the_order(seed):
+    # Shapes the callers produce: any order; a merged run (a table's rows) then a tail (a batch's states),
+    # with tails shorter and longer than the run; counts of one (raw events) or more.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    row = rng.integers(0, 30, n)
+    keys = rng.integers(-5, 6, n).astype(np.int32) * (1 << 20) // 4 + rng.integers(-3, 3, n).astype(np.int32)
+    counts = np.ones(n, np.int64) if seed % 3 == 0 else rng.integers(1, 9, n)
+    if seed % 2:  # a merged run first, of a random share of the pairs
+        # Long runs too: the run-and-tail path takes a tail of at most a fifth.
+        cut = int(n - rng.integers(0, n // 5 + 1)) if seed % 4 == 1 else int(rng.integers(0, n + 1))
+        run_row, run_keys, run_counts = sketch.merge_buckets(row[:cut], keys[:cut], counts[:cut])
+        row = np.concatenate([run_row, row[cut:]])
+        keys = np.concatenate([run_keys, keys[cut:]])
+        counts = np.concatenate([run_counts, counts[cut:]])
+    expected: dict[tuple[int, int], int] = {}
+    for r, k, c in zip(row.tolist(), keys.tolist(), counts.tolist(), strict=True):
+        expected[(r, k)] = expected.get((r, k), 0) + c
+    merged_row, merged_keys, merged_counts = sketch.merge_buckets(row, keys, counts)
+    got = list(zip(merged_row.tolist(), merged_keys.tolist(), merged_counts.tolist(), strict=True))
+    assert got == sorted((r, k, c) for (r, k), c in expected.items())
+    assert merged_keys.dtype == np.int32 and merged_counts.dtype == np.int64
