@@ -30,6 +30,10 @@ def stop_process_group(pid: int, timeout: float) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        try:  # a leader that this process started stays a zombie, still in its group, until it is reaped
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (started by an earlier command): its parent or init reaps it
+            pass
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
