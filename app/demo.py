@@ -1,10 +1,11 @@
 """``lake demo``: the main job end to end on the configured lake (default ./lakehouse).
 
-For ``seconds`` seconds the host agent samples this machine every second and
-the fleet simulator sends ``servers x metrics`` series in real time, plus a
-handful of malformed events (one per quarantine reason) to show that bad
-input is kept, not dropped. Meanwhile the speed layer runs micro-batches
-every ``trigger_seconds``; when the agents stop it drains the log, then the
+Once the speed layer has run its first micro-batch, for ``seconds`` seconds
+the host agent samples this machine every second and the fleet simulator
+sends ``servers x metrics`` series in real time, after a handful of
+malformed events (one per quarantine reason) to show that bad input is kept,
+not dropped. Meanwhile the speed layer runs micro-batches every
+``trigger_seconds``; when the agents stop it drains the log, then the
 demo prints row counts, this host's CPU windows and commands to try next.
 Running it again appends to the same lake (offsets and checkpoints carry on).
 The stored queries are kept live by the speed layer, so the last lines name
@@ -166,34 +167,8 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
 
     producer = producer_for(settings, store)
     host = HostAgent()
-    simulator = FleetSimulator(
-        servers=servers,
-        metrics=metrics,
-        seconds=seconds,
-        rate=1.0,
-        seed=int(time.time()),
-        start_ms=int(time.time() * 1000),
-        silence=silence,
-    )
     stop = threading.Event()
-    agents = [
-        threading.Thread(
-            target=host.run,
-            kwargs=dict(producer=producer, interval=1.0, duration=seconds, stop=stop),
-            name="host-agent",
-            daemon=True,
-        ),
-        threading.Thread(
-            target=send_in_real_time, args=(simulator, producer.send, stop), name="simulator", daemon=True
-        ),
-    ]
-    console.print(
-        f"producing for {seconds} s: host agent on {host.server!r} every 1 s, "
-        f"{servers} simulated servers x {metrics} metrics at 1 Hz, {len(MALFORMED_SAMPLES)} malformed events"
-    )
     producer.send_payloads(MALFORMED_SAMPLES)
-    for thread in agents:
-        thread.start()
 
     console.print("starting Spark (local) and the speed layer ...")
     spark = build_session(settings, "lake-demo")
@@ -204,6 +179,37 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
             wake()
 
         query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress)
+        # The agents start once the stream has run a batch: the silent server's silence must reach the speed layer
+        # as silence, not as a backlog read together with the events after it (a slow Spark start did that).
+        deadline = time.monotonic() + 300
+        while not query.recentProgress and query.isActive and time.monotonic() < deadline:
+            time.sleep(0.2)
+        simulator = FleetSimulator(
+            servers=servers,
+            metrics=metrics,
+            seconds=seconds,
+            rate=1.0,
+            seed=int(time.time()),
+            start_ms=int(time.time() * 1000),
+            silence=silence,
+        )
+        agents = [
+            threading.Thread(
+                target=host.run,
+                kwargs=dict(producer=producer, interval=1.0, duration=seconds, stop=stop),
+                name="host-agent",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=send_in_real_time, args=(simulator, producer.send, stop), name="simulator", daemon=True
+            ),
+        ]
+        console.print(
+            f"producing for {seconds} s: host agent on {host.server!r} every 1 s, "
+            f"{servers} simulated servers x {metrics} metrics at 1 Hz, {len(MALFORMED_SAMPLES)} malformed events"
+        )
+        for thread in agents:
+            thread.start()
         try:
             with Progress(
                 TextColumn("[progress.description]{task.description}"),
