@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.kernels.selectors import map_entries
+from metrics_lake.core.kernels.windows import string_codes
 from metrics_lake.lake_schemas.contract import LIMIT_REASON_CODE
 
 __all__ = [
@@ -297,14 +298,6 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return np.arange(len(groups)) - np.repeat(starts, np.diff(np.r_[starts, len(groups)]))
 
 
-def _appearance_codes(column) -> np.ndarray:
-    """An int64 code per row of a string column (array or chunked), numbered in order of first appearance; nulls
-    get a code of their own."""
-    encoded = pc.dictionary_encode(column, null_encoding="encode")  # one dictionary across chunks
-    chunks = encoded.chunks if isinstance(encoded, pa.ChunkedArray) else [encoded]
-    return np.concatenate([np.zeros(0, np.int64), *(c.indices.to_numpy(zero_copy_only=False) for c in chunks)])
-
-
 def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, limit: int):
     """Per ``groups`` value, admit the first keys (by first offset) not yet in ``state`` while the group has fewer
     than ``limit``; returns (bool per input row: its key is new and not admitted, the admitted new :data:`KEYS`).
@@ -315,7 +308,7 @@ def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, li
     if not len(offsets):
         return np.zeros(0, bool), KEYS.empty_table()
     # Codes in order of first appearance: rows are in offset order, so a pair's first row is its first offset.
-    encoded = pc.dictionary_encode(pa.array(_appearance_codes(groups) << 32 | _appearance_codes(keys)))
+    encoded = pc.dictionary_encode(pa.array(string_codes(groups) << 32 | string_codes(keys)))
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     # A pair's first row is where its code first appears: where the running maximum code grows.
     running = np.maximum.accumulate(codes)

@@ -37,6 +37,7 @@ __all__ = [
     "merge_states",
     "rewindow",
     "states_of",
+    "string_codes",
 ]
 
 #: The quantiles every window row carries, as (column, q).
@@ -67,7 +68,7 @@ def empty_state() -> pa.Table:
     return WINDOW_STATE.empty_table()
 
 
-def _codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+def string_codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """An int64 code per row of a string (or dictionary) column, below ``2**31``: equal strings, equal codes; nulls their own."""
     if isinstance(column, pa.ChunkedArray):
         column = column.unify_dictionaries() if pa.types.is_dictionary(column.type) else column
@@ -108,7 +109,7 @@ def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, int, np.nd
     Groups are numbered in key order (metric code, server code, start), so a
     series' windows are adjacent and in time order.
     """
-    series, series_count = _ranks(_codes(metric) << 32 | _codes(server))
+    series, series_count = _ranks(string_codes(metric) << 32 | string_codes(server))
     window, windows = _ranks(start_us)
     # Keys are dense: series * windows + window < series count * windows, at most the row count squared.
     group, groups = _ranks(series * windows + window, series_count * windows)
