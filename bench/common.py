@@ -10,6 +10,7 @@ import atexit
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -161,6 +162,13 @@ def write_jsonl(events, path: Path, invalid_every: int = 0) -> int:
                 event["tags"] = dict(e)
             handle.write(json.dumps(event, separators=(",", ":")) + "\n")
     return invalid
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def data_bytes(path: Path) -> int:

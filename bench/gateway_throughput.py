@@ -34,7 +34,6 @@ import argparse
 import gzip
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import requests
-from common import scratch_dir
+from common import free_port, scratch_dir
 from prometheus_client.parser import text_string_to_metric_families
 
 from metrics_lake.agents.gateway_client import table_to_payloads
@@ -53,12 +52,6 @@ from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.producer import producer_for
 
 LAKE = str(Path(sys.executable).with_name("lake"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_gateway(env: dict[str, str], url: str, verify, log: Path, *args: str) -> subprocess.Popen:

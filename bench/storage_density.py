@@ -27,14 +27,13 @@ import argparse
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import pyarrow.compute as pc
 import requests
-from common import LAKE, data_bytes, lake_env, run_measured, scratch_dir
+from common import LAKE, data_bytes, free_port, lake_env, run_measured, scratch_dir
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,13 +42,6 @@ from metrics_lake.core import keys
 from metrics_lake.lake_schemas.tables import Table
 
 SERVER = "node-1"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(scrapes: int, interval: float, out: Path) -> tuple[int, int]:

@@ -178,16 +178,12 @@ def spark_down(
     timeout: Annotated[float, typer.Option(min=0, help="Seconds to wait after SIGTERM before SIGKILL.")] = 20.0,
 ) -> None:
     """Stop the workers (with their executors) and the master."""
-    import socket
-
+    from metrics_lake.infra.processes import bind_error
     from metrics_lake.infra.spark_cluster import stop
 
     if stop(_spark_cluster(data_dir, master_port, ui_port), timeout=timeout, log=err.print):
         return
-    with socket.socket() as probe:
-        probe.settimeout(1)
-        listening = probe.connect_ex(("127.0.0.1", master_port)) == 0
-    if listening:  # a cluster started with another --data-dir keeps its PID files there
+    if bind_error(master_port) is not None:  # a cluster started with another --data-dir keeps its PID files there
         raise InputError(
             f"no Spark cluster's PID files in {data_dir.resolve()}, but something listens on 127.0.0.1:{master_port}: "
             "if it was started with --data-dir DIR, run `lake infra spark down --data-dir DIR`"
