@@ -105,6 +105,22 @@ def served(settings):
         process.wait(30)
 
 
+# Answers /api/servers without a label filter 1.5 s late; window.slowAnswers counts them once the page had
+# 100 ms to draw each (far more than the microtasks drawing takes).
+SLOW_UNFILTERED_SERVERS = """
+const fetchNow = window.fetch;
+window.slowAnswers = 0;
+window.fetch = async (url, ...rest) => {
+  const answer = await fetchNow(url, ...rest);
+  if (String(url).startsWith("/api/servers") && !String(url).includes("select=")) {
+    await new Promise(done => setTimeout(done, 1500));
+    setTimeout(() => { window.slowAnswers += 1; }, 100);
+  }
+  return answer;
+};
+"""
+
+
 def wait_refreshed(driver, since: float) -> None:
     WebDriverWait(driver, 60).until(
         lambda d: d.execute_script("return Number(document.body.dataset.refreshed || 0)") > since * 1000
@@ -307,5 +323,14 @@ def test_the_label_filter_keeps_the_servers_it_selects_and_names_a_malformed_sel
             redrawn.until(lambda d: "error:" in d.find_element(By.ID, "servers").text)
             meta = driver.find_element(By.ID, "servers").text
             assert "error:" in meta and "select" in meta and "1x" in meta, meta
+
+            # Overlapping refreshes: the unfiltered list answered last must not replace the filtered one.
+            driver.execute_script(SLOW_UNFILTERED_SERVERS)
+            driver.execute_script("document.getElementById('select').value = ''; refresh();")
+            started = time.time()
+            driver.find_element(By.ID, "select").send_keys("team=payments\n")
+            wait_refreshed(driver, started)
+            WebDriverWait(driver, 30).until(lambda d: d.execute_script("return window.slowAnswers") == 1)
+            assert server_names(driver) == ["sim-0001", "sim-0003"]
         finally:
             driver.quit()
