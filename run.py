@@ -4,7 +4,8 @@
     python3 run.py lake demo      # the main job on the embedded default
     python3 run.py pytest         # the test suite
 
-Needs only Python 3.11 and pip (plus Java 17 for Spark). The virtualenv is
+Needs only Python 3.11 and pip (plus a Java 17 JDK for Spark: its ``javac`` compiles
+the lake's Spark catalog once, spark/lake_jar.py). The virtualenv is
 ``.venv`` beside this file; it is (re)installed whenever pyproject.toml
 changes, tracked by a stamp file holding the pyproject's hash.
 """
@@ -47,6 +48,8 @@ def _ensure_venv() -> None:
         ],
         check=True,
     )
+    # The lake's JVM classes (spark/lake_jar.py): every Spark session loads them; built here once, not by a session.
+    subprocess.run([str(BIN / "python"), "-m", "metrics_lake.spark.lake_jar"], check=True)
     # Spark's driver JVM starts ~40 % faster from a class-data sharing archive (spark/jvm_archive.py); optional.
     subprocess.run([str(BIN / "python"), "-m", "metrics_lake.spark.jvm_archive"], check=False)
     STAMP.write_text(digest)

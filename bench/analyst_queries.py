@@ -15,7 +15,7 @@ read" is what the reader's pruning keeps
 (:func:`metrics_lake.core.tables.pruning.keep_files`, the function the
 reader calls) of the files in the snapshot.
 
-Usage: ``python -m bench.analyst_queries [--size 2500x10x240] [--repeat 3] [--no-cluster]``
+Usage: ``python bench/analyst_queries.py [--size 2500x10x240] [--repeat 3] [--no-cluster]``
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pyarrow as pa
+from common import LAKE, lake_env, run_measured, scratch_dir
 from deltalake import DeltaTable
 
-from bench.common import LAKE, lake_env, run_measured, scratch_dir
 from metrics_lake.core import keys
 from metrics_lake.core.tables.pruning import Predicate, keep_files
 from metrics_lake.lake_schemas.tables import TABLES, Table

@@ -22,8 +22,8 @@ import time
 
 import numpy as np
 import pyarrow as pa
+from common import scratch_dir
 
-from bench.common import scratch_dir
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.cardinality import CardinalityLimits

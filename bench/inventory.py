@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from bench.common import scratch_dir
+from common import scratch_dir
+
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.inventory import Inventory, diff, fold, parse_inventory_file
 from metrics_lake.core.log.consumer import end_offsets

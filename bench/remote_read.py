@@ -8,7 +8,7 @@ read bronze pruned by day and metric, group, encode, snappy) for
 with a new reader each time (cold: no table or snapshot cached), and DuckDB
 selecting the same rows from the snapshot's files (``DeltaTable.file_uris``).
 
-Usage: ``python -m bench.remote_read [--servers 2500 --metrics 10 --seconds 480 --repeat 3]``. Prints figures;
+Usage: ``python bench/remote_read.py [--servers 2500 --metrics 10 --seconds 480 --repeat 3]``. Prints figures;
 asserts only that both return the same samples.
 """
 
@@ -19,9 +19,9 @@ import time
 
 import cramjam
 import duckdb
+from common import scratch_dir
 from deltalake import DeltaTable
 
-from bench.common import scratch_dir
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.dashboard import DashboardReader
 from metrics_lake.app.dashboard.remote_read import RemoteReader

@@ -1,18 +1,26 @@
 """The lake's tables in a Spark session's catalog, and time travel in SQL.
 
 Every table of the lake becomes a table of Spark's session catalog
-(``default.<table>``), read by its own format ``lake_<table>``
-(:func:`metrics_lake.spark.datasources.delta_reader.table_source`): it
-appears in ``SHOW TABLES``, joins with anything else in the session, and
-each query reads the table's latest snapshot, resolved when the query is
-planned.
+(``default.<table>``): it appears in ``SHOW TABLES`` and in JDBC metadata,
+joins with anything else in the session, and each query reads the table's
+latest snapshot, resolved when the query is analysed.
 
-Time travel: Spark's parser accepts ``t VERSION AS OF 12`` and ``t
-TIMESTAMP AS OF '2026-11-20 10:00'`` but only a catalog with its own
-versions (Delta-Spark's) answers them, so :func:`rewrite_time_travel`
-rewrites them into the table options our reader takes, ``t WITH
-('version' = '12')``; the options form works as it is, in ``lake sql`` and
-through ``lake sql-server``.
+On a local lake the tables are read by Spark's own vectorised Parquet scan:
+their provider is ``metricslake.spark.LakeSource`` and the session catalog,
+``metricslake.spark.LakeCatalog`` (``spark/jvm/``, built by
+:mod:`metrics_lake.spark.lake_jar`), loads each as the files of its Delta
+snapshot, which delta-rs names (:mod:`metrics_lake.spark.snapshot_resolver`).
+Spark prunes columns, partitions and row groups itself, files by their Delta
+statistics through the resolver, and answers ``t VERSION AS OF 12`` and ``t
+TIMESTAMP AS OF '2026-11-20 10:00'`` natively. On S3, where Spark has no
+file system (no ``hadoop-aws``), each table is read by its own Python format
+``lake_<table>`` (:func:`metrics_lake.spark.datasources.delta_reader.table_source`).
+
+Time travel for every table, either kind: :func:`rewrite_time_travel`
+rewrites ``VERSION``/``TIMESTAMP AS OF`` into table options, ``t WITH
+('version' = '12')``, which both readers take; the options form works as it
+is in ``lake sql`` and through ``lake sql-server``, and the ``AS OF`` form
+works there natively on a local lake.
 
 Catalog entries of the in-memory catalog live in the application's shared
 state, so sessions that Spark Connect and the Thrift server create see
@@ -25,8 +33,8 @@ from __future__ import annotations
 import re
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import list_tables
+from metrics_lake.core.storage import LocalStore, open_store
+from metrics_lake.core.tables.delta import list_tables, table_layout
 from metrics_lake.core.tables.time_travel import parse_timestamp
 
 __all__ = ["register_lake_tables", "rewrite_time_travel"]
@@ -83,14 +91,38 @@ def _share_formats(spark, names: list[str]) -> None:
 def register_lake_tables(spark, settings: LakeSettings, *, shared: bool = False) -> list[str]:
     """Make every existing lake table a table of ``spark``'s catalog (module docstring); returns their names.
 
-    A table already in the catalog is left as it is. With ``shared``,
-    sessions created later in this application (Spark Connect, the Thrift
-    server) can read them too.
+    A table already in the catalog is left as it is, unless it was made for
+    the other kind of lake (local or S3) by an earlier call in this
+    application. With ``shared``, sessions created later in this
+    application (Spark Connect, the Thrift server) can read them too (the
+    native tables always can: their catalog entries and the resolver
+    belong to the application).
     """
+    store = open_store(settings)
+    names = list_tables(store)
+    native = isinstance(store, LocalStore)
+    existing = {row.tableName for row in spark.sql("SHOW TABLES IN default").collect() if not row.isTemporary}
+    application = spark.sparkContext.applicationId
+    if _NATIVE.setdefault(application, native) != native:
+        for name in existing & set(names):
+            spark.sql(f"DROP TABLE default.`{name}`")
+        existing -= set(names)
+        _NATIVE[application] = native
+    if native:
+        from metrics_lake.lake_schemas.types import spark_schema
+        from metrics_lake.spark.snapshot_resolver import install
+
+        install(spark, store)
+        for name in names:
+            if name not in existing:
+                columns = spark_schema(table_layout(store, name)[0]).toDDL()
+                spark.sql(
+                    f"CREATE TABLE default.`{name}` ({columns}) USING metricslake.spark.LakeSource "
+                    f"OPTIONS (table '{name}')"
+                )
+        return names
     from metrics_lake.spark.datasources.delta_reader import table_source
 
-    names = list_tables(open_store(settings))
-    existing = {row.tableName for row in spark.sql("SHOW TABLES IN default").collect() if not row.isTemporary}
     for name in names:
         spark.dataSource.register(table_source(settings.root, name))
     if shared and names:
@@ -99,3 +131,7 @@ def register_lake_tables(spark, settings: LakeSettings, *, shared: bool = False)
         if name not in existing:
             spark.sql(f"CREATE TABLE default.`{name}` USING lake_{name}")
     return names
+
+
+#: Whether the lake tables in each application's catalog (by application id) are native (a local lake).
+_NATIVE: dict[str, bool] = {}

@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.spark import jvm_archive
+from metrics_lake.spark import jvm_archive, lake_jar
 
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: Spark's warehouse folder (it stays empty: every catalog table reads the lake).
@@ -55,6 +55,11 @@ def build_session(
     ``settings.spark_driver_java_options``; ``extra_java_options``, if given,
     replace the archive's options (the archive's own builder passes the one
     that writes it). ``extra_config`` adds Spark settings (``lake sql-server``'s listeners).
+    The lake's JVM classes (:mod:`metrics_lake.spark.lake_jar`) are on the
+    session's class path and its session catalog is
+    ``metricslake.spark.LakeCatalog`` (:mod:`metrics_lake.spark.catalog`).
+    Raises :class:`~metrics_lake.lake_schemas.errors.LakeError` if those
+    classes cannot be compiled (no JDK).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -93,7 +98,10 @@ def build_session(
         .config("spark.sql.warehouse.dir", str(WAREHOUSE_DIR))
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # The lake's readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
+        # The lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
+        .config("spark.jars", str(lake_jar.build()))
+        .config("spark.sql.catalog.spark_catalog", "metricslake.spark.LakeCatalog")
+        # The lake's Python readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.driver.memory", "2g")
         # Python workers fork from a daemon that has imported pyarrow and the lake already (spark/worker_daemon.py).

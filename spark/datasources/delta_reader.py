@@ -117,6 +117,20 @@ def group_files(
     return [group for group in groups if group]
 
 
+def report_scan(
+    table: str, version: int, files: list[DataFile], kept: list[DataFile], predicates: list[Predicate]
+) -> None:
+    """Print the ``LAKE_SCAN_REPORT`` line on stderr: files read of ``files`` in snapshot ``version``, and ``predicates``."""
+    applied = " AND ".join(str(p) for p in predicates) or "none"
+    print(
+        f"scan {table} v{version}: {len(kept):,} of {len(files):,} files "
+        f"({sum(f.size for f in kept) / 2**20:,.1f} of {sum(f.size for f in files) / 2**20:,.1f} MiB); "
+        f"filters applied in the reader: {applied}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def as_predicate(spark_filter: Filter, schema: pa.Schema) -> Predicate | None:
     """A pushed Spark filter as a :class:`~metrics_lake.core.tables.pruning.Predicate`, or None if it cannot be
     applied exactly (a nested column, an operator or type the pruning does not support)."""
@@ -178,23 +192,19 @@ class DeltaSnapshotReader(DataSourceReader):
         if self.version is not None or self.timestamp is not None:
             check_files_present(store, self.table, table, [f.relative for f in kept])
         if os.environ.get(SCAN_REPORT_ENV) == "1":
-            self._report(table.version(), snapshot_files(store, self.table, table, self.partition), kept)
+            report_scan(
+                self.table,
+                table.version(),
+                snapshot_files(store, self.table, table, self.partition),
+                kept,
+                self.predicates,
+            )
         row_predicates = tuple(p for p in self.predicates if p.column not in self.partition_by)
         groups = group_files(kept, min_groups=MIN_TASKS)
         if kept and len(groups) < MIN_TASKS:  # fewer files than cores: share each file's row groups among tasks
             shares = -(-MIN_TASKS // len(groups))
             return [FileGroup(tuple(g), row_predicates, (i, shares)) for g in groups for i in range(shares)]
         return [FileGroup(tuple(group), row_predicates) for group in groups] or [FileGroup(())]
-
-    def _report(self, version: int, files: list[DataFile], kept: list[DataFile]) -> None:
-        applied = " AND ".join(str(p) for p in self.predicates) or "none"
-        print(
-            f"scan {self.table} v{version}: {len(kept):,} of {len(files):,} files "
-            f"({sum(f.size for f in kept) / 2**20:,.1f} of {sum(f.size for f in files) / 2**20:,.1f} MiB); "
-            f"filters applied in the reader: {applied}",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def read(self, partition: FileGroup) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the task's files, only rows matching its predicates (runs on executors)."""
