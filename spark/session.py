@@ -56,7 +56,7 @@ def build_session(
     replace the archive's options (the archive's own builder passes the one
     that writes it). ``extra_config`` adds Spark settings (``lake sql-server``'s listeners).
     The lake's JVM classes (:mod:`metrics_lake.spark.lake_jar`) are on the
-    session's class path and its session catalog is
+    session's class path and, for a local lake, its session catalog is
     ``metricslake.spark.LakeCatalog`` (:mod:`metrics_lake.spark.catalog`).
     Raises :class:`~metrics_lake.lake_schemas.errors.LakeError` if those
     classes cannot be compiled (no JDK).
@@ -73,6 +73,10 @@ def build_session(
     from metrics_lake.spark.datasources.log_source import LogDataSource
 
     builder = SparkSession.builder
+    if not settings.is_s3:
+        # A local lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
+        # Not on S3: there the tables are Python data sources, which only Spark's built-in session catalog creates.
+        builder = builder.config("spark.sql.catalog.spark_catalog", "metricslake.spark.LakeCatalog")
     for key, value in (extra_config or {}).items():
         builder = builder.config(key, value)
     spark = (
@@ -98,9 +102,7 @@ def build_session(
         .config("spark.sql.warehouse.dir", str(WAREHOUSE_DIR))
         .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        # The lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
         .config("spark.jars", str(lake_jar.build()))
-        .config("spark.sql.catalog.spark_catalog", "metricslake.spark.LakeCatalog")
         # The lake's Python readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.driver.memory", "2g")
