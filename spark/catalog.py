@@ -33,9 +33,11 @@ from __future__ import annotations
 import re
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.storage import LocalStore, open_store
+from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import list_tables, table_layout
 from metrics_lake.core.tables.time_travel import parse_timestamp
+from metrics_lake.lake_schemas.errors import LakeError
+from metrics_lake.spark.session import LAKE_CATALOG
 
 __all__ = ["register_lake_tables", "rewrite_time_travel"]
 
@@ -91,23 +93,21 @@ def _share_formats(spark, names: list[str]) -> None:
 def register_lake_tables(spark, settings: LakeSettings, *, shared: bool = False) -> list[str]:
     """Make every existing lake table a table of ``spark``'s catalog (module docstring); returns their names.
 
-    A table already in the catalog is left as it is, unless it was made for
-    the other kind of lake (local or S3) by an earlier call in this
-    application. With ``shared``, sessions created later in this
-    application (Spark Connect, the Thrift server) can read them too (the
-    native tables always can: their catalog entries and the resolver
-    belong to the application).
+    A table already in the catalog is left as it is. With ``shared``,
+    sessions created later in this application (Spark Connect, the Thrift
+    server) can read them too (the native tables always can: their catalog
+    entries and the resolver belong to the application). Raises
+    :class:`~metrics_lake.lake_schemas.errors.LakeError` if ``spark`` was
+    built for the other kind of lake (local or S3): its session catalog
+    decides how tables are read.
     """
     store = open_store(settings)
     names = list_tables(store)
-    native = isinstance(store, LocalStore)
+    native = spark.conf.get("spark.sql.catalog.spark_catalog", "") == LAKE_CATALOG
+    if native == settings.is_s3:
+        built_for = "a local" if native else "an S3"
+        raise LakeError(f"this Spark session was built for {built_for} lake; build one for {settings.root}")
     existing = {row.tableName for row in spark.sql("SHOW TABLES IN default").collect() if not row.isTemporary}
-    application = spark.sparkContext.applicationId
-    if _NATIVE.setdefault(application, native) != native:
-        for name in existing & set(names):
-            spark.sql(f"DROP TABLE default.`{name}`")
-        existing -= set(names)
-        _NATIVE[application] = native
     if native:
         from metrics_lake.lake_schemas.types import spark_schema
         from metrics_lake.spark.snapshot_resolver import install
@@ -131,7 +131,3 @@ def register_lake_tables(spark, settings: LakeSettings, *, shared: bool = False)
         if name not in existing:
             spark.sql(f"CREATE TABLE default.`{name}` USING lake_{name}")
     return names
-
-
-#: Whether the lake tables in each application's catalog (by application id) are native (a local lake).
-_NATIVE: dict[str, bool] = {}

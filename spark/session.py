@@ -31,6 +31,8 @@ from metrics_lake.spark import jvm_archive, lake_jar
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 #: Spark's warehouse folder (it stays empty: every catalog table reads the lake).
 WAREHOUSE_DIR = Path(tempfile.gettempdir()) / "metrics-lake-spark-warehouse"
+#: The session catalog that reads a local lake's tables natively (spark/jvm/, spark/catalog.py).
+LAKE_CATALOG = "metricslake.spark.LakeCatalog"
 #: Master URLs of a cluster on this machine's loopback (``lake infra spark up``).
 LOOPBACK_MASTERS = ("spark://127.0.0.1:", "spark://localhost:")
 
@@ -76,7 +78,7 @@ def build_session(
     if not settings.is_s3:
         # A local lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
         # Not on S3: there the tables are Python data sources, which only Spark's built-in session catalog creates.
-        builder = builder.config("spark.sql.catalog.spark_catalog", "metricslake.spark.LakeCatalog")
+        builder = builder.config("spark.sql.catalog.spark_catalog", LAKE_CATALOG)
     for key, value in (extra_config or {}).items():
         builder = builder.config(key, value)
     spark = (

@@ -74,7 +74,6 @@ final class LakeFileIndex extends InMemoryFileIndex {
     static LakeFileIndex open(SparkSession session, String table, String version, String timestamp,
             StructType schema) {
         JsonNode answer = ask(table, version, timestamp, "[]", false);
-        List<Path> directories = new ArrayList<>();
         ListedFiles cache = new ListedFiles();
         LinkedHashMap<Path, List<FileStatus>> byDirectory = new LinkedHashMap<>();
         for (JsonNode file : answer.get("files")) {
@@ -83,17 +82,11 @@ final class LakeFileIndex extends InMemoryFileIndex {
                     new FileStatus(file.get(1).asLong(), false, 1, 128L << 20, file.get(2).asLong(), path));
         }
         for (var entry : byDirectory.entrySet()) {
-            directories.add(entry.getKey());
             cache.putLeafFiles(entry.getKey(), entry.getValue().toArray(new FileStatus[0]));
         }
-        Snapshot snapshot = new Snapshot(answer.get("version").asLong(), answer.get("folder").asText(), directories,
-                cache, answer.get("files").size());
+        Snapshot snapshot = new Snapshot(answer.get("version").asLong(), answer.get("folder").asText(),
+                new ArrayList<>(byDirectory.keySet()), cache, answer.get("files").size());
         return new LakeFileIndex(session, table, schema, snapshot);
-    }
-
-    /** The Delta version this index lists. */
-    long version() {
-        return version;
     }
 
     @Override
