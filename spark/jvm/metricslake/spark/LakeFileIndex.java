@@ -8,6 +8,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
@@ -55,6 +56,8 @@ final class LakeFileIndex extends InMemoryFileIndex {
     private final long version;
     private final String folder;
     private final int filesInSnapshot;
+    /** Listings by (partition filters, data filters): Spark lists a scan's files more than once while planning. */
+    private final Map<List<Seq<Expression>>, Seq<PartitionDirectory>> listings = new ConcurrentHashMap<>();
 
     private LakeFileIndex(SparkSession session, String table, StructType schema, Snapshot snapshot) {
         super(session, CollectionConverters.asScala(snapshot.directories).toList(),
@@ -91,6 +94,11 @@ final class LakeFileIndex extends InMemoryFileIndex {
 
     @Override
     public Seq<PartitionDirectory> listFiles(Seq<Expression> partitionFilters, Seq<Expression> dataFilters) {
+        return listings.computeIfAbsent(
+                List.of(partitionFilters, dataFilters), key -> list(partitionFilters, dataFilters));
+    }
+
+    private Seq<PartitionDirectory> list(Seq<Expression> partitionFilters, Seq<Expression> dataFilters) {
         Seq<PartitionDirectory> listed = super.listFiles(partitionFilters, dataFilters);
         List<Expression> filters = new ArrayList<>(CollectionConverters.asJava(partitionFilters));
         filters.addAll(CollectionConverters.asJava(dataFilters));
