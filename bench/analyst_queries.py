@@ -5,31 +5,45 @@ stream --once``, then ``lake compact --cluster`` unless ``--no-cluster``),
 then times three queries, best of ``--repeat``, each in a warm session:
 
 - the lake: one Spark session with the lake's tables in its catalog
-  (:func:`metrics_lake.spark.catalog.register_lake_tables`, as ``lake
-  sql-server`` serves them), ``spark.sql(query).collect()``;
+  (:func:`metrics_lake.spark.catalog.register_lake_tables`), its JVM options
+  and warm-up those of ``lake sql-server``, ``spark.sql(query).collect()``;
 - Polars ``scan_delta`` of the table (delta-rs resolves the snapshot);
 - DuckDB over the snapshot's active Parquet files.
+
+Then, unless ``--no-endpoint``, it starts ``lake sql-server`` on the same
+lake and times each query through it as a client sees it: the first
+answer and the best of ``--repeat`` from a Spark Connect client (a
+notebook's session, in a process of its own) and from PyHive over
+HiveServer2 (JDBC's protocol), each from sending the query to its first
+row on an open connection.
 
 Every engine must give the same answer (checked). For the lake, "files
 read" is what the reader's pruning keeps
 (:func:`metrics_lake.core.tables.pruning.keep_files`, the function the
 reader calls) of the files in the snapshot.
 
-Usage: ``python bench/analyst_queries.py [--size 2500x10x240] [--repeat 3] [--no-cluster]``
+Usage: ``python bench/analyst_queries.py [--size 2500x10x240] [--repeat 3] [--no-cluster] [--no-endpoint]
+[--workdir DIR]``; with ``--workdir`` the lake is built there once and reused by later runs (a 60 M-event
+lake takes minutes to build).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import duckdb
 import polars as pl
 import pyarrow as pa
-from common import LAKE, lake_env, run_measured, scratch_dir
+from common import LAKE, free_port, lake_env, run_measured, scratch_dir
 from deltalake import DeltaTable
 
 from metrics_lake.core import keys
@@ -86,14 +100,109 @@ def normalized(rows: list[tuple]) -> list[tuple]:
     return out
 
 
+#: The notebook's side, a process of its own (a Connect client cannot share one with a classic session).
+#: argv: port, repeat, JSON {label: sql}; prints JSON {label: [first s, best s, rows]}.
+CONNECT_CLIENT = """
+import json, sys, time
+from pyspark.sql import SparkSession
+port, repeat, queries = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
+answers = {}
+for label, sql in queries.items():
+    seconds = []
+    for _ in range(1 + repeat):
+        started = time.perf_counter()
+        rows = [tuple(r) for r in spark.sql(sql).collect()]
+        seconds.append(time.perf_counter() - started)
+    answers[label] = [seconds[0], min(seconds[1:]), rows]
+spark.stop()
+print(json.dumps(answers, default=str))
+"""
+
+
+def comparable(rows: list) -> list[tuple]:
+    """Rows as :func:`normalized` tuples after a JSON round trip (times as text), comparable across clients."""
+    return normalized([tuple(json.loads(json.dumps(list(row), default=str))) for row in rows])
+
+
+@contextlib.contextmanager
+def sql_server(env: dict[str, str], work: Path):
+    """``lake sql-server`` on this lake, started fresh; yields its (Connect port, JDBC port) once it is ready."""
+    connect_port, jdbc_port = free_port(), free_port()
+    server = subprocess.Popen(
+        [LAKE, "sql-server", "--connect-port", str(connect_port), "--jdbc-port", str(jdbc_port)],
+        env=env,
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        started = time.perf_counter()
+        banner = []
+        while not any("JDBC/ODBC" in line for line in banner):
+            line = server.stderr.readline()
+            if not line:
+                raise RuntimeError(f"lake sql-server exited ({server.wait()}): {''.join(banner)[-3000:]}")
+            banner.append(line)
+        print(f"sql-server: ready in {time.perf_counter() - started:.1f} s", flush=True)
+        yield connect_port, jdbc_port
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+
+
+def through_connect(port: int, repeat: int, queries: dict[str, str]) -> dict[str, list]:
+    """``{label: [first s, best s, rows]}`` of ``queries`` from a Spark Connect client in a process of its own."""
+    client = subprocess.run(
+        [sys.executable, "-c", CONNECT_CLIENT, str(port), str(repeat), json.dumps(queries)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if client.returncode != 0:
+        raise RuntimeError(f"the Connect client failed: {client.stderr[-3000:]}")
+    return json.loads(client.stdout.strip().splitlines()[-1])
+
+
+def through_jdbc(port: int, repeat: int, queries: dict[str, str]) -> dict[str, list]:
+    """``{label: [first s, best s, rows]}`` of ``queries`` from PyHive over HiveServer2; times end at ``fetchone``."""
+    from pyhive import hive
+
+    connection = hive.connect(host="127.0.0.1", port=port, username="analyst")
+    cursor = connection.cursor()
+    answers = {}
+    for label, sql in queries.items():
+        seconds, rows = [], []
+        for _ in range(1 + repeat):
+            started = time.perf_counter()
+            cursor.execute(sql)
+            rows = [cursor.fetchone()]
+            seconds.append(time.perf_counter() - started)
+            rows += cursor.fetchall()
+        answers[label] = [seconds[0], min(seconds[1:]), rows]
+    connection.close()
+    return answers
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """``rows`` under ``header`` in aligned columns."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="2500x10x240", help="servers x metrics x seconds of the simulated fleet")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-cluster", action="store_true", help="query the files as the stream wrote them")
+    parser.add_argument("--no-endpoint", action="store_true", help="leave out the queries through lake sql-server")
+    parser.add_argument("--workdir", type=Path, help="build the lake here once, and reuse it when it exists")
     args = parser.parse_args()
     servers, metrics, seconds = (int(x) for x in args.size.split("x"))
-    work = scratch_dir("lake-analyst-")
+    work = args.workdir or scratch_dir("lake-analyst-")
+    work.mkdir(parents=True, exist_ok=True)
     env = lake_env(work)
     steps = [
         [LAKE, "produce", "--servers", str(servers), "--metrics", str(metrics), "--seconds", str(seconds)],
@@ -101,21 +210,25 @@ def main() -> None:
     ]
     if not args.no_cluster:
         steps.append([LAKE, "compact", "--cluster", "--tables-only", "--tables", Table.BRONZE_EVENTS])
-    for step in steps:
-        print(f"{' '.join(step[1:])}: {run_measured(step, env, cwd=work).seconds:.1f} s", flush=True)
     root = Path(env["LAKE_ROOT"])
+    if (root / keys.table_prefix(Table.BRONZE_EVENTS)).exists():
+        print(f"reusing the lake in {work} (its size and layout are what built it)", flush=True)
+    else:
+        for step in steps:
+            print(f"{' '.join(step[1:])}: {run_measured(step, env, cwd=work).seconds:.1f} s", flush=True)
 
     os.environ.update(env)
     from metrics_lake.core.config import load_settings
     from metrics_lake.spark.catalog import register_lake_tables
+    from metrics_lake.spark.jobs.sql_server import server_settings, warm_up
     from metrics_lake.spark.session import build_session
 
-    settings = load_settings()
+    settings = server_settings(load_settings())  # the JVM options lake sql-server runs with
     spark = build_session(settings, "bench-analyst")
-    register_lake_tables(spark, settings)
+    warm_up(spark, register_lake_tables(spark, settings))  # as lake sql-server starts
     duck = duckdb.connect()
     duck.execute("SET threads = 2")
-    rows = []
+    rows, answers = [], {}
     for label, (table, sql, predicates) in QUERIES.items():
         uri = str(root / keys.table_prefix(table))
         delta = DeltaTable(uri)
@@ -137,6 +250,7 @@ def main() -> None:
             polars_rows[:3],
             duck_rows[:3],
         )
+        answers[label] = lake_rows
         peer = min(polars_s, duck_s)
         rows.append(
             (
@@ -149,19 +263,31 @@ def main() -> None:
             )
         )
     spark.stop()
+    endpoint_rows = []
+    if not args.no_endpoint:
+        queries = {label: sql.format(t=table) for label, (table, sql, _) in QUERIES.items()}
+        # A server per client kind, so that each client's first query is the first its server answers.
+        with sql_server(env, work) as (connect_port, _):
+            connect = through_connect(connect_port, args.repeat, queries)
+        with sql_server(env, work) as (_, jdbc_port):
+            jdbc = through_jdbc(jdbc_port, args.repeat, queries)
+        for label in queries:
+            expected = comparable(answers[label])
+            for client, (_, _, client_rows) in (("Connect", connect[label]), ("JDBC", jdbc[label])):
+                assert comparable(client_rows) == expected, (label, client, client_rows[:3], expected[:3])
+            endpoint_rows.append((label, *(f"{seconds:.3f}" for seconds in (*connect[label][:2], *jdbc[label][:2]))))
     events = servers * metrics * seconds
     print(f"\n{events:,} events; {'clustered' if not args.no_cluster else 'as streamed'}; best of {args.repeat}")
-    header = (
-        "warm query",
-        "lake Spark SQL s",
-        "Polars s",
-        "DuckDB s",
-        "lake / faster peer",
-        "files read / in snapshot",
+    print_table(
+        ("warm query", "lake Spark SQL s", "Polars s", "DuckDB s", "lake / faster peer", "files read / in snapshot"),
+        rows,
     )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    if endpoint_rows:
+        print("\nthrough lake sql-server (a fresh server per client), query sent to first row on an open connection:")
+        print_table(
+            ("query", "Connect first s", "Connect best s", "JDBC first s", "JDBC best s"),
+            endpoint_rows,
+        )
 
 
 if __name__ == "__main__":

@@ -84,6 +84,9 @@ def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store):
     try:
         banner = wait_for_line(server_process, "JDBC/ODBC")
         assert f"sc://127.0.0.1:{connect_port}" in banner
+        # A long-lived server compiles with C2 too (spark/jobs/sql_server.py), unlike the lake's short jobs.
+        (java,) = [p for p in psutil.Process(server_process.pid).children(recursive=True) if p.name() == "java"]
+        assert "-XX:TieredStopAtLevel=1" not in java.cmdline()
 
         # A taken port is refused, naming it, before any JVM starts.
         taken = subprocess.run(

@@ -1,0 +1,39 @@
+"""What ``lake sql-server`` does before it serves: its JVM options and the warm-up of the query path."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from metrics_lake.core.config import load_settings
+from metrics_lake.spark.catalog import register_lake_tables
+from metrics_lake.spark.jobs.sql_server import server_settings, warm_up
+from tests.spark.test_sql_query import produce_and_stream
+
+
+def test_the_server_runs_javas_default_jit_unless_the_user_chose_options(monkeypatch, tmp_path):
+    monkeypatch.delenv("LAKE_SPARK_DRIVER_JAVA_OPTIONS", raising=False)
+    default = load_settings(root=str(tmp_path))
+    assert default.spark_driver_java_options == "-XX:TieredStopAtLevel=1"  # short jobs keep C1 only
+    assert server_settings(default).spark_driver_java_options == ""
+    assert server_settings(default).root == default.root
+    monkeypatch.setenv("LAKE_SPARK_DRIVER_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -Xss4m")
+    chosen = load_settings(root=str(tmp_path))
+    assert server_settings(chosen).spark_driver_java_options == "-XX:TieredStopAtLevel=1 -Xss4m"
+
+
+@pytest.mark.spark
+def test_warm_up_runs_in_a_session_of_its_own_and_leaves_nothing(spark, settings, log):
+    produce_and_stream(spark, settings, log, 1, servers=4)
+    names = register_lake_tables(spark, settings)
+    before = spark.conf.get("spark.sql.sources.useV1SourceList")
+    leftovers = set(Path(tempfile.gettempdir()).glob("lake-sql-warm-up-*"))
+
+    assert 0 < warm_up(spark, names, rounds=1) < 120
+
+    assert "warm_up" not in {row.tableName for row in spark.sql("SHOW TABLES").collect()}
+    assert spark.conf.get("spark.sql.sources.useV1SourceList") == before  # the V2 switch stayed in its session
+    assert set(Path(tempfile.gettempdir()).glob("lake-sql-warm-up-*")) == leftovers  # its scratch file is gone
+    assert spark.sql("SELECT count(*) FROM bronze_events").collect()[0][0] > 0  # the lake tables still answer
