@@ -37,6 +37,7 @@ from metrics_lake.app.cli.options import settings
 from metrics_lake.app.cli.queries import queries_app
 from metrics_lake.app.cli.tokens import tokens_app
 from metrics_lake.app.console import configure_output, err
+from metrics_lake.core.arrow_memory import use_system_allocator
 from metrics_lake.core.keys import grants
 from metrics_lake.infra.seaweedfs import least_privileged_identity
 from metrics_lake.lake_schemas.errors import EXIT_BUG, EXIT_INTERRUPTED, AccessDeniedError
@@ -203,6 +204,7 @@ def demo(
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``lake`` on ``argv`` (default ``sys.argv[1:]``), with the global flags moved in front of the command."""
+    use_system_allocator()  # before any command allocates Arrow buffers (metrics_lake.core.arrow_memory)
     args = list(sys.argv[1:] if argv is None else argv)
     flags = [arg for arg in GLOBAL_FLAGS if arg in args]
     app(args=[*flags, *(arg for arg in args if arg not in GLOBAL_FLAGS)], prog_name="lake")
