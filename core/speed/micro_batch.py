@@ -855,7 +855,8 @@ def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> n
     lo = oldest if cutoff_us is None else max(oldest, cutoff_us - query.duration_s * 1_000_000)
     if newest < lo:
         return np.zeros(0, np.int64)
-    windows = _windows_between(store, {query.metric}, lo, newest + 1)
+    # Only the minutes: reading the window states (sketches) here cost most of a first batch's query results.
+    windows = _windows_between(store, {query.metric}, lo, newest + 1, columns=["metric", "window_start"])
     minutes = np.unique(pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False))
     starts = affected_windows(query, minutes)
     return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
@@ -897,11 +898,17 @@ def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | 
     return mask
 
 
-def _windows_between(store: Store, metrics: set[str], lo_us: int, hi_us: int) -> pa.Table:
-    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table."""
+def _windows_between(
+    store: Store, metrics: set[str], lo_us: int, hi_us: int, columns: list[str] | None = None
+) -> pa.Table:
+    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table.
+
+    ``columns``: those to read, ``metric`` and ``window_start`` among them
+    (default: every column of :data:`WINDOW_STATE`).
+    """
     table = open_table(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
-    rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, WINDOW_STATE.names)
+    rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, columns or WINDOW_STATE.names)
     start = pc.cast(rows.column("window_start"), pa.int64())
     keep = pc.and_(
         pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),
