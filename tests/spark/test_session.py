@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import psutil
 import pyarrow as pa
@@ -55,3 +57,32 @@ def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
         yield pa.default_memory_pool().backend_name
 
     assert set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(pool_of_worker).collect()) == {"system"}
+
+
+#: Two sessions one after the other in a process of its own (the suite's session stays up): each counts with an
+#: accumulator, and stop_session leaves the accumulator server's shutdown to a thread that ends on its own.
+STOP_TWICE = """
+import os, sys, threading, time
+from metrics_lake.core.config import load_settings
+from metrics_lake.spark.session import build_session, stop_session
+settings = load_settings(root=sys.argv[1], spark_master="local[2]")
+for n in (3, 4):
+    spark = build_session(settings, "stop-test", data_sources=False)
+    counted = spark.sparkContext.accumulator(0)
+    spark.sparkContext.parallelize(range(n), 2).foreach(lambda x: counted.add(1))
+    server = spark.sparkContext._accumulatorServer
+    stop_session(spark)
+    print(counted.value)
+deadline = time.monotonic() + 10
+while any(t.name == "accumulator-server-shutdown" for t in threading.enumerate()) and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(server.socket.fileno() == -1, [t.name for t in threading.enumerate() if t.name == "accumulator-server-shutdown"])
+"""
+
+
+def test_stopping_a_session_leaves_the_accumulator_server_to_a_thread_that_closes_it(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", STOP_TWICE, str(tmp_path / "lake")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("\n")[:3] == ["3", "4", "True []"]
