@@ -1,4 +1,4 @@
-"""The Arrow memory pool the lake's processes allocate from: the system allocator.
+"""The Arrow memory pool the lake's commands allocate from: the system allocator.
 
 pyarrow's default pool in this build is mimalloc. The speed layer's tasks
 allocate a few large, short-lived buffers per chunk of the log (columns of
@@ -12,6 +12,13 @@ new process each time, three alternating runs): the first partition took
 --from-file`` of 12 M events 6.7 s instead of 6.8-7.2 s, with 80 MiB less
 peak RSS. The pool is Arrow's to choose (``ARROW_DEFAULT_MEMORY_POOL``,
 Arrow's "Memory Management" documentation); a user's choice there wins.
+
+Only the ``lake`` process itself switches (:func:`metrics_lake.app.cli.main`):
+its in-process work (the importer, the speed layer's commits on the
+driver, replay). Spark's Python workers keep Arrow's default: with the
+switch in their daemon, a Python worker crashed while Spark planned the
+log's streaming source, twice in five runs of the test suite (a planner
+worker of ``tests/spark/test_stream_metrics.py``), a cause not found yet.
 """
 
 from __future__ import annotations
