@@ -73,6 +73,7 @@ def spark(tmp_path_factory):
             root=str(base / "lake"), checkpoint_dir=str(base / "ck"), spark_master="local[2]", shuffle_partitions=2
         ),
         "lake-tests",
+        extra_config={"spark.python.worker.faulthandler.enabled": "true"},
     )
     yield session
     session.stop()
