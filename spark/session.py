@@ -141,7 +141,11 @@ def stop_session(spark, timeout: float = 10.0) -> None:
     updates to) is shut down in the background: its handler polls the JVM's
     connection once a second and ``shutdown()`` waits for that poll, so
     ``spark.stop()`` took 0.9-1.0 s here, of which the JVM's own stop was
-    0.06-0.09 s, at the end of every command that used Spark.
+    0.06-0.09 s, at the end of every command that used Spark. Call it only
+    when nothing else in the process uses the session: without its
+    accumulator server, every Python data source Spark plans afterwards
+    fails ("EOF reached before Python server acknowledged", or "Python
+    worker exited unexpectedly" when the JVM's write hits the closed socket).
     """
     warm_up = _WARM_UPS.pop(id(spark), None)
     if warm_up is not None:

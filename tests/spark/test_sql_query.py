@@ -65,8 +65,10 @@ def test_cli_sql_and_tables_print_results(spark, settings, log, monkeypatch, cap
         "SPARK_MASTER": "local[2]",
     }.items():
         monkeypatch.setenv(f"LAKE_{key}", value)
-    # The CLI stops its session; give it its own instead of the shared one.
-    monkeypatch.setattr("pyspark.sql.SparkSession.stop", lambda self: None)
+    # The CLI stops its session, which is the shared one here (getOrCreate): leave it running. Patching only
+    # SparkSession.stop once left stop_session shutting down the shared session's accumulator server, and every
+    # later Python data source planned in this process failed ("Python worker exited unexpectedly").
+    monkeypatch.setattr("metrics_lake.spark.session.stop_session", lambda spark: None)
     runner = CliRunner()
     result = runner.invoke(app, ["sql", "SELECT reason, raw FROM quarantine_events", "--format", "json"])
     assert result.exit_code == 0, result.output
@@ -76,6 +78,8 @@ def test_cli_sql_and_tables_print_results(spark, settings, log, monkeypatch, cap
     assert result.exit_code == 0 and "quarantine_events" in result.stdout
     result = runner.invoke(app, ["sql", "SELECT nope FROM quarantine_events"])
     assert result.exit_code == 2 and "error" in result.output
+    # The shared session still plans Python data sources (its planner sends accumulator updates to the driver).
+    assert spark.readStream.format("lakelog").load().columns
 
 
 def test_time_travel_in_sql_equals_version_flag_and_a_vacuumed_version_is_a_clear_error(spark, settings, log, store):
