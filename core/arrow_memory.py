@@ -1,4 +1,4 @@
-"""The Arrow memory pool the lake's commands allocate from: the system allocator.
+"""The Arrow memory pool the lake's processes allocate from: the system allocator.
 
 pyarrow's default pool in this build is mimalloc. The speed layer's tasks
 allocate a few large, short-lived buffers per chunk of the log (columns of
@@ -13,14 +13,9 @@ new process each time, three alternating runs): the first partition took
 peak RSS. The pool is Arrow's to choose (``ARROW_DEFAULT_MEMORY_POOL``,
 Arrow's "Memory Management" documentation); a user's choice there wins.
 
-Only the ``lake`` process itself switches (:func:`metrics_lake.app.cli.main`):
-its in-process work (the importer, the speed layer's commits on the
-driver, replay). Spark's Python workers keep Arrow's default for now: the
-switch was in their daemon when a planner worker crash showed up in the
-test suite, and was taken out; the crash came back without it, so it was
-not the cause, but putting the switch back in the workers (where it saved
-about 0.5 s of a 12 M-event ``lake stream --once``) is left for a change
-of its own.
+The ``lake`` process switches first thing (:func:`metrics_lake.app.cli.main`),
+and so does Spark's Python worker daemon before it forks
+(``metrics_lake.spark.worker_daemon``): the speed layer's tasks run there.
 """
 
 from __future__ import annotations

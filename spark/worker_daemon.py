@@ -23,6 +23,8 @@ import metrics_lake.core.kernels.windows  # noqa: F401
 import metrics_lake.core.speed.micro_batch  # noqa: F401
 import metrics_lake.spark.datasources.delta_reader  # noqa: F401
 import metrics_lake.spark.datasources.log_source  # noqa: F401
+from metrics_lake.core.arrow_memory import use_system_allocator
 
 if __name__ == "__main__":
+    use_system_allocator()  # forked workers inherit the pool (metrics_lake.core.arrow_memory)
     daemon.manager()

@@ -50,6 +50,15 @@ def test_rdd_and_sql_python_tasks_fork_from_the_one_preloaded_daemon(spark):
     assert "metrics_lake.spark.worker_daemon" in daemon.cmdline()
 
 
+def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
+    """The worker daemon sets Arrow's pool before it forks (metrics_lake.core.arrow_memory): every task uses it."""
+
+    def pool_of_worker(_):
+        yield pa.default_memory_pool().backend_name
+
+    assert set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(pool_of_worker).collect()) == {"system"}
+
+
 #: Two sessions one after the other in a process of its own (the suite's session stays up): each counts with an
 #: accumulator, and stop_session leaves the accumulator server's shutdown to a thread that ends on its own.
 STOP_TWICE = """
