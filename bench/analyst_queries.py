@@ -43,7 +43,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pyarrow as pa
-from common import LAKE, free_port, lake_env, run_measured, scratch_dir
+from common import LAKE, free_port, lake_env, print_table, run_measured, scratch_dir
 from deltalake import DeltaTable
 
 from metrics_lake.core import keys
@@ -183,13 +183,6 @@ def through_jdbc(port: int, repeat: int, queries: dict[str, str]) -> dict[str, l
         answers[label] = [seconds[0], min(seconds[1:]), rows]
     connection.close()
     return answers
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """``rows`` under ``header`` in aligned columns."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
 
 
 def main() -> None:

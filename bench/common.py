@@ -179,3 +179,10 @@ def data_bytes(path: Path) -> int:
 def mib(n: int) -> str:
     """Bytes as MiB with no decimals."""
     return f"{n / 2**20:,.0f}"
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` under ``header`` in aligned columns."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    for line in (header, *rows):
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))

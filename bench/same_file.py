@@ -49,6 +49,7 @@ from common import (
     duckdb_windows_sql,
     lake_env,
     mib,
+    print_table,
     run_measured,
     write_jsonl,
 )
@@ -258,13 +259,6 @@ def main() -> None:
         ),
         sizes,
     )
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """Print ``rows`` under ``header`` in aligned columns."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    for line in (header, *rows):
-        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
 
 
 if __name__ == "__main__":
