@@ -44,6 +44,7 @@ from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import producer_for
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
+from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.commits import committed_offsets
@@ -189,6 +190,7 @@ def run_peer(rate: int, seconds: int) -> dict:
         store = LocalStore(settings.root)
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
         stop_flag = threading.Event()
+        open_windows = OpenWindows()  # as the stream's driver keeps them
 
         def loop() -> None:
             while not stop_flag.is_set():
@@ -200,6 +202,7 @@ def run_peer(rate: int, seconds: int) -> dict:
                     ends,
                     watermark_seconds=settings.watermark_seconds,
                     clock_skew_seconds=settings.quality_clock_skew_seconds,
+                    open_windows=open_windows,
                 )
                 stop_flag.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 

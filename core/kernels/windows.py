@@ -34,6 +34,7 @@ __all__ = [
     "aggregate_events",
     "empty_state",
     "finalize",
+    "merge_into_rows",
     "merge_states",
     "rewindow",
     "states_of",
@@ -334,6 +335,103 @@ def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | No
         "event_date": pc.cast(start, pa.date32()),
     }
     return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
+
+
+def merge_into_rows(
+    rows: pa.Table, states: pa.Table, window_seconds: int, updated_at: dt.datetime | None = None
+) -> pa.Table:
+    """``rows`` of a windows table with the merged ``states`` merged in: an upsert, one row per key.
+
+    ``rows``: :data:`~metrics_lake.lake_schemas.tables.METRIC_WINDOWS_1M`
+    rows with unique ``(metric, server, window_start)``; ``states``: merged
+    :data:`WINDOW_STATE` rows (unique keys, :func:`merge_states`), newer
+    than ``rows``. A row whose key ``states`` holds gets exactly what
+    ``finalize(merge_states(concat([states_of(row), state])))`` gives it (the
+    sum adds old + new, as there; the labels are the state's, the newer);
+    other rows stay as they are, ``updated_at`` included; keys new to
+    ``rows`` are appended in ``states``' order. Rows keep their order.
+
+    The speed layer's upsert of an open minute (every batch touches most of
+    its windows) without regrouping the rows it already holds: their
+    sketches are decoded once and the batch's buckets are inserted into
+    them (:func:`~metrics_lake.core.kernels.sketch.merge_buckets`'s sorted
+    head), where :func:`merge_states` would group, sort and re-encode both.
+    """
+    n, m = rows.num_rows, states.num_rows
+    key = ["metric", "server", "window_start"]
+    held = pa.table({k: rows.column(k).cast(WINDOW_STATE.field(k).type) for k in key})
+    found = held.append_column("row", pa.array(np.arange(n))).join(
+        states.select(key).append_column("state", pa.array(np.arange(m))), key, join_type="inner"
+    )
+    target = np.empty(m, np.int64)  # each state's row in the result
+    target[found.column("state").to_numpy()] = found.column("row").to_numpy()
+    added = np.ones(m, bool)
+    added[found.column("state").to_numpy()] = False
+    new = np.flatnonzero(added)
+    target[new] = n + np.arange(len(new), dtype=np.int64)
+    total = n + len(new)
+    touched = np.zeros(total, bool)
+    touched[target] = True
+
+    def held_then(name: str, fill) -> np.ndarray:
+        """Column ``name`` of ``rows`` as numpy, then ``fill`` for each new key."""
+        values = pc.cast(rows.column(name), _NUMPY_TYPES.get(name, rows.schema.field(name).type))
+        values = values.to_numpy(zero_copy_only=False)
+        return np.concatenate([values, np.full(len(new), fill, values.dtype)])
+
+    def held_and_new(name: str, type_: pa.DataType) -> pa.Array:
+        """Column ``name`` of ``rows``, then of the new keys' states (Arrow)."""
+        parts = (rows.column(name), states.column(name).take(pa.array(new)))
+        return pa.concat_arrays([part.combine_chunks().cast(type_) for part in parts])
+
+    def state(name: str) -> np.ndarray:
+        return states.column(name).to_numpy(zero_copy_only=False)
+
+    count, total_sum = held_then("count", 0), held_then("sum", 0.0)
+    count[target] += state("count")  # targets are distinct: plain fancy indexing adds once each
+    total_sum[target] += state("sum")
+    low, high = held_then("min", np.inf), held_then("max", -np.inf)
+    low[target] = np.minimum(low[target], state("min"))
+    high[target] = np.maximum(high[target], state("max"))
+    held_row, held_keys, held_counts = sketch.explode(rows.column("sketch"))
+    state_row, state_keys, state_counts = sketch.explode(states.column("sketch"))
+    row, keys, counts = sketch.merge_buckets(  # the held buckets are a sorted head the batch's are inserted into
+        np.concatenate([held_row, target[state_row]]),
+        np.concatenate([held_keys, state_keys]),
+        np.concatenate([held_counts, state_counts]),
+    )
+    estimates = sketch.quantiles(total, row, keys, counts, [q for _, q in QUANTILES], low=low, high=high)
+    source = np.concatenate([np.arange(n, dtype=np.int64), np.zeros(len(new), np.int64)])
+    source[target] = n + np.arange(m, dtype=np.int64)  # the row of concat(rows, states) each result row takes
+    labels = pa.concat_arrays(
+        [rows.column("labels").combine_chunks().cast(TAGS), states.column("labels").combine_chunks().cast(TAGS)]
+    )
+    start = held_and_new("window_start", UTC_US)
+    now_us = int((updated_at or dt.datetime.now(dt.UTC)).timestamp() * 1_000_000)
+    columns = {
+        "metric": held_and_new("metric", pa.string()),
+        "server": held_and_new("server", pa.string()),
+        "window_start": start,
+        "window_end": pc.add(start, pa.scalar(dt.timedelta(seconds=window_seconds))),
+        "count": pa.array(count, pa.int64()),
+        "sum": pa.array(total_sum),
+        "min": pa.array(low),
+        "max": pa.array(high),
+        "avg": pa.array(total_sum / count),
+        **{
+            name: pa.array(np.where(touched, estimates[:, i], held_then(name, np.nan)))
+            for i, (name, _) in enumerate(QUANTILES)
+        },
+        "sketch": sketch.implode(total, row, keys, counts),
+        "labels": labels.take(pa.array(source)),
+        "updated_at": pa.array(np.where(touched, now_us, held_then("updated_at", 0))).cast(UTC_US),
+        "event_date": pc.cast(start, pa.date32()),
+    }
+    return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
+
+
+#: Columns :func:`merge_into_rows` reads as numbers rather than their table type.
+_NUMPY_TYPES = {"updated_at": pa.int64()}
 
 
 def states_of(rows: pa.Table) -> pa.Table:

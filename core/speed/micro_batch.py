@@ -44,7 +44,10 @@ batch touched (one commit: remove the old files, add the new ones, record
 positions). Rewritten rows are laid out so that later batches touch little:
 windows that the new watermark has closed go to one *sealed* file per day
 (never touched by the speed layer again), open windows to one file per
-window.
+window. A stream's driver keeps the rows of the open-window files it
+committed last (:mod:`metrics_lake.core.speed.open_windows`) and merges the
+next batch into them rather than reading them back; the table stays the
+truth: only files of the snapshot a batch plans from are looked up.
 """
 
 from __future__ import annotations
@@ -70,7 +73,14 @@ from metrics_lake.core.kernels.stored_queries import (
     query_rows,
     window_states,
 )
-from metrics_lake.core.kernels.windows import WINDOW_STATE, aggregate_events, finalize, merge_states, states_of
+from metrics_lake.core.kernels.windows import (
+    WINDOW_STATE,
+    aggregate_events,
+    finalize,
+    merge_into_rows,
+    merge_states,
+    states_of,
+)
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
@@ -93,6 +103,7 @@ from metrics_lake.core.speed.alerting import (
 )
 from metrics_lake.core.speed.cardinality import LimitGate, save_states
 from metrics_lake.core.speed.enrichment import Pin, expected_servers, labels_at, pin_inventory
+from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import (
     CONSUMER,
     POSITION_TABLES,
@@ -503,27 +514,39 @@ def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> 
 
 def _write_window_files(
     store: Store, rows: pa.Table, sealed_before_us: int | None, name: str = WINDOWS
-) -> list[WrittenFile]:
+) -> tuple[list[WrittenFile], dict[str, pa.Table]]:
     """Window rows of table ``name`` as files: closed windows (end <= ``sealed_before_us``) one file per day, open
-    ones one per window start."""
+    ones one per window start. Returns the files, and the rows of each open window's file by its Delta log path
+    (what :class:`~metrics_lake.core.speed.open_windows.OpenWindows` keeps)."""
     if rows.num_rows == 0:
-        return []
+        return [], {}
     end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
     sealed = end_us <= sealed_before_us if sealed_before_us is not None else np.zeros(rows.num_rows, bool)
     files = write_data_files(store, name, rows.filter(pa.array(sealed)))
+    open_files = {}
     open_rows = rows.filter(pa.array(~sealed))
     if open_rows.num_rows:
         starts = open_rows.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
         order = np.argsort(starts, kind="stable")
-        open_rows, starts = open_rows.take(pa.array(order)), starts[order]
+        if np.any(order[1:] < order[:-1]):  # most batches touch one minute: rows already in order, no copy
+            open_rows, starts = open_rows.take(pa.array(order)), starts[order]
         bounds = np.flatnonzero(np.diff(starts)) + 1
         for lo, hi in zip([0, *bounds], [*bounds, len(starts)], strict=True):
-            files += write_data_files(store, name, open_rows.slice(int(lo), int(hi - lo)))
-    return files
+            window = open_rows.slice(int(lo), int(hi - lo))
+            (data_file,) = write_data_files(store, name, window)  # one window start: one day, one file
+            files.append(data_file)
+            open_files[data_file.path] = window
+    return files, open_files
 
 
-def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None) -> int:
-    """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written."""
+def _upsert_windows(
+    store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None, open_windows: OpenWindows | None
+) -> int:
+    """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written.
+
+    With ``open_windows`` holding every file the states may touch, their rows are taken from it instead of read
+    (:mod:`metrics_lake.core.speed.open_windows`); it then keeps the open-window files this commit wrote.
+    """
     written = 0
     sealed_before_us = None if watermark is None else watermark * 1000
     transactions = []
@@ -532,7 +555,7 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
 
     def commit(table, advances: dict[int, int]) -> None:
         nonlocal written
-        removes, files = [], []
+        removes, files, open_files = [], [], {}
         if states.num_rows:
             start_us = states.column("window_start").cast(pa.int64())
             lo, hi = pc.min(start_us).as_py(), pc.max(start_us).as_py()
@@ -540,19 +563,25 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
                 {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
             )
             candidates = windowed_files(store, WINDOWS, table, days, lo, hi)
-            existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
-            key = ["metric", "server", "window_start"]
-            # Arrow joins carry no map columns (labels): join the keys with a row number, then filter.
-            numbered = existing.select(key).append_column("row", pa.array(np.arange(existing.num_rows)))
-            hit = numbered.join(states.select(key), key, join_type="left semi").column("row").to_numpy()
-            mask = np.zeros(existing.num_rows, bool)
-            mask[hit] = True
-            untouched, touched = existing.filter(pa.array(~mask)), existing.filter(pa.array(mask))
-            updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
-            rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
-            files = _write_window_files(store, rows, sealed_before_us)
+            kept = open_windows.rows_of(candidates) if open_windows is not None else None
+            if kept is not None:  # the rows this driver wrote last: no read, no regrouping of what they hold
+                rows = merge_into_rows(
+                    pa.concat_tables(kept) if kept else METRIC_WINDOWS_1M.empty_table(), states, WINDOW_SECONDS
+                )
+            else:
+                existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
+                key = ["metric", "server", "window_start"]
+                # Arrow joins carry no map columns (labels): join the keys with a row number, then filter.
+                numbered = existing.select(key).append_column("row", pa.array(np.arange(existing.num_rows)))
+                hit = numbered.join(states.select(key), key, join_type="left semi").column("row").to_numpy()
+                mask = np.zeros(existing.num_rows, bool)
+                mask[hit] = True
+                untouched, touched = existing.filter(pa.array(~mask)), existing.filter(pa.array(mask))
+                updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
+                rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
+            files, open_files = _write_window_files(store, rows, sealed_before_us)
             removes = [remove_action(f) for f in candidates]
-            written = updated.num_rows
+            written = states.num_rows  # merged states: one per window the batch touched
         commit_changes(
             table,
             WINDOWS,
@@ -561,6 +590,8 @@ def _upsert_windows(store: Store, plan: BatchPlan, states: pa.Table, watermark: 
             transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
             operation="STREAMING WINDOWS",
         )
+        if open_windows is not None and states.num_rows:
+            open_windows.remember(open_files)
 
     return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
 
@@ -576,6 +607,7 @@ def commit_batch(
     rules: list[AlertRule] | None = None,
     alerting: AlertOptions | None = None,
     stages: dict[str, float] | None = None,
+    open_windows: OpenWindows | None = None,
 ) -> BatchOutcome:
     """Commit a processed batch: bronze, quarantine, windows, query results, last seen, alerts; each with its new
     positions. ``stages``: seconds the caller spent before (planning, tasks), reported first in the outcome's.
@@ -584,8 +616,10 @@ def commit_batch(
     rules to evaluate (default: the lake's registry,
     :mod:`metrics_lake.core.registry`, read again for every batch, so an edit
     takes effect on the next one); ``alerting``: the evaluation delay and
-    absence lookback (default :class:`~metrics_lake.core.speed.alerting.AlertOptions`).
-    Also records the batch's end as consumer group ``speed-layer`` (what
+    absence lookback (default :class:`~metrics_lake.core.speed.alerting.AlertOptions`);
+    ``open_windows``: the rows of the open windows this stream committed last,
+    read instead of their files and updated (:mod:`metrics_lake.core.speed.open_windows`;
+    ``None``: always read the files). Also records the batch's end as consumer group ``speed-layer`` (what
     ``lake consumers`` shows). Raises :class:`ConcurrentWriterError` if
     another stream moved a table's positions meanwhile (see the module
     docstring).
@@ -630,13 +664,13 @@ def commit_batch(
     watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
     states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
     timed("windows merge")
-    written = _upsert_windows(store, plan, states, watermark)
+    written = _upsert_windows(store, plan, states, watermark, open_windows)
     timed(WINDOWS)
     touched: dict[str, set[int]] = {}
     for result in results:
         for metric, minutes in result.touched.items():
             touched.setdefault(metric, set()).update(minutes)
-    rows[QUERIES] = _upsert_query_results(store, plan, touched, queries, watermark)
+    rows[QUERIES] = _upsert_query_results(store, plan, touched, queries, watermark, open_windows)
     timed(QUERIES)
     seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
     rows[LAST_SEEN] = _upsert_last_seen(store, plan, seen, rules, alerting.absence_lookback_s)
@@ -753,13 +787,19 @@ def _commit_alerts(
 
 
 def _upsert_query_results(
-    store: Store, plan: BatchPlan, touched: dict[str, set[int]], queries: list[StoredQuery], watermark: int | None
+    store: Store,
+    plan: BatchPlan,
+    touched: dict[str, set[int]],
+    queries: list[StoredQuery],
+    watermark: int | None,
+    open_windows: OpenWindows | None = None,
 ) -> int:
     """Evaluate again every stored query window holding a ``touched`` minute and replace its rows; returns rows.
 
     The windows are read from ``metric_windows_1m`` as committed (this
-    batch's states included), so the rows are those the nightly evaluation
-    would compute from the same windows.
+    batch's states included; files ``open_windows`` keeps are not read
+    again), so the rows are those the nightly evaluation would compute from
+    the same windows.
 
     A query whose registry revision ``query_results`` does not hold yet (new
     or changed since the last batch) is *adopted*: every window of it ending
@@ -808,7 +848,7 @@ def _upsert_query_results(
             if chosen:
                 lo = min(int(s[0]) for s in starts.values())
                 hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
-                windows = _windows_between(store, {q.metric for q in chosen}, lo, hi)
+                windows = _windows_between(store, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
                 states = pa.concat_tables([window_states(windows, q, starts[q.name]) for q in chosen])
                 results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
             replaced = pa.table(
@@ -830,7 +870,7 @@ def _upsert_query_results(
                 rewritten.append(candidate)
                 kept.append(existing.filter(pa.array(~_replaced_mask(existing, replaced, cutoffs))))
             rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
-            files = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
+            files, _ = _write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
             removes = [remove_action(f) for f in rewritten]
             written = results.num_rows
         commit_changes(
@@ -899,16 +939,27 @@ def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | 
 
 
 def _windows_between(
-    store: Store, metrics: set[str], lo_us: int, hi_us: int, columns: list[str] | None = None
+    store: Store,
+    metrics: set[str],
+    lo_us: int,
+    hi_us: int,
+    columns: list[str] | None = None,
+    open_windows: OpenWindows | None = None,
 ) -> pa.Table:
     """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table.
 
     ``columns``: those to read, ``metric`` and ``window_start`` among them
-    (default: every column of :data:`WINDOW_STATE`).
+    (default: every column of :data:`WINDOW_STATE`). If ``open_windows``
+    keeps every file to read, its rows are used instead.
     """
     table = open_table(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
-    rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, columns or WINDOW_STATE.names)
+    columns = columns or WINDOW_STATE.names
+    kept = open_windows.rows_of(candidates) if open_windows is not None and candidates else None
+    if kept is not None:
+        rows = pa.concat_tables([k.select(columns) for k in kept])
+    else:
+        rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, columns)
     start = pc.cast(rows.column("window_start"), pa.int64())
     keep = pc.and_(
         pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),
@@ -929,12 +980,14 @@ def run_batch_in_process(
     rules: list[AlertRule] | None = None,
     alerting: AlertOptions | None = None,
     limits: CardinalityLimits | None = None,
+    open_windows: OpenWindows | None = None,
 ) -> BatchOutcome | None:
     """Plan, process (partition after partition, in this process) and commit one batch; ``None`` if nothing to do.
 
     The same steps the Spark job runs, without Spark: for tests, tools and
-    the benchmarks' "library without Spark" peer. ``queries``, ``rules``
-    and ``alerting`` as for :func:`commit_batch`; ``limits`` as for :func:`plan_batch`.
+    the benchmarks' "library without Spark" peer. ``queries``, ``rules``,
+    ``alerting`` and ``open_windows`` as for :func:`commit_batch`; ``limits``
+    as for :func:`plan_batch`.
     """
     started = time.monotonic()
     plan = plan_batch(
@@ -962,4 +1015,5 @@ def run_batch_in_process(
         queries=queries,
         rules=rules,
         alerting=alerting,
+        open_windows=open_windows,
     )

@@ -45,6 +45,7 @@ from metrics_lake.core.speed.micro_batch import (
     plan_batch,
     process_partition,
 )
+from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import starting_offsets
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.core.tables.delta import ensure_table
@@ -96,8 +97,14 @@ def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list
     return spark.sparkContext.parallelize(partitions, len(partitions)).flatMap(task).collect()
 
 
-def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutcome | None:
-    """Plan, process and commit one micro-batch reading up to ``ends``; ``None`` if no table needs anything."""
+def run_batch(
+    spark, settings: LakeSettings, ends: dict[int, int], open_windows: OpenWindows | None = None
+) -> BatchOutcome | None:
+    """Plan, process and commit one micro-batch reading up to ``ends``; ``None`` if no table needs anything.
+
+    ``open_windows``: the stream's kept open-window rows, used and updated by the commit
+    (:mod:`metrics_lake.core.speed.open_windows`); ``None`` reads every file.
+    """
     started = time.monotonic()
     store = open_store(settings)
     plan = plan_batch(
@@ -120,6 +127,7 @@ def run_batch(spark, settings: LakeSettings, ends: dict[int, int]) -> BatchOutco
         started=started,
         alerting=AlertOptions.from_settings(settings),
         stages={"plan": planned - started, "tasks": time.monotonic() - planned},
+        open_windows=open_windows,
     )
 
 
@@ -133,10 +141,11 @@ def start_stream(
     gets every committed batch's outcome.
     """
     prepare_lake(settings)
+    open_windows = OpenWindows()  # foreachBatch runs in this process: one batch after another
 
     def each_batch(batch_df, batch_id: int) -> None:
         ends = {int(row["partition"]): int(row["end"]) for row in batch_df.collect()}
-        outcome = run_batch(spark, settings, ends)
+        outcome = run_batch(spark, settings, ends, open_windows)
         if outcome is not None and progress is not None:
             progress(outcome)
 
@@ -168,9 +177,9 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     store = prepare_lake(settings)
     begin = starting_offsets(store, settings.topic)
     target = end_offsets(SegmentLog(store), settings.topic)
-    batches = 0
+    batches, open_windows = 0, OpenWindows()
     while (ends := limit_offsets(begin, target, settings.max_records_per_batch)) != begin:
-        outcome = run_batch(spark, settings, ends)
+        outcome = run_batch(spark, settings, ends, open_windows)
         batches += 1
         if outcome is not None and progress is not None:
             progress(outcome)

@@ -11,7 +11,15 @@ import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels import sketch
-from metrics_lake.core.kernels.windows import aggregate_events, finalize, merge_states, rewindow
+from metrics_lake.core.kernels.windows import (
+    aggregate_events,
+    finalize,
+    merge_into_rows,
+    merge_states,
+    rewindow,
+    states_of,
+)
+from metrics_lake.lake_schemas.types import TAGS
 from tests.helpers import expected_windows
 
 
@@ -63,6 +71,30 @@ def test_merging_partials_of_any_split_equals_aggregating_everything():
         assert a["sum"] == pytest.approx(b["sum"], rel=1e-12)
         a.pop("sum"), b.pop("sum"), a.pop("avg"), b.pop("avg")
         assert a == b  # counts, min, max, quantiles and sketch bytes identical
+
+
+def test_merging_states_into_held_rows_equals_regrouping_them_and_leaves_untouched_rows_alone():
+    """The speed layer's upsert of kept rows (merge_into_rows) against its upsert of read rows (merge_states)."""
+    earlier, later = dt.datetime(2026, 1, 1, tzinfo=dt.UTC), dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    held = finalize(aggregate_events(events(seed=21, servers=6), 60), 60, earlier)
+    newer = events(seed=22, servers=9, seconds=60)  # new servers and a new minute: keys the rows do not hold
+    newer = newer.append_column("labels", pa.array([{"team": f"t{i % 3}"} for i in range(newer.num_rows)], TAGS))
+    states = aggregate_events(newer, 60)
+    merged = merge_into_rows(held, states, 60, later)
+    key = ["metric", "server", "window_start"]
+
+    def keys_of(table: pa.Table) -> list[tuple]:
+        return [tuple(row.values()) for row in table.select(key).to_pylist()]
+
+    hit = set(keys_of(states))
+    touched = held.filter(pa.array([k in hit for k in keys_of(held)]))
+    regrouped = finalize(merge_states(pa.concat_tables([states_of(touched), states])), 60, later)
+    assert merged.num_rows == len({*keys_of(held), *hit}) == len(set(keys_of(merged)))
+    assert 0 < touched.num_rows < held.num_rows and regrouped.num_rows > touched.num_rows  # all three cases occur
+    assert merged.slice(0, held.num_rows).select(key).equals(held.select(key))  # held rows keep their order
+    got, want, before = by_key(merged), by_key(regrouped), by_key(held)
+    for row_key, row in got.items():
+        assert row == (want[row_key] if row_key in want else before[row_key])  # sketch bytes, labels, updated_at too
 
 
 def test_rewindow_rolls_minutes_up_to_hours_like_aggregating_the_events_by_hour():

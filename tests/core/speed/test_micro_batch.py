@@ -31,11 +31,15 @@ from metrics_lake.core.speed.micro_batch import (
     process_partition,
     run_batch_in_process,
 )
+from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
-from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.core.tables.commits import commit_changes, committed_offsets, remove_action
+from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import open_table
+from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
-from metrics_lake.lake_schemas.tables import Table
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, Table, table_spec
 from tests.helpers import assert_quantile_within_bound, expected_windows, positions
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute boundary
@@ -191,3 +195,59 @@ def test_the_watermark_leaves_out_late_events_and_ignores_clocks_in_the_future(s
     assert outcome.late_events == 1 and outcome.rows[BRONZE] == 2
     windows = open_table(store, WINDOWS).to_pyarrow_table(columns=["count"]).column("count").to_pylist()
     assert sum(windows) == recent.num_rows + 2  # the future event and the on-time one; not the late one
+
+
+def test_kept_open_windows_give_the_tables_reading_gives_and_files_they_do_not_hold_are_read(
+    store, log, tmp_path, monkeypatch
+):
+    """A stream keeps the rows of the open-window files it committed (OpenWindows) instead of reading them back:
+    the same windows and query results as a speed layer that reads every file, batch after batch; after a
+    restart, or once another writer rewrote a file it kept, the files are read again."""
+    events = FleetSimulator(servers=4, metrics=3, seconds=200, rate=2.0, seed=31, start_ms=START_MS).generate()
+    reading = LocalStore(str(tmp_path / "reading"))
+    produce(log, events, ["not json"])
+    produce(SegmentLog(reading), events, ["not json"])
+    step, read_at = 0, []  # the batches whose windows upsert read the kept lake's window files
+    real_read = speed_layer.read_data_files
+
+    def read_data_files(read_store, files, schema, columns=None, **options):
+        if read_store is store and schema is METRIC_WINDOWS_1M and columns is None and files:
+            read_at.append(step)
+        return real_read(read_store, files, schema, columns, **options)
+
+    monkeypatch.setattr(speed_layer, "read_data_files", read_data_files)
+    ends = end_offsets(log, TOPIC)
+    kept = OpenWindows()
+    for step in (1, 2, 3, 5, 8, 13, 21, 34):  # batches of a few seconds to a minute of events, out of 34 parts
+        cut = {p: end * step // 34 for p, end in ends.items()}
+        assert batch(store, cut, open_windows=kept).records == batch(reading, cut).records
+        assert kept.paths and set(kept.paths) <= {
+            f.relative for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS))
+        }
+        if step == 8:  # another writer rewrites the files kept (as a compaction would)
+            rewrite_files(store, WINDOWS, kept.paths)
+        if step == 21:
+            kept = OpenWindows()  # a restarted stream holds nothing
+    assert read_at == [13, 34]  # every other batch read no window file
+    assert_exact(store, log)
+    for name, clock, key in ((WINDOWS, "updated_at", ()), (QUERIES, "computed_at", ("query", "aggregate"))):
+        tables = [open_table(s, name).to_pyarrow_table().drop_columns([clock]) for s in (store, reading)]
+        order = [(c, "ascending") for c in (*key, "metric", "server", "window_start")]
+        assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
+
+
+def rewrite_files(store, name: str, paths: list[str]) -> None:
+    """Rewrite the files of table ``name`` at ``paths`` (Delta log paths) into new files, rows unchanged."""
+    table = open_table(store, name)
+    files = [f for f in snapshot_files(store, name, table) if f.relative in paths]
+    assert len(files) == len(paths)
+    rows = read_data_files(store, files, table_spec(name).schema)
+    commit_changes(
+        table,
+        name,
+        write_data_files(store, name, rows),
+        [remove_action(f) for f in files],
+        transactions=[],
+        operation="OPTIMIZE",
+        data_change=False,
+    )
