@@ -363,20 +363,20 @@ def merge_into_rows(
     found = held.append_column("row", pa.array(np.arange(n))).join(
         states.select(key).append_column("state", pa.array(np.arange(m))), key, join_type="inner"
     )
+    matched = found.column("state").to_numpy()
     target = np.empty(m, np.int64)  # each state's row in the result
-    target[found.column("state").to_numpy()] = found.column("row").to_numpy()
+    target[matched] = found.column("row").to_numpy()
     added = np.ones(m, bool)
-    added[found.column("state").to_numpy()] = False
+    added[matched] = False
     new = np.flatnonzero(added)
     target[new] = n + np.arange(len(new), dtype=np.int64)
     total = n + len(new)
     touched = np.zeros(total, bool)
     touched[target] = True
 
-    def held_then(name: str, fill) -> np.ndarray:
-        """Column ``name`` of ``rows`` as numpy, then ``fill`` for each new key."""
-        values = pc.cast(rows.column(name), _NUMPY_TYPES.get(name, rows.schema.field(name).type))
-        values = values.to_numpy(zero_copy_only=False)
+    def held_then(column: pa.ChunkedArray, fill) -> np.ndarray:
+        """A column of ``rows`` as numpy, then ``fill`` for each new key."""
+        values = column.to_numpy(zero_copy_only=False)
         return np.concatenate([values, np.full(len(new), fill, values.dtype)])
 
     def held_and_new(name: str, type_: pa.DataType) -> pa.Array:
@@ -387,10 +387,10 @@ def merge_into_rows(
     def state(name: str) -> np.ndarray:
         return states.column(name).to_numpy(zero_copy_only=False)
 
-    count, total_sum = held_then("count", 0), held_then("sum", 0.0)
+    count, total_sum = held_then(rows.column("count"), 0), held_then(rows.column("sum"), 0.0)
     count[target] += state("count")  # targets are distinct: plain fancy indexing adds once each
     total_sum[target] += state("sum")
-    low, high = held_then("min", np.inf), held_then("max", -np.inf)
+    low, high = held_then(rows.column("min"), np.inf), held_then(rows.column("max"), -np.inf)
     low[target] = np.minimum(low[target], state("min"))
     high[target] = np.maximum(high[target], state("max"))
     held_row, held_keys, held_counts = sketch.explode(rows.column("sketch"))
@@ -419,19 +419,17 @@ def merge_into_rows(
         "max": pa.array(high),
         "avg": pa.array(total_sum / count),
         **{
-            name: pa.array(np.where(touched, estimates[:, i], held_then(name, np.nan)))
+            name: pa.array(np.where(touched, estimates[:, i], held_then(rows.column(name), np.nan)))
             for i, (name, _) in enumerate(QUANTILES)
         },
         "sketch": sketch.implode(total, row, keys, counts),
         "labels": labels.take(pa.array(source)),
-        "updated_at": pa.array(np.where(touched, now_us, held_then("updated_at", 0))).cast(UTC_US),
+        "updated_at": pa.array(
+            np.where(touched, now_us, held_then(pc.cast(rows.column("updated_at"), pa.int64()), 0))
+        ).cast(UTC_US),
         "event_date": pc.cast(start, pa.date32()),
     }
     return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
-
-
-#: Columns :func:`merge_into_rows` reads as numbers rather than their table type.
-_NUMPY_TYPES = {"updated_at": pa.int64()}
 
 
 def states_of(rows: pa.Table) -> pa.Table:
