@@ -76,10 +76,8 @@ from metrics_lake.core.kernels.stored_queries import (
 from metrics_lake.core.kernels.windows import (
     WINDOW_STATE,
     aggregate_events,
-    finalize,
     merge_into_rows,
     merge_states,
-    states_of,
 )
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.consumer_groups import commit_offsets
@@ -126,7 +124,7 @@ from metrics_lake.core.tables.commits import (
 )
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
 from metrics_lake.core.tables.delta import ensure_table, open_table
-from metrics_lake.core.tables.snapshots import days_between, read_data_files, snapshot_files, windowed_files
+from metrics_lake.core.tables.snapshots import DataFile, days_between, read_data_files, snapshot_files, windowed_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
 
@@ -539,13 +537,26 @@ def _write_window_files(
     return files, open_files
 
 
+def _window_rows(
+    store: Store, files: list[DataFile], open_windows: OpenWindows | None, columns: list[str] | None = None
+) -> pa.Table:
+    """The rows (``columns``, default all) of windows-table ``files``: the kept ones if ``open_windows`` holds every
+    file, else read."""
+    kept = open_windows.rows_of(files) if open_windows is not None else None
+    if kept:
+        return pa.concat_tables([k.select(columns) if columns else k for k in kept])
+    return read_data_files(store, files, METRIC_WINDOWS_1M, columns)
+
+
 def _upsert_windows(
     store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None, open_windows: OpenWindows | None
 ) -> int:
     """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written.
 
-    With ``open_windows`` holding every file the states may touch, their rows are taken from it instead of read
-    (:mod:`metrics_lake.core.speed.open_windows`); it then keeps the open-window files this commit wrote.
+    The rows of the files the states may touch, taken from ``open_windows`` if it holds every one of them, else
+    read (:mod:`metrics_lake.core.speed.open_windows`), get the states merged in
+    (:func:`~metrics_lake.core.kernels.windows.merge_into_rows`); ``open_windows`` then keeps the open-window files
+    this commit wrote.
     """
     written = 0
     sealed_before_us = None if watermark is None else watermark * 1000
@@ -563,22 +574,8 @@ def _upsert_windows(
                 {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
             )
             candidates = windowed_files(store, WINDOWS, table, days, lo, hi)
-            kept = open_windows.rows_of(candidates) if open_windows is not None else None
-            if kept is not None:  # the rows this driver wrote last: no read, no regrouping of what they hold
-                rows = merge_into_rows(
-                    pa.concat_tables(kept) if kept else METRIC_WINDOWS_1M.empty_table(), states, WINDOW_SECONDS
-                )
-            else:
-                existing = read_data_files(store, candidates, METRIC_WINDOWS_1M)
-                key = ["metric", "server", "window_start"]
-                # Arrow joins carry no map columns (labels): join the keys with a row number, then filter.
-                numbered = existing.select(key).append_column("row", pa.array(np.arange(existing.num_rows)))
-                hit = numbered.join(states.select(key), key, join_type="left semi").column("row").to_numpy()
-                mask = np.zeros(existing.num_rows, bool)
-                mask[hit] = True
-                untouched, touched = existing.filter(pa.array(~mask)), existing.filter(pa.array(mask))
-                updated = finalize(merge_states(pa.concat_tables([states_of(touched), states])), WINDOW_SECONDS)
-                rows = pa.concat_tables([untouched.select(METRIC_WINDOWS_1M.names), updated])
+            existing = _window_rows(store, candidates, open_windows)
+            rows = merge_into_rows(existing, states, WINDOW_SECONDS)
             files, open_files = _write_window_files(store, rows, sealed_before_us)
             removes = [remove_action(f) for f in candidates]
             written = states.num_rows  # merged states: one per window the batch touched
@@ -954,12 +951,7 @@ def _windows_between(
     """
     table = open_table(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
-    columns = columns or WINDOW_STATE.names
-    kept = open_windows.rows_of(candidates) if open_windows is not None and candidates else None
-    if kept is not None:
-        rows = pa.concat_tables([k.select(columns) for k in kept])
-    else:
-        rows = read_data_files(store, candidates, METRIC_WINDOWS_1M, columns)
+    rows = _window_rows(store, candidates, open_windows, columns or WINDOW_STATE.names)
     start = pc.cast(rows.column("window_start"), pa.int64())
     keep = pc.and_(
         pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),

@@ -15,10 +15,9 @@ data file is immutable and its name unique (a uuid), so kept rows are
 exactly the file's content, and the table stays the truth. A batch looks up
 only the files of the snapshot it plans from, uses the kept rows only when
 it holds every one of them, and reads the files otherwise (after a restart,
-or when another writer such as compaction rewrote them). With the kept rows
-the upsert inserts the batch's states into them
-(:func:`~metrics_lake.core.kernels.windows.merge_into_rows`) instead of
-reading and regrouping them.
+or when another writer such as compaction rewrote them). Either way the
+upsert inserts the batch's states into those rows
+(:func:`~metrics_lake.core.kernels.windows.merge_into_rows`).
 
 Memory: the rows of the files one commit wrote, about one minute's windows
 (at 200,000 series near a minute's end: about 120 MB, most of it sketches).
