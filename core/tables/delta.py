@@ -21,7 +21,26 @@ from metrics_lake.core.storage import Store
 from metrics_lake.lake_schemas.errors import NotFoundError
 from metrics_lake.lake_schemas.tables import TABLES, table_spec
 
-__all__ = ["TableSummary", "ensure_table", "list_tables", "open_table", "summarize_tables", "table_layout", "table_uri"]
+__all__ = [
+    "TABLE_PROPERTIES",
+    "TableSummary",
+    "ensure_table",
+    "list_tables",
+    "open_table",
+    "summarize_tables",
+    "table_layout",
+    "table_uri",
+]
+
+#: Delta table properties every lake table has. ``delta.checkpointInterval``:
+#: a checkpoint every 10 commits instead of Delta's default 100. Opening a
+#: table replays the JSON commits since its last checkpoint, and the speed
+#: layer opens each table to plan and again to commit, every second. Measured
+#: on a ``metric_windows_1m`` of a 200,000-series stream, 80 commits after
+#: creation: an open took 17-27 ms and ``transaction_version`` 4 ms; after a
+#: checkpoint 3-5 ms and 0.8 ms. Writing a checkpoint took 30-40 ms (delta-rs
+#: writes it after the commit whose version + 1 is a multiple of the interval).
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
 
 
 def table_uri(store: Store, name: str) -> str:
@@ -53,6 +72,9 @@ def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable
     """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``, and
     adding the declared columns an existing table lacks (:func:`_add_new_columns`).
 
+    A table lacking :data:`TABLE_PROPERTIES` (made by an older release) gets
+    them, in one commit.
+
     Raises ``KeyError`` if it must be created and that name is not declared
     in :data:`metrics_lake.lake_schemas.tables.TABLES`.
     """
@@ -67,10 +89,24 @@ def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable
             mode="ignore",
             partition_by=list(spec.partition_by),
             name=name,
+            configuration=TABLE_PROPERTIES,
             storage_options=store.storage_options(),
         )
+    table = _set_properties(store, name, table)
     declared = like or name
     return _add_new_columns(store, name, table, TABLES[declared].schema) if declared in TABLES else table
+
+
+def _set_properties(store: Store, name: str, table: DeltaTable) -> DeltaTable:
+    """``table`` with :data:`TABLE_PROPERTIES` set (one commit if one differs; a concurrent setter may win)."""
+    configuration = table.metadata().configuration
+    if all(configuration.get(key) == value for key, value in TABLE_PROPERTIES.items()):
+        return table
+    try:
+        table.alter.set_table_properties(TABLE_PROPERTIES)
+    except CommitFailedError:
+        pass  # another process set them first
+    return DeltaTable(table_uri(store, name), storage_options=store.storage_options())
 
 
 def _add_new_columns(store: Store, name: str, table: DeltaTable, schema: pa.Schema) -> DeltaTable:
