@@ -124,7 +124,14 @@ from metrics_lake.core.tables.commits import (
 )
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
 from metrics_lake.core.tables.delta import ensure_table, open_table
-from metrics_lake.core.tables.snapshots import DataFile, days_between, read_data_files, snapshot_files, windowed_files
+from metrics_lake.core.tables.snapshots import (
+    DataFile,
+    days_between,
+    read_data_file,
+    read_data_files,
+    snapshot_files,
+    windowed_files,
+)
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
 
@@ -537,15 +544,12 @@ def _write_window_files(
     return files, open_files
 
 
-def _window_rows(
-    store: Store, files: list[DataFile], open_windows: OpenWindows | None, columns: list[str] | None = None
-) -> pa.Table:
-    """The rows (``columns``, default all) of windows-table ``files``: the kept ones if ``open_windows`` holds every
-    file, else read."""
+def _window_rows(store: Store, files: list[DataFile], open_windows: OpenWindows | None) -> pa.Table:
+    """The rows of windows-table ``files``: the kept ones if ``open_windows`` holds every file, else read."""
     kept = open_windows.rows_of(files) if open_windows is not None else None
     if kept:
-        return pa.concat_tables([k.select(columns) if columns else k for k in kept])
-    return read_data_files(store, files, METRIC_WINDOWS_1M, columns)
+        return pa.concat_tables(kept)
+    return read_data_files(store, files, METRIC_WINDOWS_1M)
 
 
 def _upsert_windows(
@@ -946,18 +950,30 @@ def _windows_between(
     """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table.
 
     ``columns``: those to read, ``metric`` and ``window_start`` among them
-    (default: every column of :data:`WINDOW_STATE`). If ``open_windows``
-    keeps every file to read, its rows are used instead.
+    (default: every column of :data:`WINDOW_STATE`). A file's rows of
+    ``metrics`` come from ``open_windows`` if it keeps them, else from the
+    file with the metric filter pushed into the Parquet reader; ``open_windows``
+    then keeps what this call took from each file
+    (:mod:`metrics_lake.core.speed.open_windows`).
     """
     table = open_table(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
-    rows = _window_rows(store, candidates, open_windows, columns or WINDOW_STATE.names)
+    names = tuple(columns or WINDOW_STATE.names)
+    wanted = frozenset(metrics)
+    target = pa.schema([METRIC_WINDOWS_1M.field(c) for c in names])
+    filesystem, _ = store.arrow_fs()
+    selections = {}
+    for data_file in candidates:
+        kept = open_windows.selection_of(data_file, wanted, names) if open_windows is not None else None
+        if kept is None:
+            of_metrics = pc.field("metric").isin(pa.array(sorted(wanted), pa.string()))
+            kept = read_data_file(data_file, METRIC_WINDOWS_1M, filesystem, list(names), rows=of_metrics)
+        selections[data_file.relative] = kept.cast(target)
+    if open_windows is not None:
+        open_windows.keep_selections(wanted, names, selections)
+    rows = pa.concat_tables(selections.values()) if selections else target.empty_table()
     start = pc.cast(rows.column("window_start"), pa.int64())
-    keep = pc.and_(
-        pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string())),
-        pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)),
-    )
-    return rows.filter(keep)
+    return rows.filter(pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)))
 
 
 def run_batch_in_process(

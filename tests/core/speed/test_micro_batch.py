@@ -11,11 +11,12 @@ import json
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.kernels.windows import QUANTILES
+from metrics_lake.core.kernels.windows import QUANTILES, WINDOW_STATE
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
@@ -251,3 +252,50 @@ def rewrite_files(store, name: str, paths: list[str]) -> None:
         operation="OPTIMIZE",
         data_change=False,
     )
+
+
+def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metrics_of_it(
+    store, log, tmp_path, monkeypatch
+):
+    """Stored queries need the windows of earlier minutes (a 1-hour window holds sixty): a stream takes the queried
+    metrics' rows of the files it wrote from the rows it keeps, keeps what it took from each file for the next
+    batch, and reads a file (those metrics' rows only) when it keeps neither: after another writer rewrote it, or
+    after a restart. The query results equal those of a speed layer that keeps nothing."""
+    events = FleetSimulator(servers=4, metrics=3, seconds=400, rate=2.0, seed=37, start_ms=START_MS).generate()
+    reading = LocalStore(str(tmp_path / "reading"))
+    produce(log, events)
+    produce(SegmentLog(reading), events)
+    queried = {"app.rpc.latency_ms", "host.cpu.utilization"}  # of the simulator's three, the default queries'
+    step, reads = 0, []  # (batch, Delta log path) of every window file the kept lake's query evaluation read
+    real_read = speed_layer.read_data_file
+
+    def read_data_file(data_file, schema, filesystem, columns=None, **options):
+        rows = real_read(data_file, schema, filesystem, columns, **options)
+        if str(store.root) in data_file.path and columns == list(WINDOW_STATE.names):  # not adoption's minutes
+            assert set(rows.column("metric").to_pylist()) == queried
+            assert rows.num_rows < pq.read_metadata(data_file.path).num_rows  # the third metric was not read
+            reads.append((step, data_file.relative))
+        return rows
+
+    monkeypatch.setattr(speed_layer, "read_data_file", read_data_file)
+    ends = end_offsets(log, TOPIC)
+    kept, unkept_at_restart = OpenWindows(), set()
+    for step in range(1, 21):  # 20 s of events a batch: a 60 s watermark seals a minute every third batch
+        cut = {p: end * step // 20 for p, end in ends.items()}
+        batch(store, cut, watermark_seconds=60, open_windows=kept)
+        batch(reading, cut, watermark_seconds=60)
+        if step == 10:  # another writer rewrites the sealed files selected from (as compaction would): into one
+            rewrite_files(store, WINDOWS, sorted(set(kept.selected_paths) - set(kept.paths)))
+        if step == 15:
+            kept = OpenWindows()  # a restarted stream holds nothing
+        if step == 16:  # every window file is of the queries' hour: all but those batch 16 wrote were read
+            snapshot = {f.relative for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS))}
+            unkept_at_restart = snapshot - set(kept.paths)
+    assert len(unkept_at_restart) >= 3
+    assert [path for at, path in reads if at == 16] and {path for at, path in reads if at == 16} == unkept_at_restart
+    assert len([path for at, path in reads if at == 11]) == 1  # the rewritten file
+    assert sorted({at for at, _ in reads}) == [11, 16]  # every other batch read no window file
+    assert len(reads) == len(set(reads))
+    tables = [open_table(s, QUERIES).to_pyarrow_table().drop_columns(["computed_at"]) for s in (store, reading)]
+    order = [(c, "ascending") for c in ("query", "aggregate", "metric", "server", "window_start")]
+    assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
