@@ -357,6 +357,8 @@ def merge_into_rows(
     them (:func:`~metrics_lake.core.kernels.sketch.merge_buckets`'s sorted
     head), where :func:`merge_states` would group, sort and re-encode both.
     """
+    if rows.num_rows == 0:  # nothing held (a new lake, a catch-up's first batch): every key is new
+        return finalize(states, window_seconds, updated_at)  # the states' sketches kept, not decoded and re-encoded
     n, m = rows.num_rows, states.num_rows
     key = ["metric", "server", "window_start"]
     held = pa.table({k: rows.column(k).cast(WINDOW_STATE.field(k).type) for k in key})

@@ -19,6 +19,7 @@ from metrics_lake.core.kernels.windows import (
     rewindow,
     states_of,
 )
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
 from metrics_lake.lake_schemas.types import TAGS
 from tests.helpers import expected_windows
 
@@ -95,6 +96,17 @@ def test_merging_states_into_held_rows_equals_regrouping_them_and_leaves_untouch
     got, want, before = by_key(merged), by_key(regrouped), by_key(held)
     for row_key, row in got.items():
         assert row == (want[row_key] if row_key in want else before[row_key])  # sketch bytes, labels, updated_at too
+
+
+def test_merging_states_into_no_rows_gives_the_regrouped_states_in_their_order():
+    """With nothing held (a new lake), the upsert is the states' own rows, as regrouping them gives."""
+    later = dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    states = aggregate_events(events(seed=23, servers=5, seconds=180), 60)
+    fresh = merge_into_rows(METRIC_WINDOWS_1M.empty_table(), states, 60, later)
+    key = ["metric", "server", "window_start"]
+    assert fresh.num_rows == states.num_rows > 0
+    assert fresh.select(key).equals(states.select(key).cast(fresh.select(key).schema))  # appended in states' order
+    assert by_key(fresh) == by_key(finalize(merge_states(states), 60, later))  # sketch bytes and updated_at too
 
 
 def test_rewindow_rolls_minutes_up_to_hours_like_aggregating_the_events_by_hour():
