@@ -1,4 +1,4 @@
-"""The open windows' rows, kept in the speed layer's driver from one micro-batch to the next.
+"""The open windows' rows and the stored queries' window rows, kept in the speed layer's driver between micro-batches.
 
 Every batch rewrites the file of each open window it touches
 (:mod:`metrics_lake.core.speed.micro_batch`, "Window files"), and under
