@@ -28,7 +28,7 @@ def test_a_new_table_writes_a_checkpoint_every_ten_commits(store) -> None:
     assert table.transaction_version("test") == 24  # the checkpoint kept every txn
 
 
-def test_a_table_an_older_release_made_gets_the_properties_once_and_keeps_its_rows(store) -> None:
+def test_a_table_an_older_release_made_gets_the_properties_in_one_commit(store) -> None:
     spec = TABLES[WINDOWS]
     DeltaTable.create(table_uri(store, WINDOWS), spec.schema, partition_by=list(spec.partition_by))
 
