@@ -46,8 +46,10 @@ windows that the new watermark has closed go to one *sealed* file per day
 (never touched by the speed layer again), open windows to one file per
 window. A stream's driver keeps the rows of the open-window files it
 committed last (:mod:`metrics_lake.core.speed.open_windows`) and merges the
-next batch into them rather than reading them back; the table stays the
-truth: only files of the snapshot a batch plans from are looked up.
+next batch into them rather than reading them back, and the stored queries'
+rows it took from each window file, so their evaluation reads a file at most
+once; the table stays the truth: only files of the snapshot a batch plans
+from are looked up.
 """
 
 from __future__ import annotations
@@ -962,11 +964,11 @@ def _windows_between(
     wanted = frozenset(metrics)
     target = pa.schema([METRIC_WINDOWS_1M.field(c) for c in names])
     filesystem, _ = store.arrow_fs()
+    of_metrics = pc.field("metric").isin(pa.array(sorted(wanted), pa.string()))
     selections = {}
     for data_file in candidates:
         kept = open_windows.selection_of(data_file, wanted, names) if open_windows is not None else None
         if kept is None:
-            of_metrics = pc.field("metric").isin(pa.array(sorted(wanted), pa.string()))
             kept = read_data_file(data_file, METRIC_WINDOWS_1M, filesystem, list(names), rows=of_metrics)
         selections[data_file.relative] = kept.cast(target)
     if open_windows is not None:
