@@ -257,11 +257,11 @@ def _print_alerts(store, since: float, notifications: list | None, console: Cons
     """The alert transitions this run recorded, and what Alertmanager notified."""
     import pyarrow.compute as pc
 
-    from metrics_lake.core.tables.delta import open_table
+    from metrics_lake.core.tables.delta import table_dataset
 
     console.rule("[bold]alerts (missing data is a signal)")
     started = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=time.monotonic() - since)
-    rows = open_table(store, Table.ALERTS).to_pyarrow_table()
+    rows = table_dataset(store, Table.ALERTS).to_table()
     rows = rows.filter(
         pc.greater_equal(rows.column("recorded_at"), pa.scalar(started, rows.schema.field("recorded_at").type))
     )
@@ -286,10 +286,10 @@ def _print_groups(store, console: Console) -> None:
     """The newest window of :data:`DEMO_QUERY` per (team, dc) group: an answer by label, from ``query_results``."""
     import pyarrow.compute as pc
 
-    from metrics_lake.core.tables.delta import open_table
+    from metrics_lake.core.tables.delta import table_dataset
 
     console.rule(f"[bold]RPC latency p99 by team and dc ({DEMO_QUERY}, newest window)")
-    rows = open_table(store, Table.QUERY_RESULTS).to_pyarrow_table(
+    rows = table_dataset(store, Table.QUERY_RESULTS).to_table(
         columns=["query", "labels", "window_start", "aggregate", "value"]
     )
     rows = rows.filter(pc.equal(rows.column("query"), DEMO_QUERY)).to_pylist()

@@ -24,7 +24,7 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.speed.progress import newest_window_end
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import open_table
+from metrics_lake.core.tables.delta import open_table, table_dataset
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.quality.checkpoint import Outcome
 
@@ -84,7 +84,7 @@ def _newest_query_windows(store, now: dt.datetime) -> dict[str, dt.datetime]:
     except TableNotFoundError:
         return {}
     days = pa.array([now.date() - dt.timedelta(days=d) for d in (-1, 0, 1)], pa.date32())
-    rows = table.to_pyarrow_dataset().to_table(
+    rows = table_dataset(store, Table.QUERY_RESULTS, table).to_table(
         columns=["query", "window_end"], filter=ds.field("event_date").isin(days)
     )
     if rows.num_rows == 0:

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import list_tables, open_table
+from metrics_lake.core.tables.delta import list_tables, table_dataset
 from metrics_lake.lake_schemas.tables import Table
 
 
@@ -28,7 +28,7 @@ def write_trend(settings: LakeSettings) -> Path | None:
     store = open_store(settings)
     if Table.DQ_RESULTS not in list_tables(store):
         return None
-    results = open_table(store, Table.DQ_RESULTS).to_pyarrow_table(
+    results = table_dataset(store, Table.DQ_RESULTS).to_table(
         columns=[
             "run_id",
             "run_at",

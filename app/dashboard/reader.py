@@ -49,7 +49,7 @@ from metrics_lake.core.registry import Registry, RegistryVersion
 from metrics_lake.core.speed.alerting import AlertLog, append_clock_us, read_last_seen
 from metrics_lake.core.speed.progress import QueryProgress, newest_window_end, query_progress, watermark_app_id
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import open_table
+from metrics_lake.core.tables.delta import open_table, table_dataset
 from metrics_lake.lake_schemas.errors import LakeError, RangeError
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.lake_schemas.types import TAGS
@@ -212,7 +212,7 @@ class DashboardReader:
         where = ds.field("event_date").isin(pa.array(days, pa.date32()))
         if condition is not None:
             where = where & condition
-        return table.to_pyarrow_dataset().to_table(columns=columns, filter=where)
+        return table_dataset(self.store, name, table).to_table(columns=columns, filter=where)
 
     # -- stored query series ------------------------------------------------------------------------------------
 
@@ -473,7 +473,7 @@ class DashboardReader:
         table = self.table(Table.SERVERS)
         if table is None:
             return {}
-        rows = table.to_pyarrow_table(columns=["server", "labels"])
+        rows = table_dataset(self.store, Table.SERVERS, table).to_table(columns=["server", "labels"])
         return dict(zip(rows.column("server").to_pylist(), map(dict, rows.column("labels").to_pylist()), strict=True))
 
     def _active_alerts(self) -> dict:
@@ -529,7 +529,7 @@ class DashboardReader:
         if table is None:
             return {"step": step, "series": []}
         days = pa.array(utc_days(lo_s, hi_s + 1), pa.date32())
-        rows = table.to_pyarrow_dataset().to_table(
+        rows = table_dataset(self.store, Table.QUARANTINE_EVENTS, table).to_table(
             columns=["reason", "ingested_at"], filter=ds.field("ingest_date").isin(days) & condition
         )
         if rows.num_rows == 0:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.keys import check_name
@@ -42,7 +43,7 @@ from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_files
 from metrics_lake.core.tables.data_files import write_data_files
-from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.core.tables.delta import ensure_table, table_dataset
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
@@ -105,10 +106,10 @@ def replay_ranges(
 
 def _existing_positions(store: Store, table: str, topic: str, part: ReplayRange) -> pa.Table:
     """Positions of ``part`` that ``table`` (which exists) already holds."""
-    delta = open_table(store, table)
-    filters = [("topic", "=", topic), ("partition", "=", part.partition)]
-    filters += [("offset", ">=", part.start), ("offset", "<", part.end)]
-    return delta.to_pyarrow_table(columns=POSITION, filters=filters)
+    offset = pads.field("offset")
+    where = (pads.field("topic") == topic) & (pads.field("partition") == part.partition)
+    where &= (offset >= part.start) & (offset < part.end)
+    return table_dataset(store, table).to_table(columns=POSITION, filter=where)
 
 
 def _missing(rows: pa.Table, existing: pa.Table) -> pa.Table:

@@ -42,12 +42,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.windows import aggregate_events, finalize
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.data_files import write_data_files
-from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.core.tables.delta import ensure_table, table_dataset
 from metrics_lake.lake_schemas.operations import RECOMPUTE
 from metrics_lake.lake_schemas.tables import TABLES, Table
 from metrics_lake.spark.datasources.delta_reader import table_files
@@ -112,8 +113,8 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     store, root = open_store(settings), settings.root
     for name in RECOMPUTE.tables:
         ensure_table(store, name)
-    on_day = [("event_date", "=", day)]
-    previous = open_table(store, RECONCILIATION).to_pyarrow_table(filters=on_day).to_pylist()
+    on_day = pads.field("event_date") == day
+    previous = table_dataset(store, RECONCILIATION).to_table(filter=on_day).to_pylist()
     bronze_fp, windows_fp = fingerprint(root, BRONZE, day), fingerprint(root, WINDOWS, day)
     ours = bool(previous) and previous[0]["windows_fingerprint"] == windows_fp
     if ours and previous[0]["bronze_fingerprint"] == bronze_fp:
@@ -121,7 +122,7 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     if ours:  # the day's windows are still our last recompute's: the speed figures are in reconciliation
         speed = {r["metric"]: (r["speed_count"], r["speed_sum"]) for r in previous}
     else:
-        speed = _totals(open_table(store, WINDOWS).to_pyarrow_table(columns=["metric", "count", "sum"], filters=on_day))
+        speed = _totals(table_dataset(store, WINDOWS).to_table(columns=["metric", "count", "sum"], filter=on_day))
 
     files, batch = batch_windows(spark, settings, day)
     replace_day(store, WINDOWS, day, files, "RECOMPUTE")

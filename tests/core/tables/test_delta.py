@@ -1,14 +1,26 @@
-"""Table creation: every lake table checkpoints its Delta log often, whether this release or an older one made it."""
+"""Delta tables: every lake table checkpoints its log often, whether this release or an older one made it; a
+table's rows are scanned through the store's own Arrow file system."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from metrics_lake.core.tables.commits import commit_files
-from metrics_lake.core.tables.delta import TABLE_PROPERTIES, ensure_table, open_table, table_uri
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import TABLE_PROPERTIES, ensure_table, open_table, table_dataset, table_uri
 from metrics_lake.lake_schemas.tables import TABLES, Table
+from tests.core.tables.test_pruning import bronze_rows
 
 WINDOWS = Table.METRIC_WINDOWS_1M
+BRONZE = Table.BRONZE_EVENTS
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _checkpoints(store, name: str) -> list[str]:
@@ -38,3 +50,44 @@ def test_a_table_an_older_release_made_gets_the_properties_in_one_commit(store) 
     assert upgraded.metadata().configuration == TABLE_PROPERTIES
     assert again.version() == upgraded.version() == 1  # one commit, then nothing to do
     assert upgraded.schema().to_arrow().names == spec.schema.names
+
+
+def test_a_table_dataset_reads_through_the_stores_own_file_system_exactly_the_rows_a_filter_keeps(any_store) -> None:
+    """On a local directory and on S3: the rows, the files skipped by statistics, and no Python file system."""
+    every = []
+    for batch in range(3):  # offsets [0, 400), [400, 800), [800, 1200); each batch in two files (two days)
+        rows = bronze_rows(batch, 400, batch * 400)
+        files = write_data_files(any_store, BRONZE, pa.Table.from_pylist(rows, TABLES[BRONZE].schema))
+        commit_files(any_store, BRONZE, [f.add_action() for f in files], app_id="test", batch_id=batch)
+        every += rows
+    offset = pads.field("offset")
+    where = (pads.field("partition") == 2) & (offset >= 100) & (offset < 300)
+
+    dataset = table_dataset(any_store, BRONZE)
+    got = dataset.to_table(columns=["offset", "partition"], filter=where)
+
+    native, _ = any_store.arrow_fs()
+    assert isinstance(dataset.filesystem, pafs.SubTreeFileSystem)
+    assert type(dataset.filesystem.base_fs) is type(native)  # not delta-rs's pyarrow.fs.PyFileSystem
+    expected = sorted(r["offset"] for r in every if r["partition"] == 2 and 100 <= r["offset"] < 300)
+    assert sorted(got.column("offset").to_pylist()) == expected
+    assert len(expected) > 0 and set(got.column("partition").to_pylist()) == {2}
+    assert len(list(dataset.get_fragments())) == 6
+    assert len(list(dataset.get_fragments(filter=where))) == 2  # the first batch's files; statistics skip the rest
+    at_version = table_dataset(any_store, BRONZE, open_table(any_store, BRONZE, version=1))
+    assert at_version.count_rows() == 400  # time travel: the snapshot of the table given
+
+
+def test_the_library_scans_tables_only_through_table_dataset() -> None:
+    """``DeltaTable.to_pyarrow_table``/``to_pyarrow_dataset`` read through a Python file system whose calls from
+    Arrow's threads can abort a process at exit (:func:`table_dataset`); only ``table_dataset`` may call them."""
+    folders = ["app", "core", "agents", "spark", "infra", "quality", "dags", "lake_schemas"]
+    tracked = subprocess.run(["git", "ls-files", *folders], cwd=ROOT, capture_output=True, text=True, check=True)
+    calls = []
+    for name in tracked.stdout.split():
+        if name.endswith(".py"):
+            for node in ast.walk(ast.parse((ROOT / name).read_text())):
+                method = getattr(getattr(node, "func", None), "attr", None) if isinstance(node, ast.Call) else None
+                if method in ("to_pyarrow_table", "to_pyarrow_dataset"):
+                    calls.append(f"{name}:{node.lineno}")
+    assert [call.partition(":")[0] for call in calls] == ["core/tables/delta.py"], calls
