@@ -39,6 +39,7 @@ from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core import keys
+from metrics_lake.core.arrow_memory import use_system_allocator
 from metrics_lake.core.config import load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
@@ -219,6 +220,7 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", type=int, default=[50_000, 100_000, 200_000])
     parser.add_argument("--seconds", type=int, default=60)
     args = parser.parse_args()
+    use_system_allocator()  # the peer allocates as the lake's processes do (metrics_lake.core.arrow_memory)
     print(
         f"{'target ev/s':>12} {'runner':<28} {'produced ev/s':>14} {'table':<18} {'lag p50 s':>10} {'p99 s':>7} "
         f"{'max s':>7} {'peak RSS MiB':>13}"

@@ -1,4 +1,5 @@
-"""The lake's processes allocate Arrow buffers from the system allocator, unless Arrow's own variable says otherwise."""
+"""The lake's processes allocate Arrow buffers from the system allocator, unless Arrow's own variable says otherwise,
+and glibc's malloc keeps the large blocks they free for reuse, unless glibc's own variables say otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from metrics_lake.core.arrow_memory import POOL_ENV
+from metrics_lake.core.arrow_memory import MALLOC_ENV, POOL_ENV
 
 PROBE = (
     "import pyarrow as pa; pa.array([1, 2]); from metrics_lake.core.arrow_memory import use_system_allocator; "
@@ -41,3 +42,41 @@ def test_the_cli_sets_it_before_any_command_runs():
         check=True,
     )
     assert probe.stderr.split()[-1] == "system"
+
+
+#: Where malloc puts a 64 MiB block (below the program break: the heap; else a mapping of its own), and whether a
+#: block of the same size allocated after freeing it is the same memory, not pages the kernel zeroed again.
+HEAP_PROBE = """
+import ctypes, ctypes.util, sys
+from metrics_lake.core.arrow_memory import use_system_allocator
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+if sys.argv[1] == "set":
+    use_system_allocator()
+block = libc.malloc(64 << 20)
+print("heap" if block < libc.sbrk(0) else "mapped")
+ctypes.memset(block + (1 << 20), 7, 4096)
+libc.free(block)
+again = libc.malloc(64 << 20)
+print("reused" if again == block and ctypes.string_at(again + (1 << 20), 4096) == bytes([7]) * 4096 else "zeroed")
+libc.free(again)
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "env", "expected"),
+    [
+        ("set", {}, ["heap", "reused"]),
+        ("unset", {}, ["mapped", "zeroed"]),  # glibc's default: the probe sees the difference
+        ("set", {"MALLOC_MMAP_MAX_": "65536"}, ["mapped", "zeroed"]),  # the user's own tuning wins
+        ("set", {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=65536"}, ["mapped", "zeroed"]),
+    ],
+)
+def test_large_blocks_come_from_the_heap_and_are_reused_unless_the_user_tunes_malloc(how, env, expected):
+    clean = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV and k != "GLIBC_TUNABLES"}
+    probe = subprocess.run(
+        [sys.executable, "-c", HEAP_PROBE, how], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
+    assert probe.stdout.split() == expected

@@ -51,12 +51,23 @@ def test_rdd_and_sql_python_tasks_fork_from_the_one_preloaded_daemon(spark):
 
 
 def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
-    """The worker daemon sets Arrow's pool before it forks (metrics_lake.core.arrow_memory): every task uses it."""
+    """The worker daemon sets Arrow's pool and malloc's reuse of large blocks before it forks
+    (metrics_lake.core.arrow_memory): every task has both."""
 
-    def pool_of_worker(_):
-        yield pa.default_memory_pool().backend_name
+    def memory_of_worker(_):
+        import ctypes
+        import ctypes.util
 
-    assert set(spark.sparkContext.parallelize([0, 1], 2).mapPartitions(pool_of_worker).collect()) == {"system"}
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
+        block = libc.malloc(64 << 20)
+        yield pa.default_memory_pool().backend_name, "heap" if block < libc.sbrk(0) else "mapped"
+        libc.free(block)
+
+    workers = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(memory_of_worker).collect()
+    assert set(workers) == {("system", "heap")}
 
 
 #: Two sessions one after the other in a process of its own (the suite's session stays up): each counts with an
