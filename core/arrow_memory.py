@@ -20,12 +20,12 @@ driver that rebuilds its open minute's windows every second (columns of
 memory every batch. :func:`keep_freed_memory` makes malloc serve those
 blocks from its heap and keep them when freed (``mallopt``, glibc's
 "Memory Allocation Tunables"). Measured with ``bench/steady_load.py
---rates 200000 --seconds 60``, the same tunables set through
-``GLIBC_TUNABLES``, alternating runs: windows lag p99 2.4-3.4 s instead of
-3.0-4.7 s (the same speed layer without Spark: 1.6-1.8 s instead of
-1.9-3.3 s); the price is that a process keeps its high-water mark of
-memory (the in-process speed layer's peak RSS 1.3-1.4 GiB instead of
-0.5-0.7 GiB).
+--rates 200000 --seconds 60``: windows lag p99 2.8-3.2 s in three runs with
+it, 3.0-4.7 s in four without (2.4-3.4 s with the same tunables set through
+``GLIBC_TUNABLES``; the same speed layer without Spark 1.6-1.8 s instead of
+1.9-3.3 s). The price is that a process keeps its high-water mark of
+memory: the in-process speed layer's peak RSS 1.3-1.7 GiB instead of
+0.5-0.7 GiB.
 
 The ``lake`` process sets both first thing (:func:`metrics_lake.app.cli.main`),
 and so does Spark's Python worker daemon before it forks

@@ -150,11 +150,13 @@ def table_dataset(store: Store, name: str, table: DeltaTable | None = None) -> p
     ``DeltaTable.to_pyarrow_dataset()``'s default, delta-rs's Python file
     system (a ``pyarrow.fs.PyFileSystem``): with that one Arrow's I/O threads
     call into Python, and a call still under way when the interpreter exits
-    ends in ``pthread_exit`` inside C++ and ``std::terminate``. Measured: 19
-    of 400 short processes reading a filtered range of ``bronze_events`` on S3
-    died with "terminate called without an active exception" (SIGABRT, exit
-    -6), 0 of 400 through this function (apache/arrow#39162, #50482 report the
-    same with other Python file systems).
+    ends in ``pthread_exit`` inside C++ and ``std::terminate``. Measured with
+    8 concurrent short processes, each reading one ``lake replay`` chunk's
+    positions from ``bronze_events`` on S3 and exiting: through
+    ``to_pyarrow_table`` 19 and 23 of 400 died with "terminate called without
+    an active exception" (SIGABRT, exit -6), through this function 0 of 400,
+    twice (apache/arrow#39162 and #50482 report the same with other Python
+    file systems).
 
     Raises ``deltalake.exceptions.TableNotFoundError`` if the table does not
     exist, ``deltalake.exceptions.DeltaProtocolError`` if it needs reader
@@ -162,7 +164,7 @@ def table_dataset(store: Store, name: str, table: DeltaTable | None = None) -> p
     """
     filesystem, root = store.arrow_fs()
     folder = pafs.SubTreeFileSystem(f"{root}/{keys.table_prefix(name)}", filesystem)
-    return (table or open_table(store, name)).to_pyarrow_dataset(filesystem=folder)
+    return (table if table is not None else open_table(store, name)).to_pyarrow_dataset(filesystem=folder)
 
 
 def list_tables(store: Store) -> list[str]:
