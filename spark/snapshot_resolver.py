@@ -23,9 +23,8 @@ import json
 import logging
 import os
 
-from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.delta import table_layout
+from metrics_lake.core.tables.delta import table_folder, table_layout
 from metrics_lake.core.tables.pruning import Predicate, supported
 from metrics_lake.core.tables.snapshots import snapshot_files
 from metrics_lake.core.tables.time_travel import check_files_present, open_as_of
@@ -95,7 +94,7 @@ class SnapshotResolver:
         if scan and os.environ.get(SCAN_REPORT_ENV) == "1":
             everything = snapshot_files(self.store, table, snapshot) if predicates else kept
             report_scan(table, snapshot.version(), everything, kept, predicates)
-        folder = f"{self.store.arrow_fs()[1]}/{keys.table_prefix(table)}"
+        _, folder = table_folder(self.store, table)
         return {"version": snapshot.version(), "folder": folder, "files": [[f.path, f.size, 0] for f in kept]}
 
 

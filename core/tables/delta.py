@@ -31,6 +31,7 @@ __all__ = [
     "open_table",
     "summarize_tables",
     "table_dataset",
+    "table_folder",
     "table_layout",
     "table_uri",
 ]
@@ -49,6 +50,13 @@ TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
 def table_uri(store: Store, name: str) -> str:
     """URI of table ``name`` for delta-rs and Spark readers; :class:`InputError` for a name that is not valid."""
     return store.uri(keys.table_prefix(name))
+
+
+def table_folder(store: Store, name: str) -> tuple[pafs.FileSystem, str]:
+    """Table ``name``'s folder in the store's Arrow file system (:meth:`~metrics_lake.core.storage.Store.arrow_fs`):
+    ``(file system, path)``: the folder its Delta log's file paths are relative to."""
+    filesystem, root = store.arrow_fs()
+    return filesystem, f"{root}/{keys.table_prefix(name)}"
 
 
 def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
@@ -162,8 +170,8 @@ def table_dataset(store: Store, name: str, table: DeltaTable | None = None) -> p
     exist, ``deltalake.exceptions.DeltaProtocolError`` if it needs reader
     features delta-rs's pyarrow reader lacks.
     """
-    filesystem, root = store.arrow_fs()
-    folder = pafs.SubTreeFileSystem(f"{root}/{keys.table_prefix(name)}", filesystem)
+    filesystem, path = table_folder(store, name)
+    folder = pafs.SubTreeFileSystem(path, filesystem)
     return (table if table is not None else open_table(store, name)).to_pyarrow_dataset(filesystem=folder)
 
 

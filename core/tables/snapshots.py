@@ -21,9 +21,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.delta import table_layout
+from metrics_lake.core.tables.delta import table_folder, table_layout
 from metrics_lake.core.tables.pruning import Predicate, keep_files
 from metrics_lake.lake_schemas.errors import InputError
 
@@ -80,8 +79,7 @@ def snapshot_files(
     values as Delta stores them (dates as ``YYYY-MM-DD``).
     """
     check_readable(table, name)
-    _, root_path = store.arrow_fs()
-    base = f"{root_path}/{keys.table_prefix(name)}"
+    _, base = table_folder(store, name)
     actions = pa.table(table.get_add_actions(flatten=True))
     if predicates and actions.num_rows:
         schema, partition_by = table_layout(store, name)
