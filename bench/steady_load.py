@@ -49,6 +49,7 @@ from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.core.tables.delta import LatestTables
 from metrics_lake.lake_schemas.tables import Table
 
 METRICS_PER_SERVER = 100
@@ -191,7 +192,7 @@ def run_peer(rate: int, seconds: int) -> dict:
         store = LocalStore(settings.root)
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
         stop_flag = threading.Event()
-        open_windows = OpenWindows()  # as the stream's driver keeps them
+        open_windows, tables = OpenWindows(), LatestTables()  # as the stream's driver keeps them
 
         def loop() -> None:
             while not stop_flag.is_set():
@@ -204,6 +205,7 @@ def run_peer(rate: int, seconds: int) -> dict:
                     watermark_seconds=settings.watermark_seconds,
                     clock_skew_seconds=settings.quality_clock_skew_seconds,
                     open_windows=open_windows,
+                    tables=tables,
                 )
                 stop_flag.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 

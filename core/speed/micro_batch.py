@@ -125,7 +125,7 @@ from metrics_lake.core.tables.commits import (
     retry_on_conflict,
 )
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
-from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.core.tables.delta import LatestTables
 from metrics_lake.core.tables.snapshots import (
     DataFile,
     days_between,
@@ -309,20 +309,24 @@ def plan_batch(
     chunk_records: int,
     watched: tuple[str, ...] | None = None,
     limits: CardinalityLimits | None = None,
+    tables: LatestTables | None = None,
 ) -> BatchPlan:
     """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``,
     the metrics absence rules watch (``watched``; default: the registry's rules'), the cardinality limits
-    (default: none; :func:`configured_limits` gives the settings').
+    (default: none; :func:`configured_limits` gives the settings'). ``tables``: the tables a stream keeps open
+    from one batch to the next (:class:`~metrics_lake.core.tables.delta.LatestTables`; default: opened for this
+    call).
 
     A position below the log's start offset (retention removed records a
     table never got; ``lake consumers`` reports it) starts at the log start.
     """
+    tables = tables or LatestTables()
     log_ = SegmentLog(store)
     indexes = {p: log_.index(topic, p) for p in ends}
     first = {p: index.start_offset for p, index in indexes.items()}
     marks: dict[str, dict[int, int]] = {}
     for name in SPEED_TABLES:
-        committed = table_positions(store, name, topic, ends)
+        committed = table_positions(store, name, topic, ends, tables)
         marks[name] = {}
         for p in ends:
             mark = committed[p] or 0
@@ -342,7 +346,7 @@ def plan_batch(
     for p, end in sorted(ends.items()):
         start = min(marks[name][p] for name in SPEED_TABLES)
         chunks += [Chunk(p, lo, min(lo + chunk_records, end)) for lo in range(start, end, chunk_records)]
-    watermark = ensure_table(store, WINDOWS).transaction_version(watermark_app_id(topic))
+    watermark = tables.latest(store, WINDOWS).transaction_version(watermark_app_id(topic))
     if watched is None:
         watched = watched_metrics(Registry(store).current().alert_rules())
     behind = [indexes[p].appended_at(end - 1) for p, end in ends.items() if 0 < end < indexes[p].next_offset]
@@ -489,8 +493,10 @@ def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
     return touched
 
 
-def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> bool:
-    """Run ``commit(table)`` for ``name`` on a fresh snapshot whose positions are still the plan's.
+def _commit_with_positions(store: Store, tables: LatestTables, plan: BatchPlan, name: str, commit) -> bool:
+    """Run ``commit(table, advances)`` for ``name`` on its latest snapshot, from ``tables``, if its positions are
+    still the plan's. ``commit`` must not ask ``tables`` for ``name`` again: that would move the snapshot it plans
+    on, and delta-rs would no longer see a concurrent commit as a conflict.
 
     Returns False (committing nothing) if the table already holds the
     batch's positions: an earlier attempt of this very batch committed.
@@ -502,7 +508,7 @@ def _commit_with_positions(store: Store, plan: BatchPlan, name: str, commit) -> 
         return False
 
     def attempt() -> bool:
-        table = ensure_table(store, name)
+        table = tables.latest(store, name)
         current = committed_offsets(table, CONSUMER, plan.topic, advances)
         if all((current[p] or 0) >= end for p, end in advances.items()):
             return False
@@ -555,7 +561,12 @@ def _window_rows(store: Store, files: list[DataFile], open_windows: OpenWindows 
 
 
 def _upsert_windows(
-    store: Store, plan: BatchPlan, states: pa.Table, watermark: int | None, open_windows: OpenWindows | None
+    store: Store,
+    tables: LatestTables,
+    plan: BatchPlan,
+    states: pa.Table,
+    watermark: int | None,
+    open_windows: OpenWindows | None,
 ) -> int:
     """Merge the batch's window states into ``metric_windows_1m`` with its positions; returns windows written.
 
@@ -596,7 +607,7 @@ def _upsert_windows(
         if open_windows is not None and states.num_rows:
             open_windows.remember(open_files)
 
-    return written if _commit_with_positions(store, plan, WINDOWS, commit) else 0
+    return written if _commit_with_positions(store, tables, plan, WINDOWS, commit) else 0
 
 
 def commit_batch(
@@ -611,6 +622,7 @@ def commit_batch(
     alerting: AlertOptions | None = None,
     stages: dict[str, float] | None = None,
     open_windows: OpenWindows | None = None,
+    tables: LatestTables | None = None,
 ) -> BatchOutcome:
     """Commit a processed batch: bronze, quarantine, windows, query results, last seen, alerts; each with its new
     positions. ``stages``: seconds the caller spent before (planning, tasks), reported first in the outcome's.
@@ -622,10 +634,12 @@ def commit_batch(
     absence lookback (default :class:`~metrics_lake.core.speed.alerting.AlertOptions`);
     ``open_windows``: the rows of the open windows this stream committed last,
     read instead of their files and updated (:mod:`metrics_lake.core.speed.open_windows`;
-    ``None``: always read the files). Also records the batch's end as consumer group ``speed-layer`` (what
-    ``lake consumers`` shows). Raises :class:`ConcurrentWriterError` if
-    another stream moved a table's positions meanwhile (see the module
-    docstring).
+    ``None``: always read the files); ``tables``: the tables the stream keeps
+    open from one batch to the next (:class:`~metrics_lake.core.tables.delta.LatestTables`;
+    default: opened for this call). Also records the batch's end as consumer
+    group ``speed-layer`` (what ``lake consumers`` shows). Raises
+    :class:`ConcurrentWriterError` if another stream moved a table's positions
+    meanwhile (see the module docstring).
     """
     started = started or time.monotonic()
     stages = dict(stages or {})
@@ -638,6 +652,7 @@ def commit_batch(
         lap = now
 
     alerting = alerting or AlertOptions()
+    tables = tables or LatestTables()
     registry = Registry(store).current() if queries is None or rules is None else None
     queries = registry.queries() if queries is None else queries
     rules = registry.alert_rules() if rules is None else rules
@@ -649,6 +664,7 @@ def commit_batch(
         files = [f for r in results for f in r.files if f.table == name]
         committed = _commit_with_positions(
             store,
+            tables,
             plan,
             name,
             lambda table, advances, name=name, files=files: commit_changes(
@@ -667,19 +683,19 @@ def commit_batch(
     watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
     states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
     timed("windows merge")
-    written = _upsert_windows(store, plan, states, watermark, open_windows)
+    written = _upsert_windows(store, tables, plan, states, watermark, open_windows)
     timed(WINDOWS)
     touched: dict[str, set[int]] = {}
     for result in results:
         for metric, minutes in result.touched.items():
             touched.setdefault(metric, set()).update(minutes)
-    rows[QUERIES] = _upsert_query_results(store, plan, touched, queries, watermark, open_windows)
+    rows[QUERIES] = _upsert_query_results(store, tables, plan, touched, queries, watermark, open_windows)
     timed(QUERIES)
     seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
-    rows[LAST_SEEN] = _upsert_last_seen(store, plan, seen, rules, alerting.absence_lookback_s)
+    rows[LAST_SEEN] = _upsert_last_seen(store, tables, plan, seen, rules, alerting.absence_lookback_s)
     timed(LAST_SEEN)
     clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
-    rows[ALERTS] = _commit_alerts(store, plan, rules, queries, clock, alerting.absence_lookback_s)
+    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting.absence_lookback_s)
     timed(ALERTS)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
@@ -703,7 +719,9 @@ def commit_batch(
     )
 
 
-def _upsert_last_seen(store: Store, plan: BatchPlan, seen: pa.Table, rules: list[AlertRule], lookback_s: int) -> int:
+def _upsert_last_seen(
+    store: Store, tables: LatestTables, plan: BatchPlan, seen: pa.Table, rules: list[AlertRule], lookback_s: int
+) -> int:
     """Rewrite ``last_seen`` with the batch's newest times merged in (and a newly watched metric's first rows from
     the windows), with its positions; returns the rows it now holds."""
     watched = watched_metrics(rules)
@@ -730,7 +748,7 @@ def _upsert_last_seen(store: Store, plan: BatchPlan, seen: pa.Table, rules: list
         )
         written = rows.num_rows
 
-    return written if _commit_with_positions(store, plan, LAST_SEEN, commit) else 0
+    return written if _commit_with_positions(store, tables, plan, LAST_SEEN, commit) else 0
 
 
 _ALERT_LOGS: dict[str, AlertLog] = {}
@@ -738,6 +756,7 @@ _ALERT_LOGS: dict[str, AlertLog] = {}
 
 def _commit_alerts(
     store: Store,
+    tables: LatestTables,
     plan: BatchPlan,
     rules: list[AlertRule],
     queries: list[StoredQuery],
@@ -755,8 +774,8 @@ def _commit_alerts(
         values = {}
         if threshold_at_us is not None and any(r.kind == THRESHOLD for r in rules):
             by_name = {q.name: q for q in queries}
-            values = threshold_values(store, open_table(store, QUERIES), rules, by_name, threshold_at_us)
-        last_seen = read_last_seen(store, open_table(store, LAST_SEEN))
+            values = threshold_values(store, tables.latest(store, QUERIES), rules, by_name, threshold_at_us)
+        last_seen = read_last_seen(store, tables.latest(store, LAST_SEEN))
         clock_ms = absence_clock_ms(
             append_clock_us(last_seen),
             plan.read_through_ms,
@@ -786,11 +805,12 @@ def _commit_alerts(
         if recorded:
             log.info("alerts: %s", "; ".join(f"{t.state} {t.summary}" for t in transitions))
 
-    return recorded if _commit_with_positions(store, plan, ALERTS, commit) else 0
+    return recorded if _commit_with_positions(store, tables, plan, ALERTS, commit) else 0
 
 
 def _upsert_query_results(
     store: Store,
+    tables: LatestTables,
     plan: BatchPlan,
     touched: dict[str, set[int]],
     queries: list[StoredQuery],
@@ -842,7 +862,7 @@ def _upsert_query_results(
                     Transaction(backfill_revision_app_id(query.name), query.revision),
                     Transaction(backfilled_through_app_id(query.name), 0),
                 ]
-            adopted = _windows_after(store, query, cutoffs[query.name])
+            adopted = _windows_after(store, tables, query, cutoffs[query.name])
             if len(adopted):
                 starts[query.name] = np.union1d(starts.get(query.name, np.zeros(0, np.int64)), adopted)
         if starts or cutoffs:
@@ -851,7 +871,7 @@ def _upsert_query_results(
             if chosen:
                 lo = min(int(s[0]) for s in starts.values())
                 hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
-                windows = _windows_between(store, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
+                windows = _windows_between(store, tables, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
                 states = pa.concat_tables([window_states(windows, q, starts[q.name]) for q in chosen])
                 results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
             replaced = pa.table(
@@ -885,13 +905,13 @@ def _upsert_query_results(
             operation="STREAMING QUERIES",
         )
 
-    return written if _commit_with_positions(store, plan, QUERIES, commit) else 0
+    return written if _commit_with_positions(store, tables, plan, QUERIES, commit) else 0
 
 
-def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> np.ndarray:
+def _windows_after(store: Store, tables: LatestTables, query: StoredQuery, cutoff_us: int | None) -> np.ndarray:
     """Starts (epoch µs, sorted) of ``query``'s windows ending after ``cutoff_us`` (None: all) that hold a minute
     of the committed windows table."""
-    table = open_table(store, WINDOWS)
+    table = tables.latest(store, WINDOWS)
     oldest, newest = window_start_bounds(table)
     if newest is None:
         return np.zeros(0, np.int64)
@@ -899,7 +919,7 @@ def _windows_after(store: Store, query: StoredQuery, cutoff_us: int | None) -> n
     if newest < lo:
         return np.zeros(0, np.int64)
     # Only the minutes: reading the window states (sketches) here cost most of a first batch's query results.
-    windows = _windows_between(store, {query.metric}, lo, newest + 1, columns=["metric", "window_start"])
+    windows = _windows_between(store, tables, {query.metric}, lo, newest + 1, columns=["metric", "window_start"])
     minutes = np.unique(pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False))
     starts = affected_windows(query, minutes)
     return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
@@ -943,6 +963,7 @@ def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | 
 
 def _windows_between(
     store: Store,
+    tables: LatestTables,
     metrics: set[str],
     lo_us: int,
     hi_us: int,
@@ -958,7 +979,7 @@ def _windows_between(
     then keeps what this call took from each file
     (:mod:`metrics_lake.core.speed.open_windows`).
     """
-    table = open_table(store, WINDOWS)
+    table = tables.latest(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
     names = tuple(columns or WINDOW_STATE.names)
     wanted = frozenset(metrics)
@@ -991,15 +1012,17 @@ def run_batch_in_process(
     alerting: AlertOptions | None = None,
     limits: CardinalityLimits | None = None,
     open_windows: OpenWindows | None = None,
+    tables: LatestTables | None = None,
 ) -> BatchOutcome | None:
     """Plan, process (partition after partition, in this process) and commit one batch; ``None`` if nothing to do.
 
     The same steps the Spark job runs, without Spark: for tests, tools and
     the benchmarks' "library without Spark" peer. ``queries``, ``rules``,
-    ``alerting`` and ``open_windows`` as for :func:`commit_batch`; ``limits``
-    as for :func:`plan_batch`.
+    ``alerting``, ``open_windows`` and ``tables`` as for :func:`commit_batch`;
+    ``limits`` as for :func:`plan_batch`.
     """
     started = time.monotonic()
+    tables = tables or LatestTables()
     plan = plan_batch(
         store,
         topic,
@@ -1008,6 +1031,7 @@ def run_batch_in_process(
         chunk_records=chunk_records,
         watched=None if rules is None else watched_metrics(rules),
         limits=limits,
+        tables=tables,
     )
     if not plan.chunks:
         return None
@@ -1026,4 +1050,5 @@ def run_batch_in_process(
         rules=rules,
         alerting=alerting,
         open_windows=open_windows,
+        tables=tables,
     )

@@ -34,7 +34,7 @@ from metrics_lake.core.log.consumer import start_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import committed_offsets
-from metrics_lake.core.tables.delta import ensure_table, open_table
+from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.lake_schemas.operations import STREAM
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
@@ -145,15 +145,19 @@ def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
 POSITION_TABLES = tuple(name for name in STREAM.writes if name != Table.SERVERS)
 
 
-def table_positions(store: Store, name: str, topic: str, partitions) -> dict[int, int | None]:
+def table_positions(
+    store: Store, name: str, topic: str, partitions, tables: LatestTables | None = None
+) -> dict[int, int | None]:
     """Per log partition, the next offset table ``name`` holds for the speed layer (None: nothing yet).
 
     A table of :data:`_FOLLOWERS` that never committed starts at the windows
-    table's positions (module docstring).
+    table's positions (module docstring). ``tables``: where to get the tables
+    (default: opened for this call; created if absent either way).
     """
-    marks = committed_offsets(ensure_table(store, name), CONSUMER, topic, partitions)
+    tables = tables or LatestTables()
+    marks = committed_offsets(tables.latest(store, name), CONSUMER, topic, partitions)
     if name in _FOLLOWERS and all(mark is None for mark in marks.values()):
-        return committed_offsets(ensure_table(store, Table.METRIC_WINDOWS_1M), CONSUMER, topic, partitions)
+        return committed_offsets(tables.latest(store, Table.METRIC_WINDOWS_1M), CONSUMER, topic, partitions)
     return marks
 
 

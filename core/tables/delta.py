@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import Schema as DeltaSchema
 
 from metrics_lake.core import keys
@@ -26,6 +26,7 @@ from metrics_lake.lake_schemas.tables import TABLES, table_spec
 __all__ = [
     "TABLE_PROPERTIES",
     "TableSummary",
+    "LatestTables",
     "ensure_table",
     "list_tables",
     "open_table",
@@ -44,6 +45,8 @@ __all__ = [
 #: creation: an open took 17-27 ms and ``transaction_version`` 4 ms; after a
 #: checkpoint 3-5 ms and 0.8 ms. Writing a checkpoint took 30-40 ms (delta-rs
 #: writes it after the commit whose version + 1 is a multiple of the interval).
+#: A running stream now keeps its tables open (:class:`LatestTables`); every
+#: other reader and writer still opens them.
 TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
 
 
@@ -144,6 +147,42 @@ def open_table(store: Store, name: str, version: int | None = None) -> DeltaTabl
     Raises ``deltalake.exceptions.TableNotFoundError`` if it does not exist.
     """
     return DeltaTable(table_uri(store, name), version=version, storage_options=store.storage_options())
+
+
+class LatestTables:
+    """Delta tables kept open between uses, each brought to its latest version whenever it is asked for.
+
+    What a speed layer's driver holds from one micro-batch to the next: a batch asks for each table to plan
+    and again to commit (and for ``metric_windows_1m`` and the alert inputs in between). Opening a table reads
+    its last checkpoint and every commit after it; bringing an open one up to date
+    (``DeltaTable.update_incremental``) reads only the commits made since it was last asked for. A table asked
+    for the first time is opened with :func:`ensure_table` (created or evolved if need be); one that cannot be
+    brought up to date (its log cleaned up under it) is opened again. A table deleted and made again under the
+    same name is not noticed: nothing in the lake does that while a stream runs.
+
+    Measured (``bench/steady_load.py`` at 200,000 events/s, medians of a batch's stages in one run each, with and
+    without): planning 0.04 s against 0.07 s, the commits of bronze, quarantine, query results, last seen and
+    alerts 0.15 s against 0.21 s: about 0.09 s of a 1.2 s batch.
+
+    A returned table is the caller's to read and commit on until it asks for the same name again; it must not
+    be moved to another version (``load_as_version``). One instance per thread: not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[str, DeltaTable] = {}
+
+    def latest(self, store: Store, name: str) -> DeltaTable:
+        """Table ``name`` of ``store`` at its latest version; raises as :func:`ensure_table` does."""
+        uri = table_uri(store, name)
+        table = self._tables.get(uri)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except DeltaError:
+                del self._tables[uri]  # reopened below: that raises the error that matters, if any
+        table = self._tables[uri] = ensure_table(store, name)
+        return table
 
 
 def table_dataset(store: Store, name: str, table: DeltaTable | None = None) -> pads.Dataset:

@@ -48,7 +48,7 @@ from metrics_lake.core.speed.micro_batch import (
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import starting_offsets
 from metrics_lake.core.storage import Store, open_store
-from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.core.tables.delta import LatestTables, ensure_table
 from metrics_lake.lake_schemas.errors import TopicNotFoundError
 from metrics_lake.lake_schemas.tables import TABLES
 from metrics_lake.spark.datasources.log_source import limit_offsets
@@ -98,15 +98,22 @@ def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list
 
 
 def run_batch(
-    spark, settings: LakeSettings, ends: dict[int, int], open_windows: OpenWindows | None = None
+    spark,
+    settings: LakeSettings,
+    ends: dict[int, int],
+    open_windows: OpenWindows | None = None,
+    tables: LatestTables | None = None,
 ) -> BatchOutcome | None:
     """Plan, process and commit one micro-batch reading up to ``ends``; ``None`` if no table needs anything.
 
     ``open_windows``: the stream's kept open-window rows, used and updated by the commit
-    (:mod:`metrics_lake.core.speed.open_windows`); ``None`` reads every file.
+    (:mod:`metrics_lake.core.speed.open_windows`); ``None`` reads every file. ``tables``: the
+    tables the stream keeps open from one batch to the next
+    (:class:`~metrics_lake.core.tables.delta.LatestTables`); ``None`` opens them for this batch.
     """
     started = time.monotonic()
     store = open_store(settings)
+    tables = tables or LatestTables()
     plan = plan_batch(
         store,
         settings.topic,
@@ -114,6 +121,7 @@ def run_batch(
         watermark_seconds=settings.watermark_seconds,
         chunk_records=CHUNK_RECORDS,
         limits=configured_limits(settings, SegmentLog(store).partitions(settings.topic)),
+        tables=tables,
     )
     if not plan.chunks:
         return None
@@ -128,6 +136,7 @@ def run_batch(
         alerting=AlertOptions.from_settings(settings),
         stages={"plan": planned - started, "tasks": time.monotonic() - planned},
         open_windows=open_windows,
+        tables=tables,
     )
 
 
@@ -141,11 +150,11 @@ def start_stream(
     gets every committed batch's outcome.
     """
     prepare_lake(settings)
-    open_windows = OpenWindows()  # foreachBatch runs in this process: one batch after another
+    open_windows, tables = OpenWindows(), LatestTables()  # foreachBatch runs in this process: one batch at a time
 
     def each_batch(batch_df, batch_id: int) -> None:
         ends = {int(row["partition"]): int(row["end"]) for row in batch_df.collect()}
-        outcome = run_batch(spark, settings, ends, open_windows)
+        outcome = run_batch(spark, settings, ends, open_windows, tables)
         if outcome is not None and progress is not None:
             progress(outcome)
 
@@ -177,9 +186,9 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     store = prepare_lake(settings)
     begin = starting_offsets(store, settings.topic)
     target = end_offsets(SegmentLog(store), settings.topic)
-    batches, open_windows = 0, OpenWindows()
+    batches, open_windows, tables = 0, OpenWindows(), LatestTables()
     while (ends := limit_offsets(begin, target, settings.max_records_per_batch)) != begin:
-        outcome = run_batch(spark, settings, ends, open_windows)
+        outcome = run_batch(spark, settings, ends, open_windows, tables)
         batches += 1
         if outcome is not None and progress is not None:
             progress(outcome)

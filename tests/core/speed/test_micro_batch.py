@@ -37,7 +37,7 @@ from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.commits import commit_changes, committed_offsets, remove_action
 from metrics_lake.core.tables.data_files import write_data_files
-from metrics_lake.core.tables.delta import open_table
+from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, Table, table_spec
@@ -153,14 +153,18 @@ def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(sto
     assert_exact(store, log)
 
 
-def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothing_doubles(store, log, monkeypatch):
+@pytest.mark.parametrize("kept", [False, True], ids=["tables-opened-per-batch", "tables-kept-by-the-stream"])
+def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothing_doubles(
+    store, log, monkeypatch, kept
+):
     """delta-rs lets a commit remove a file a concurrent OPTIMIZE already removed (no conflict), which would
     duplicate rows; compaction therefore skips the days the speed layer may still rewrite (first_open_day)."""
+    tables = LatestTables() if kept else None
     yesterday = START_MS - 86_400_000
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=150, seed=5, start_ms=yesterday).generate())
-    batch(store)  # yesterday's minutes are still open: a file each
+    batch(store, tables=tables)  # yesterday's minutes are still open: a file each
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=150, seed=6, start_ms=START_MS).generate())
-    batch(store)  # the watermark is now on START's day: yesterday is closed
+    batch(store, tables=tables)  # the watermark is now on START's day: yesterday is closed
     open_day = progress.first_open_day(store)
     assert open_day == dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=60, seed=7, start_ms=START_MS + 120_000).generate())
@@ -173,8 +177,30 @@ def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothi
         return real(table, name, *args, **kwargs)
 
     monkeypatch.setattr(speed_layer, "commit_changes", compaction_meanwhile)
-    batch(store)
+    batch(store, tables=tables)
     assert compacted[0].partitions_rewritten == 1  # yesterday's minute files merged; today's left alone
+    assert_exact(store, log)
+
+
+def test_a_stream_keeping_its_tables_open_plans_and_commits_on_what_other_writers_committed(store, log):
+    """A stream keeps its tables open from one batch to the next (:class:`LatestTables`): another stream's
+    commits in between still refuse its stale plan, and its next batch starts where the other one stopped."""
+    ends = []
+    for part in range(3):
+        start_ms = START_MS + part * 30_000
+        produce(log, FleetSimulator(servers=2, metrics=2, seconds=30, seed=8 + part, start_ms=start_ms).generate())
+        ends.append(end_offsets(log, TOPIC))
+    kept = LatestTables()
+    assert batch(store, ends[0], tables=kept).rows[BRONZE] == sum(ends[0].values())
+    stale = plan_batch(store, TOPIC, ends[2], watermark_seconds=120, chunk_records=1000, tables=kept)
+    results = [r for p in stale.partition_chunks() for r in process_partition(store, stale, p, clock_skew_seconds=300)]
+
+    assert batch(store, ends[1]).records == sum(ends[1].values()) - sum(ends[0].values())  # another stream
+    with pytest.raises(ConcurrentWriterError, match="another speed layer committed positions"):
+        commit_batch(store, stale, results, watermark_seconds=120, tables=kept)
+    outcome = batch(store, tables=kept)
+
+    assert outcome.records == sum(ends[2].values()) - sum(ends[1].values())  # from where the other one stopped
     assert_exact(store, log)
 
 

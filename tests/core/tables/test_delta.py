@@ -10,11 +10,21 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
+import pytest
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
-from metrics_lake.core.tables.commits import commit_files
+from metrics_lake.core.tables.commits import commit_changes, commit_files, remove_action
 from metrics_lake.core.tables.data_files import write_data_files
-from metrics_lake.core.tables.delta import TABLE_PROPERTIES, ensure_table, open_table, table_dataset, table_uri
+from metrics_lake.core.tables.delta import (
+    TABLE_PROPERTIES,
+    LatestTables,
+    ensure_table,
+    open_table,
+    table_dataset,
+    table_uri,
+)
+from metrics_lake.core.tables.snapshots import snapshot_files
 from metrics_lake.lake_schemas.tables import TABLES, Table
 from tests.core.tables.test_pruning import bronze_rows
 
@@ -76,6 +86,51 @@ def test_a_table_dataset_reads_through_the_stores_own_file_system_exactly_the_ro
     assert len(list(dataset.get_fragments(filter=where))) == 2  # the first batch's files; statistics skip the rest
     at_version = table_dataset(any_store, BRONZE, open_table(any_store, BRONZE, version=1))
     assert at_version.count_rows() == 400  # time travel: the snapshot of the table given
+
+
+def _append(store, batch: int, table=None) -> None:
+    """Commit 100 bronze rows (two files, one per day) as batch ``batch``; on ``table`` if given, else fresh."""
+    files = write_data_files(
+        store, BRONZE, pa.Table.from_pylist(bronze_rows(batch, 100, batch * 100), TABLES[BRONZE].schema)
+    )
+    if table is None:
+        commit_files(store, BRONZE, [f.add_action() for f in files], app_id="test", batch_id=batch)
+    else:
+        commit_changes(table, BRONZE, files, [], transactions=[], operation="TEST")
+
+
+def test_latest_tables_keep_one_table_open_and_bring_it_to_every_other_writers_commits(store) -> None:
+    tables = LatestTables()
+    created = tables.latest(store, BRONZE)  # asked for the first time: created, with the lake's properties
+    assert created.version() == 0 and created.metadata().configuration == TABLE_PROPERTIES
+    for batch in range(1, 13):  # another writer, past a checkpoint (every 10 commits)
+        _append(store, batch)
+
+    table = tables.latest(store, BRONZE)
+
+    assert table is created  # the same object, brought up to date
+    assert table.version() == 12 and table.transaction_version("test") == 12
+    assert table_dataset(store, BRONZE, table).count_rows() == 12 * 100
+    _append(store, 13, table)  # committing on it moves it too
+    assert tables.latest(store, BRONZE).version() == open_table(store, BRONZE).version() == 13
+
+
+def test_a_commit_on_a_kept_table_still_loses_to_a_concurrent_remove_of_its_file(store) -> None:
+    """What the speed layer's exactly-once path relies on (:mod:`metrics_lake.core.tables.commits`): a commit on
+    the snapshot it planned from fails when another writer removed a file it removes meanwhile, and the next
+    ``latest`` plans on a snapshot that has the other writer's commit."""
+    _append(store, 1)
+    tables = LatestTables()
+    planned = tables.latest(store, BRONZE)
+    victim = snapshot_files(store, BRONZE, planned)[0]
+    other = open_table(store, BRONZE)  # a concurrent writer (a rewrite by compaction of an older release)
+    commit_changes(other, BRONZE, [], [remove_action(victim)], transactions=[], operation="OTHER")
+
+    with pytest.raises(CommitFailedError):
+        commit_changes(planned, BRONZE, [], [remove_action(victim)], transactions=[], operation="TEST")
+
+    again = tables.latest(store, BRONZE)
+    assert again.version() == 2 and victim.relative not in {f.relative for f in snapshot_files(store, BRONZE, again)}
 
 
 def test_the_library_scans_tables_only_through_table_dataset() -> None:
