@@ -14,8 +14,9 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.windows import QUANTILES
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.speed.micro_batch import plan_batch, process_partition
 from metrics_lake.core.tables.delta import open_table
-from metrics_lake.spark.jobs.stream_metrics import catch_up, run_stream, start_stream
+from metrics_lake.spark.jobs.stream_metrics import catch_up, process_on_executors, run_stream, start_stream
 from tests.helpers import assert_quantile_within_bound, expected_windows
 from tests.lake_schemas.test_contract import INVALID as CONTRACT_CASES
 
@@ -107,6 +108,35 @@ def test_stream_once_gives_exact_bronze_quarantine_and_windows(spark, settings, 
     versions = {name: open_table(store, name).version() for name in ("bronze_events", "metric_windows_1m")}
     run_stream(spark, settings, once=True)
     assert {name: open_table(store, name).version() for name in versions} == versions
+
+
+def test_a_batch_runs_as_many_tasks_as_cores_each_taking_whole_partitions_in_order(spark, settings, log, store):
+    """4 log partitions on ``local[2]``: one job of 2 tasks, and the chunk results of each partition, in partition
+    and offset order, equal to processing the partitions in this process."""
+    sim = FleetSimulator(servers=8, metrics=2, seconds=60, seed=12, start_ms=START_MS)
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(sim.generate())
+    ends = end_offsets(log, settings.topic)
+    plan = plan_batch(store, settings.topic, ends, watermark_seconds=120, chunk_records=100)
+    assert len(plan.partition_chunks()) == settings.partitions == 4
+
+    spark.sparkContext.setJobGroup("grouped-partitions", "test")
+    try:
+        results = process_on_executors(spark, settings, plan)
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+
+    tracker = spark.sparkContext.statusTracker()
+    (job,) = tracker.getJobIdsForGroup("grouped-partitions")
+    (stage,) = tracker.getJobInfo(job).stageIds
+    assert tracker.getStageInfo(stage).numTasks == spark.sparkContext.defaultParallelism == 2
+    local = [
+        r for p in sorted(plan.partition_chunks()) for r in process_partition(store, plan, p, clock_skew_seconds=300)
+    ]
+    assert len(results) == len(local) == len(plan.chunks)
+    for got, want in zip(results, local, strict=True):
+        assert got.counts == want.counts and got.states.equals(want.states) and got.touched == want.touched
+    assert sum(r.counts["bronze_events"] for r in results) == sim.total_events
 
 
 def test_windows_are_upserted_as_more_data_arrives_across_runs_and_batches(spark, settings, log, store):
