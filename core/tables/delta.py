@@ -156,9 +156,12 @@ class LatestTables:
     and again to commit (and for ``metric_windows_1m`` and the alert inputs in between). Opening a table reads
     its last checkpoint and every commit after it; bringing an open one up to date
     (``DeltaTable.update_incremental``) reads only the commits made since it was last asked for. A table asked
-    for the first time is opened with :func:`ensure_table` (created or evolved if need be); one that cannot be
-    brought up to date (its log cleaned up under it) is opened again. A table deleted and made again under the
-    same name is not noticed: nothing in the lake does that while a stream runs.
+    for the first time is opened with :func:`ensure_table` (created or evolved if need be). If bringing a table
+    up to date raises a ``DeltaError`` (an object store that failed a read, say), the table is dropped and opened
+    again, so a half-updated table is never handed out; the open raises if the cause persists. (delta-rs 1.6
+    brings a table up to date from a checkpoint when the commits before it were cleaned up or unreadable:
+    tried.) A table deleted and made again under the same name is not noticed: nothing in the lake does that
+    while a stream runs.
 
     Measured (``bench/steady_load.py`` at 200,000 events/s, medians of a batch's stages in one run each, with and
     without): planning 0.04 s against 0.07 s, the commits of bronze, quarantine, query results, last seen and

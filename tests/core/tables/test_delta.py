@@ -12,7 +12,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from metrics_lake.core.tables.commits import commit_changes, commit_files, remove_action
 from metrics_lake.core.tables.data_files import write_data_files
@@ -113,6 +113,21 @@ def test_latest_tables_keep_one_table_open_and_bring_it_to_every_other_writers_c
     assert table_dataset(store, BRONZE, table).count_rows() == 12 * 100
     _append(store, 13, table)  # committing on it moves it too
     assert tables.latest(store, BRONZE).version() == open_table(store, BRONZE).version() == 13
+
+
+def test_a_kept_table_whose_update_fails_is_opened_again(store, monkeypatch) -> None:
+    tables = LatestTables()
+    broken = tables.latest(store, BRONZE)
+    _append(store, 1)
+
+    def unreadable() -> None:
+        raise DeltaError("Generic error: the object store failed a read")
+
+    monkeypatch.setattr(broken, "update_incremental", unreadable)
+    table = tables.latest(store, BRONZE)
+
+    assert table is not broken and table.version() == 1
+    assert tables.latest(store, BRONZE) is table  # kept from then on
 
 
 def test_a_commit_on_a_kept_table_still_loses_to_a_concurrent_remove_of_its_file(store) -> None:
