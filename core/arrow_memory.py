@@ -23,7 +23,9 @@ blocks from its heap and keep them when freed (``mallopt``, glibc's
 --rates 200000 --seconds 60``: windows lag p99 2.8-3.2 s in three runs with
 it, 3.0-4.7 s in four without (2.4-3.4 s with the same tunables set through
 ``GLIBC_TUNABLES``; the same speed layer without Spark 1.6-1.8 s instead of
-1.9-3.3 s). The price is that a process keeps its high-water mark of
+1.9-3.3 s). Those runs measured the last 45 s of each 60 s run, a different
+part of the minute each time; the benchmark now measures whole minutes, so
+its figures since then are not comparable with these. The price is that a process keeps its high-water mark of
 memory: the in-process speed layer's peak RSS 1.3-1.7 GiB instead of
 0.5-0.7 GiB.
 

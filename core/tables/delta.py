@@ -165,7 +165,8 @@ class LatestTables:
 
     Measured (``bench/steady_load.py`` at 200,000 events/s, medians of a batch's stages in one run each, with and
     without): planning 0.04 s against 0.07 s, the commits of bronze, quarantine, query results, last seen and
-    alerts 0.15 s against 0.21 s: about 0.09 s of a 1.2 s batch.
+    alerts 0.15 s against 0.21 s: about 0.09 s of a 1.2 s batch. (Those two runs still measured the last 45 s of a
+    60 s load, before the benchmark measured whole minutes.)
 
     A returned table is the caller's to read and commit on until it asks for the same name again; it must not
     be moved to another version (``load_as_version``). Not for concurrent use (a stream commits one batch at a
