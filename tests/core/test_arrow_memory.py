@@ -44,10 +44,11 @@ def test_the_cli_sets_it_before_any_command_runs():
     assert probe.stderr.split()[-1] == "system"
 
 
-#: Where malloc puts a 64 MiB block (below the program break: the heap; else a mapping of its own), and whether a
-#: block of the same size allocated after freeing it is the same memory, not pages the kernel zeroed again.
+#: Where malloc puts a 64 MiB block, on the main thread and then on a new thread (below the program break: the
+#: heap; else a mapping of its own), and whether a block of the same size allocated after freeing it is the same
+#: memory, not pages the kernel zeroed again.
 HEAP_PROBE = """
-import ctypes, ctypes.util, sys
+import ctypes, ctypes.util, sys, threading
 from metrics_lake.core.arrow_memory import use_system_allocator
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -55,26 +56,32 @@ libc.free.argtypes = [ctypes.c_void_p]
 libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
 if sys.argv[1] == "set":
     use_system_allocator()
-block = libc.malloc(64 << 20)
-print("heap" if block < libc.sbrk(0) else "mapped")
-ctypes.memset(block + (1 << 20), 7, 4096)
-libc.free(block)
-again = libc.malloc(64 << 20)
-print("reused" if again == block and ctypes.string_at(again + (1 << 20), 4096) == bytes([7]) * 4096 else "zeroed")
-libc.free(again)
+def probe():
+    block = libc.malloc(64 << 20)
+    print("heap" if block < libc.sbrk(0) else "mapped")
+    ctypes.memset(block + (1 << 20), 7, 4096)
+    libc.free(block)
+    again = libc.malloc(64 << 20)
+    print("reused" if again == block and ctypes.string_at(again + (1 << 20), 4096) == bytes([7]) * 4096 else "zeroed")
+    libc.free(again)
+probe()
+thread = threading.Thread(target=probe)
+thread.start()
+thread.join()
 """
 
 
 @pytest.mark.parametrize(
     ("how", "env", "expected"),
     [
-        ("set", {}, ["heap", "reused"]),
-        ("unset", {}, ["mapped", "zeroed"]),  # glibc's default: the probe sees the difference
-        ("set", {"MALLOC_MMAP_MAX_": "65536"}, ["mapped", "zeroed"]),  # the user's own tuning wins
-        ("set", {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=65536"}, ["mapped", "zeroed"]),
+        ("set", {}, ["heap", "reused"] * 2),
+        ("unset", {}, ["mapped", "zeroed"] * 2),  # glibc's default: the probe sees the difference
+        ("set", {"MALLOC_MMAP_MAX_": "65536"}, ["mapped", "zeroed"] * 2),  # the user's own tuning wins
+        ("set", {"GLIBC_TUNABLES": "glibc.malloc.mmap_max=65536"}, ["mapped", "zeroed"] * 2),
+        ("set", {"MALLOC_ARENA_MAX": "8"}, ["mapped", "zeroed"] * 2),
     ],
 )
-def test_large_blocks_come_from_the_heap_and_are_reused_unless_the_user_tunes_malloc(how, env, expected):
+def test_large_blocks_come_from_the_heap_and_are_reused_on_any_thread_unless_the_user_tunes_malloc(how, env, expected):
     clean = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV and k != "GLIBC_TUNABLES"}
     probe = subprocess.run(
         [sys.executable, "-c", HEAP_PROBE, how], env={**clean, **env}, capture_output=True, text=True, check=True
