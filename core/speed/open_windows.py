@@ -17,7 +17,8 @@ only the files of the snapshot it plans from, uses the kept rows only when
 it holds every one of them, and reads the files otherwise (after a restart,
 or when another writer such as compaction rewrote them). Either way the
 upsert inserts the batch's states into those rows
-(:func:`~metrics_lake.core.kernels.windows.merge_into_rows`).
+(:func:`~metrics_lake.core.kernels.windows.merge_into_rows`). A large open
+minute is several files, one per shard of its series, each kept.
 
 Stored queries read more than the minute being written: a 1-hour window
 holds every minute of its hour, so without more each batch would read every

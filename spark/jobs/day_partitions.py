@@ -27,14 +27,12 @@ import datetime as dt
 import json
 from collections.abc import Callable, Iterable, Iterator
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states, series_shards
 from metrics_lake.core.leases import maintenance_lease
-from metrics_lake.core.log.producer import group_by_partition, hash_partitions
+from metrics_lake.core.log.producer import group_by_partition
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.core.tables.commits import retry_on_conflict
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
@@ -43,7 +41,7 @@ from metrics_lake.core.tables.snapshots import read_data_files
 from metrics_lake.lake_schemas.tables import TABLES
 from metrics_lake.spark.datasources.delta_reader import group_files, table_files
 
-__all__ = ["compute_day_files", "read_days", "replace_day", "rows_written", "series_partitions"]
+__all__ = ["compute_day_files", "read_days", "replace_day", "rows_written"]
 
 
 def read_days(spark, root: str, table: str, days: Iterable[dt.date]):
@@ -99,7 +97,9 @@ def compute_day_files(
     def map_task(index: int) -> Iterator[tuple[int, bytes]]:
         store = open_store(load_settings(root=root))
         states = to_states(read_data_files(store, groups[index], schema, columns, dictionary))
-        for partition, part in group_by_partition(states, series_partitions(states, partitions)).items():
+        for partition, part in group_by_partition(
+            states, series_shards(states.column("metric"), states.column("server"), partitions)
+        ).items():
             yield partition, _to_ipc(part)
 
     def reduce_task(records: Iterator[tuple[int, bytes]]) -> Iterator[tuple[list[WrittenFile], dict]]:
@@ -127,19 +127,6 @@ def compute_day_files(
             before = totals.get(metric, (0, 0.0))
             totals[metric] = (before[0] + count, before[1] + total)
     return written, totals
-
-
-def series_partitions(states: pa.Table, partitions: int) -> np.ndarray:
-    """Shuffle partition (int32 in ``[0, partitions)``) of each row of ``states``: CRC-32 of its metric and server.
-
-    The producer's partitioner (:func:`~metrics_lake.core.log.producer.hash_partitions`)
-    applied to ``metric + "\\0" + server``: the same series gets the same
-    partition in every task and process (Python's own ``hash`` of strings is
-    salted per process). A null server (a fleet-wide stored query) hashes
-    like an empty one.
-    """
-    metric, server = (pc.fill_null(pc.cast(states.column(c), pa.string()), "") for c in ("metric", "server"))
-    return hash_partitions(pc.binary_join_element_wise(metric, server, "\x00"), partitions)
 
 
 def _identity(partition: int) -> int:

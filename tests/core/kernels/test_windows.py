@@ -17,6 +17,7 @@ from metrics_lake.core.kernels.windows import (
     merge_into_rows,
     merge_states,
     rewindow,
+    series_shards,
     states_of,
 )
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
@@ -169,3 +170,38 @@ def test_ranks_over_a_known_domain_equal_the_hashed_ranks():
         assert dense_count == hashed_count == len(np.unique(values))
         np.testing.assert_array_equal(dense, hashed)
         np.testing.assert_array_equal(dense, np.searchsorted(np.unique(values), values))
+
+
+def reference_shard(metric: str | None, server: str | None, shards: int) -> int:
+    """series_shards' hash, written out in plain Python integers mod 2**64."""
+
+    def polynomial(text: str | None) -> int:
+        return sum(byte * pow(0x100000001B3, i, 2**64) for i, byte in enumerate((text or "").encode())) % 2**64
+
+    golden = 0x9E3779B97F4A7C15
+    mixed = (((polynomial(metric) * golden) % 2**64 ^ polynomial(server)) * golden) % 2**64
+    return (mixed >> 32) % shards
+
+
+def test_series_shards_are_a_stable_hash_of_the_series_that_spreads_series_evenly():
+    """A series' shard is a fixed function of its two strings (the same in another process, table or split of the
+    rows, whatever the column's encoding; a null like an empty string) and series spread evenly over the shards:
+    the speed layer's upsert shards and the batch layer's shuffle key."""
+    metrics = pa.array(["cpu", "cpu", "", "mémoire", None, "cpu", "q"])
+    servers = pa.array(["web-1", "web-2", "web-1", "db-☃", "web-1", "web-1", None])  # null: a fleet-wide row
+    for shards in (1, 2, 3, 7):
+        expected = [
+            reference_shard(m, s, shards) for m, s in zip(metrics.to_pylist(), servers.to_pylist(), strict=True)
+        ]
+        assert series_shards(metrics, servers, shards).tolist() == expected
+        chunked = series_shards(
+            pa.chunked_array([metrics[:1], metrics[1:4], metrics[4:]]).dictionary_encode(),
+            pa.chunked_array([servers[:3], servers.slice(3)]),
+            shards,
+        )
+        assert chunked.tolist() == expected
+    assert len(set(series_shards(metrics, servers, 7).tolist())) > 1
+    assert series_shards(metrics.slice(0, 0), servers.slice(0, 0), 4).tolist() == []
+    series = [(f"m.{i % 50}", f"srv-{i // 50:04d}") for i in range(30_000)]  # 600 servers x 50 metrics
+    shards = series_shards(pa.array([m for m, _ in series]), pa.array([s for _, s in series]), 3)
+    assert np.all(np.abs(np.bincount(shards, minlength=3) - 10_000) < 300)  # a binomial's sd is 82

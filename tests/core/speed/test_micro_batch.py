@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 import time
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ import pytest
 
 import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.kernels.windows import QUANTILES, WINDOW_STATE
+from metrics_lake.core.kernels.windows import QUANTILES, WINDOW_STATE, series_shards
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
@@ -259,6 +260,57 @@ def test_kept_open_windows_give_the_tables_reading_gives_and_files_they_do_not_h
     assert_exact(store, log)
     for name, clock, key in ((WINDOWS, "updated_at", ()), (QUERIES, "computed_at", ("query", "aggregate"))):
         tables = [open_table(s, name).to_pyarrow_table().drop_columns([clock]) for s in (store, reading)]
+        order = [(c, "ascending") for c in (*key, "metric", "server", "window_start")]
+        assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
+
+
+def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tables_one_thread_gives(
+    store, log, tmp_path, monkeypatch
+):
+    """Above UPSERT_ROWS_PER_SHARD rows, the windows upsert splits the series into shards, each merged and written
+    on a thread of its own: an open minute is one file per shard holding that shard's series, kept for the next
+    batch and not read back; the tables equal those of a speed layer that upserts on one thread."""
+    events = FleetSimulator(servers=6, metrics=3, seconds=200, rate=2.0, seed=41, start_ms=START_MS).generate()
+    single = LocalStore(str(tmp_path / "single"))
+    produce(log, events, ["not json"])
+    produce(SegmentLog(single), events, ["not json"])
+    threads, reads, lake = set(), [], [store]  # lake: the one batching now
+    real_merge, real_read, default_rows = speed_layer.merge_into_rows, speed_layer.read_data_files, 50_000
+
+    def merge_into_rows(*args, **options):
+        if lake[0] is store:
+            threads.add(threading.current_thread().name)
+        return real_merge(*args, **options)
+
+    def read_data_files(read_store, files, schema, columns=None, **options):
+        if read_store is store and schema is METRIC_WINDOWS_1M and columns is None and files:
+            reads.append(len(files))
+        return real_read(read_store, files, schema, columns, **options)
+
+    monkeypatch.setattr(speed_layer, "merge_into_rows", merge_into_rows)
+    monkeypatch.setattr(speed_layer, "read_data_files", read_data_files)
+    monkeypatch.setattr(speed_layer, "UPSERT_THREADS", 3)
+    ends, kept = end_offsets(log, TOPIC), OpenWindows()
+    for step in (1, 2, 4, 7, 11):  # 18 series: every batch's rows make three shards of at least 4
+        cut = {p: end * step // 11 for p, end in ends.items()}
+        monkeypatch.setattr(speed_layer, "UPSERT_ROWS_PER_SHARD", 4)
+        lake[0] = store
+        assert batch(store, cut, open_windows=kept).records > 0
+        monkeypatch.setattr(speed_layer, "UPSERT_ROWS_PER_SHARD", default_rows)
+        lake[0] = single
+        batch(single, cut)
+        files = [f for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS)) if f.relative in kept.paths]
+        by_start: dict[object, list[int]] = {}
+        for rows in kept.rows_of(files):
+            (shard,) = set(series_shards(rows.column("metric"), rows.column("server"), 3).tolist())  # one a file
+            (start,) = set(rows.column("window_start").to_pylist())  # one open window start a file
+            by_start.setdefault(start, []).append(shard)
+        assert by_start and all(sorted(shards) == [0, 1, 2] for shards in by_start.values())
+    assert len(threads) == 3 and all(name.startswith("windows-upsert") for name in threads)
+    assert reads == []  # every batch merged into the shards the batch before kept
+    assert_exact(store, log)
+    for name, clock, key in ((WINDOWS, "updated_at", ()), (QUERIES, "computed_at", ("query", "aggregate"))):
+        tables = [open_table(s, name).to_pyarrow_table().drop_columns([clock]) for s in (store, single)]
         order = [(c, "ascending") for c in (*key, "metric", "server", "window_start")]
         assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
 
