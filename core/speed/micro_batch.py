@@ -44,9 +44,10 @@ batch touched (one commit: remove the old files, add the new ones, record
 positions). Rewritten rows are laid out so that later batches touch little:
 windows that the new watermark has closed go to one *sealed* file per day
 (never touched by the speed layer again), open windows to one file per
-window (per shard of its series, when a batch merges many on several
-threads: :func:`_merge_and_write_windows`). A stream's driver keeps the rows of the open-window files it
-committed last (:mod:`metrics_lake.core.speed.open_windows`) and merges the
+window (per shard of its series when a large upsert runs on several
+threads: :func:`_merge_and_write_windows`). A stream's driver keeps the
+rows of the open-window files it committed last
+(:mod:`metrics_lake.core.speed.open_windows`) and merges the
 next batch into them rather than reading them back, and the stored queries'
 rows it took from each window file, so their evaluation reads a file at most
 once; the table stays the truth: only files of the snapshot a batch plans
@@ -534,8 +535,9 @@ def _write_window_files(
     store: Store, rows: pa.Table, sealed_before_us: int | None, name: str = WINDOWS
 ) -> tuple[list[WrittenFile], dict[str, pa.Table]]:
     """Window rows of table ``name`` as files: closed windows (end <= ``sealed_before_us``) one file per day, open
-    ones one per window start (a shard's rows, when the caller splits them). Returns the files, and the rows of each open window's file by its Delta log path
-    (what :class:`~metrics_lake.core.speed.open_windows.OpenWindows` keeps)."""
+    ones one per window start (of ``rows``: a shard's, when the caller splits them). Returns the files, and the
+    rows of each open window's file by its Delta log path (what :class:`~metrics_lake.core.speed.open_windows.OpenWindows`
+    keeps)."""
     if rows.num_rows == 0:
         return [], {}
     end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
