@@ -64,7 +64,7 @@ from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.lake_schemas.contract import METRIC_NAME
 from metrics_lake.lake_schemas.errors import AlertRuleError
 from metrics_lake.lake_schemas.tables import ALERTS
-from metrics_lake.lake_schemas.types import UTC_US
+from metrics_lake.lake_schemas.types import UTC_US, utc_dates
 
 __all__ = [
     "ABSENCE",
@@ -718,7 +718,7 @@ def transitions_table(transitions: list[Transition], recorded_at: dt.datetime) -
             "id": [t.id for t in transitions],
             "seq": pa.array(range(len(transitions)), pa.int32()),
             "recorded_at": pa.array([recorded_at] * len(transitions), UTC_US),
-            "event_date": pc.cast(at, pa.date32()),
+            "event_date": utc_dates(at),
         }
     )
     return table.select(ALERTS.names).cast(ALERTS)

@@ -63,7 +63,7 @@ from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.lake_schemas.contract import METRIC_NAME
 from metrics_lake.lake_schemas.errors import SelectorError, StoredQueryError
 from metrics_lake.lake_schemas.tables import QUERY_RESULTS
-from metrics_lake.lake_schemas.types import TAGS, UTC_US
+from metrics_lake.lake_schemas.types import TAGS, UTC_US, utc_dates
 
 #: The declarations shipped with the lake (package data of ``metrics_lake.lake_schemas``).
 DEFAULT_FILE = Path(str(resources.files("metrics_lake.lake_schemas").joinpath("stored_queries.toml")))
@@ -456,4 +456,4 @@ def query_rows(states: pa.Table, queries: list[StoredQuery], day: dt.date | None
 def _last_minute_day(window_start: pa.ChunkedArray | pa.Array, duration_s: int) -> pa.Array:
     """The UTC day of each window's last minute (``event_date`` of ``query_results``)."""
     last_us = pc.add(pc.cast(window_start, pa.int64()), (duration_s - MINUTE_S) * 1_000_000)
-    return pc.cast(pc.cast(last_us, UTC_US), pa.date32())
+    return utc_dates(pc.cast(last_us, UTC_US))

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from metrics_lake.core.kernels import sketch
 from metrics_lake.core.kernels.selectors import map_entries
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
-from metrics_lake.lake_schemas.types import TAGS, UTC_US
+from metrics_lake.lake_schemas.types import TAGS, UTC_US, utc_dates
 
 __all__ = [
     "QUANTILES",
@@ -381,7 +381,7 @@ def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | No
         "sketch": states.column("sketch"),
         "labels": states.column("labels"),
         "updated_at": pa.array(np.full(n, int(updated_at.timestamp() * 1_000_000), np.int64)).cast(UTC_US),
-        "event_date": pc.cast(start, pa.date32()),
+        "event_date": utc_dates(start),
     }
     return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
 
@@ -478,7 +478,7 @@ def merge_into_rows(
         "updated_at": pa.array(
             np.where(touched, now_us, held_then(pc.cast(rows.column("updated_at"), pa.int64()), 0))
         ).cast(UTC_US),
-        "event_date": pc.cast(start, pa.date32()),
+        "event_date": utc_dates(start),
     }
     return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
 

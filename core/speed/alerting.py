@@ -65,6 +65,7 @@ from metrics_lake.core.tables.snapshots import (
     windowed_files,
 )
 from metrics_lake.lake_schemas.tables import ALERTS, LAST_SEEN, METRIC_WINDOWS_1M, QUERY_RESULTS, Table
+from metrics_lake.lake_schemas.types import utc_dates
 
 __all__ = [
     "SEEN",
@@ -163,7 +164,7 @@ def updated_last_seen(
     oldest = append_clock_us(rows) - lookback_s * _US
     rows = rows.filter(pc.greater_equal(pc.cast(rows.column("last_seen_at"), pa.int64()), oldest))
     rows = rows.sort_by([("server", "ascending"), ("metric", "ascending")])
-    return rows.append_column("seen_date", pc.cast(rows.column("last_seen_at"), pa.date32())).cast(LAST_SEEN)
+    return rows.append_column("seen_date", utc_dates(rows.column("last_seen_at"))).cast(LAST_SEEN)
 
 
 def initial_last_seen(store: Store, metrics: list[str], clock_us: int, lookback_s: int) -> pa.Table:

@@ -142,6 +142,7 @@ from metrics_lake.core.tables.snapshots import (
 )
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
+from metrics_lake.lake_schemas.types import utc_dates
 
 __all__ = [
     "SPEED_TABLES",
@@ -180,11 +181,14 @@ def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
     UTC date the record was appended to the log; ``labels`` null (the
     enrichment sets them: :func:`enrich`).
     """
-    rejected = pc.is_valid(rows.column("reason"))
-    valid = rows.filter(pc.invert(rejected))
-    bad = rows.filter(rejected)
-    bronze = valid.append_column("event_date", pc.cast(valid.column("ts"), pa.date32()))
-    quarantine = bad.append_column("ingest_date", pc.cast(bad.column("ingested_at"), pa.date32()))
+    rejects = rows.num_rows - rows.column("reason").null_count
+    if rejects == 0:  # most chunks: the valid rows are all of them, not a copy
+        valid, bad = rows, rows.slice(0, 0)
+    else:
+        rejected = pc.is_valid(rows.column("reason"))
+        valid, bad = rows.filter(pc.invert(rejected)), rows.filter(rejected)
+    bronze = valid.append_column("event_date", utc_dates(valid.column("ts")))
+    quarantine = bad.append_column("ingest_date", utc_dates(bad.column("ingested_at")))
     if "labels" not in bronze.column_names:  # set by the enrichment (process_chunk); null until then
         bronze = bronze.append_column("labels", pa.nulls(bronze.num_rows, BRONZE_EVENTS.field("labels").type))
     return (
@@ -469,7 +473,7 @@ def limited_rows(events: pa.Table, reasons: pa.Array) -> pa.Table:
             "raw": pa.array(raw, pa.string()),
             "reason": reasons,
             "ingested_at": events.column("ingested_at"),
-            "ingest_date": pc.cast(events.column("ingested_at"), pa.date32()),
+            "ingest_date": utc_dates(events.column("ingested_at")),
         }
     )
     return rows.cast(QUARANTINE_EVENTS)
@@ -641,9 +645,7 @@ def _upsert_windows(
         if states.num_rows:
             start_us = states.column("window_start").cast(pa.int64())
             lo, hi = pc.min(start_us).as_py(), pc.max(start_us).as_py()
-            days = sorted(
-                {d.isoformat() for d in pc.unique(pc.cast(states.column("window_start"), pa.date32())).to_pylist()}
-            )
+            days = sorted({d.isoformat() for d in pc.unique(utc_dates(states.column("window_start"))).to_pylist()})
             candidates = windowed_files(store, WINDOWS, table, days, lo, hi)
             held = _window_rows(store, candidates, open_windows)
             files, open_files = _merge_and_write_windows(store, held, states, sealed_before_us)

@@ -32,6 +32,7 @@ from metrics_lake.core.speed.micro_batch import (
     plan_batch,
     process_partition,
     run_batch_in_process,
+    split_log_rows,
 )
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
@@ -41,7 +42,7 @@ from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
-from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, Table, table_spec
+from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, Table, table_spec
 from tests.helpers import assert_quantile_within_bound, expected_windows, positions
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute boundary
@@ -84,6 +85,20 @@ def assert_exact(store, log) -> None:
         assert got[key]["sum"] == pytest.approx(expect["sum"], rel=1e-12)
         for column, q in QUANTILES:
             assert_quantile_within_bound(expect["sorted"], q, got[key][column])
+
+
+def test_log_rows_split_into_bronze_and_quarantine_with_or_without_rejects(log):
+    produce(log, FleetSimulator(servers=3, metrics=2, seconds=30, seed=5, start_ms=START_MS).generate(), partitions=1)
+    clean = read_range(log, TOPIC, 0, 0, end_offsets(log, TOPIC)[0])
+    produce(log, payloads=['{"no": "ts"}', "not json"], partitions=1)
+    mixed = read_range(log, TOPIC, 0, 0, end_offsets(log, TOPIC)[0])
+    for rows, rejects in ((clean, 0), (mixed, 2)):
+        bronze, quarantine = split_log_rows(rows)
+        assert bronze.schema == BRONZE_EVENTS and quarantine.schema == QUARANTINE_EVENTS
+        assert bronze.column("offset").to_pylist() == list(range(clean.num_rows))
+        assert quarantine.column("offset").to_pylist() == list(range(clean.num_rows, clean.num_rows + rejects))
+        days = {ts.date() for ts in rows.column("ts").to_pylist() if ts is not None}
+        assert set(bronze.column("event_date").to_pylist()) == days
 
 
 def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(store, log):
