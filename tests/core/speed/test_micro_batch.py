@@ -290,7 +290,8 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
     produce(log, events, ["not json"])
     produce(SegmentLog(single), events, ["not json"])
     threads, reads, lake = set(), [], [store]  # lake: the one batching now
-    real_merge, real_read, default_rows = speed_layer.merge_into_rows, speed_layer.read_data_files, 50_000
+    real_merge, real_read = speed_layer.merge_into_rows, speed_layer.read_data_files
+    default_rows = speed_layer.UPSERT_ROWS_PER_SHARD
 
     def merge_into_rows(*args, **options):
         if lake[0] is store:
