@@ -16,7 +16,14 @@ from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.speed.micro_batch import plan_batch, process_partition
 from metrics_lake.core.tables.delta import open_table
-from metrics_lake.spark.jobs.stream_metrics import catch_up, process_on_executors, run_stream, start_stream
+from metrics_lake.spark.jobs.stream_metrics import (
+    catch_up,
+    checkpoint_location,
+    logged_ends,
+    process_on_executors,
+    run_stream,
+    start_stream,
+)
 from tests.helpers import assert_quantile_within_bound, expected_windows
 from tests.lake_schemas.test_contract import INVALID as CONTRACT_CASES
 
@@ -214,6 +221,81 @@ def stream_to_end(spark, settings, progress=None):
     return query
 
 
+def batch_ids(settings) -> list[int]:
+    """The micro-batches Spark logged offsets for in the speed layer's checkpoint, in order."""
+    offsets = checkpoint_location(settings) / "offsets"
+    return sorted(int(f.name) for f in offsets.iterdir() if f.name.isdigit()) if offsets.exists() else []
+
+
+def test_each_batch_reads_up_to_the_ends_spark_logged_without_a_spark_job_of_its_own(
+    spark, settings, log, store, monkeypatch
+):
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    settings = settings.model_copy(update={"max_records_per_batch": 150})
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=3, metrics=2, seconds=60, seed=3, start_ms=START_MS).generate())
+    collected = []
+    collect = DataFrame.collect
+    monkeypatch.setattr(DataFrame, "collect", lambda df: collected.append(df) or collect(df))
+    batches = []
+    stream_to_end(spark, settings, progress=batches.append)
+
+    assert collected == []  # no batch asked Spark for its rows
+    checkpoint = checkpoint_location(settings)
+    ends = [logged_ends(checkpoint, batch) for batch in batch_ids(settings)]
+    assert ends[-1] == end_offsets(log, settings.topic)
+    # Each batch read exactly from the previous batch's logged ends to its own (none read twice, none skipped).
+    totals = [0] + [sum(batch_ends.values()) for batch_ends in ends]
+    assert [outcome.records for outcome in batches] == [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    assert len(batches) == 3 and all(outcome.records <= 150 for outcome in batches)  # 360 records
+    assert_exactly_once(store, log)
+
+
+def test_without_readable_logged_ends_each_batch_collects_its_rows_and_warns_once(
+    spark, settings, log, store, monkeypatch, caplog
+):
+    from metrics_lake.spark.jobs import stream_metrics
+
+    settings = settings.model_copy(update={"max_records_per_batch": 150})
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=3, metrics=2, seconds=60, seed=4, start_ms=START_MS).generate())
+    monkeypatch.setattr(stream_metrics, "logged_ends", lambda checkpoint, batch_id: None)  # another Spark's format
+    batches = []
+    with caplog.at_level("WARNING", logger=stream_metrics.__name__):
+        stream_to_end(spark, settings, progress=batches.append)
+    assert [outcome.records for outcome in batches] == [150, 150, 60]
+    assert len([r for r in caplog.records if "each batch now collects them" in r.getMessage()]) == 1
+    assert_exactly_once(store, log)
+
+
+V1_METADATA = '{"batchWatermarkMs":0,"batchTimestampMs":1795595314031,"conf":{"spark.sql.shuffle.partitions":"4"}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f'v1\n{V1_METADATA}\n{{"0": 6000, "1": 0, "2": 17, "3": 6000}}', {0: 6000, 1: 0, 2: 17, 3: 6000}),
+        (f'v1\n{V1_METADATA}\n{{"0": 6000}}\n', {0: 6000}),
+        (f'v2\n{V1_METADATA}\n{{"0": 6000}}', None),  # a version this does not know
+        (f'v1\n{V1_METADATA}\n{{"0": 6000}}\n{{"0": 1}}', None),  # two sources
+        (f"v1\n{V1_METADATA}\n-", None),  # a source without an offset
+        (f"v1\n{V1_METADATA}\n{{}}", None),
+        (f'v1\n{V1_METADATA}\n{{"zero": 6000}}', None),
+        (f'v1\n{V1_METADATA}\n{{"0": -1}}', None),
+        (f"v1\n{V1_METADATA}\n[6000]", None),
+        ("v1", None),
+        (b"v1\n\xff\xfe\n{}", None),
+    ],
+)
+def test_logged_ends_reads_sparks_v1_offset_log_and_nothing_else(tmp_path, text, expected):
+    (tmp_path / "offsets").mkdir()
+    target = tmp_path / "offsets" / "7"
+    target.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert logged_ends(tmp_path, 7) == expected
+    assert logged_ends(tmp_path, 8) is None  # not logged
+
+
 @pytest.mark.slow
 def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, settings, log, store):
     """The issue's reproduction (delete LAKE_CHECKPOINT_DIR between runs) and its variants: a checkpoint lost
@@ -243,10 +325,11 @@ def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, 
     shutil.rmtree(checkpoint)
     shutil.copytree(saved, checkpoint)  # 2. an older checkpoint restored: the tables are ahead of it
     produce(4, START_MS + 90_000)
-    query = stream_to_end(spark, settings)
+    restored = set(batch_ids(settings))
+    stream_to_end(spark, settings)
     assert_exactly_once(store, log)
     # 361 new records in batches of 150, from where the tables are: not 2 more batches for what they hold
-    assert sum(1 for progress in query.recentProgress if progress.numInputRows) == 3
+    assert len(set(batch_ids(settings)) - restored) == 3
 
     produce(5, START_MS + 100_000)  # 2b. `--once` (no streaming query) between runs of the query, then the query
     assert catch_up(spark, settings) >= 2
