@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 
 #: Records a task reads at a time (a log partition's range is cut into chunks of this size).
 CHUNK_RECORDS = 500_000
-#: The version line of the offset log files :func:`logged_ends` reads (Spark's ``OffsetSeqLog``, Spark 2.1 to 4.2).
+#: The version line of the offset log files :func:`logged_ends` reads (Spark's ``OffsetSeqLog``, as Spark 4.2 writes it).
 OFFSET_LOG_VERSION = "v1"
 
 
@@ -170,9 +170,8 @@ def logged_ends(checkpoint: Path, batch_id: int) -> dict[int, int] | None:
     ``OffsetSeqLog``): the version line :data:`OFFSET_LOG_VERSION`, the batch's metadata, then one
     line per source holding the offset its ``latestOffset`` returned, here the ``lakelog`` source's
     ``{"<partition>": <end>}``. Reading it spares each batch a Spark job that would collect the
-    same ends from the batch's rows (one Python task): 0.16-0.21 s of a steady-state batch here,
-    and at the first batch the start of Spark's data-source planning process (about 1 s). Where
-    the batch starts is the tables' business either way (:mod:`metrics_lake.core.speed.progress`).
+    same ends from the batch's rows (one Python task): 0.16-0.21 s of a steady-state batch here.
+    Where the batch starts is the tables' business either way (:mod:`metrics_lake.core.speed.progress`).
     """
     try:
         lines = (checkpoint / "offsets" / str(batch_id)).read_text(encoding="utf-8").splitlines()
