@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-from metrics_lake.agents.allocator import keep_freed_memory
 from metrics_lake.app.cli.options import (
     GatewayOption,
     InsecureOption,
@@ -92,7 +91,6 @@ def produce(
     config = settings()
     if from_file is not None:
         check_importable(from_file)
-        keep_freed_memory()  # an import frees and takes tens of MiB per chunk: reuse them, not fault them in again
     started = time.monotonic()
     with _sink(config, gateway, from_file) as producer:
         if from_file is not None:
