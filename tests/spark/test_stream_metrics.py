@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import math
 import time
+from itertools import pairwise
 
 import pyarrow as pa
 import pytest
@@ -247,7 +248,7 @@ def test_each_batch_reads_up_to_the_ends_spark_logged_without_a_spark_job_of_its
     assert ends[-1] == end_offsets(log, settings.topic)
     # Each batch read exactly from the previous batch's logged ends to its own (none read twice, none skipped).
     totals = [0] + [sum(batch_ends.values()) for batch_ends in ends]
-    assert [outcome.records for outcome in batches] == [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    assert [outcome.records for outcome in batches] == [b - a for a, b in pairwise(totals)]
     assert len(batches) == 3 and all(outcome.records <= 150 for outcome in batches)  # 360 records
     assert_exactly_once(store, log)
 
