@@ -29,6 +29,14 @@ def test_driver_jvm_compiles_with_c1_only_by_default(spark):
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in arguments)  # the lake's own options are kept
 
 
+def test_streaming_checkpoints_are_written_by_a_class_this_spark_has(spark):
+    from metrics_lake.spark.session import CHECKPOINT_FILE_MANAGER
+
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == CHECKPOINT_FILE_MANAGER
+    loaded = spark.sparkContext._jvm.java.lang.Class.forName(CHECKPOINT_FILE_MANAGER)  # another Spark may move it
+    assert loaded.getName() == CHECKPOINT_FILE_MANAGER
+
+
 def test_rdd_and_sql_python_tasks_fork_from_the_one_preloaded_daemon(spark):
     """The warm-up (an RDD job) starts the daemon that SQL's Arrow tasks then use: one daemon, ours."""
 
