@@ -34,6 +34,7 @@ from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.progress import starting_offsets
 from metrics_lake.core.storage import Store, open_store
+from metrics_lake.core.tables.delta import LatestTables
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.types import spark_schema
 
@@ -91,6 +92,7 @@ class LogStreamReader(DataSourceStreamReader):
         self.topic = self.options.get("topic", "metrics")
         self.max_rows = int(self.options["maxRecordsPerBatch"]) if "maxRecordsPerBatch" in self.options else None
         self._store: Store | None = _open_store(self.options)
+        self._tables = LatestTables()  # the runner process asks at every trigger: kept open, brought up to date
 
     @property
     def store(self) -> Store:
@@ -100,15 +102,16 @@ class LogStreamReader(DataSourceStreamReader):
         return self._store
 
     def __getstate__(self) -> dict:
-        # Spark pickles the reader; an S3 client holds sockets and locks, so it is reopened where unpickled.
-        return {**self.__dict__, "_store": None}
+        # Spark pickles the reader; an S3 client holds sockets and locks, so it is reopened where unpickled, and
+        # the kept tables too.
+        return {**self.__dict__, "_store": None, "_tables": LatestTables()}
 
     def _ends(self) -> dict[int, int]:
         return end_offsets(SegmentLog(self.store), self.topic)
 
     def initialOffset(self) -> dict:
         """Where a query without a checkpoint starts: the lowest position the speed layer's tables hold."""
-        return {str(p): offset for p, offset in starting_offsets(self.store, self.topic).items()}
+        return {str(p): offset for p, offset in starting_offsets(self.store, self.topic, self._tables).items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """``ReadMaxRows(maxRecordsPerBatch)`` when the option is set."""
@@ -124,7 +127,7 @@ class LogStreamReader(DataSourceStreamReader):
         """
         ends = self._ends()
         if isinstance(limit, ReadMaxRows):
-            held = starting_offsets(self.store, self.topic)
+            held = starting_offsets(self.store, self.topic, self._tables)
             begin = {int(p): max(int(o), held.get(int(p), 0)) for p, o in start.items()}
             ends = limit_offsets(begin, ends, limit.max_rows)
         return {str(p): offset for p, offset in ends.items()}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -47,6 +49,12 @@ def test_a_batch_is_one_range_row_per_partition(reader):
 def test_a_new_query_starts_where_the_tables_are(reader, settings, store, log):
     from metrics_lake.core.speed.micro_batch import run_batch_in_process
 
+    assert reader.initialOffset() == {"0": 0, "1": 0}  # the reader keeps the tables it opened for this
     halves = {p: log.index("metrics", p).next_offset // 2 for p in (0, 1)}
     run_batch_in_process(store, "metrics", halves, watermark_seconds=120, clock_skew_seconds=300)
+    # The kept tables are brought up to date: the batch's positions, and a read limit counts from them.
     assert reader.initialOffset() == {str(p): offset for p, offset in halves.items()}
+    limited = reader.latestOffset({"0": 0, "1": 0}, reader.getDefaultReadLimit())
+    assert sum(int(limited[str(p)]) - halves[p] for p in (0, 1)) == 100
+    again = pickle.loads(pickle.dumps(reader))  # as Spark ships it: store and tables opened anew where unpickled
+    assert again.initialOffset() == reader.initialOffset()
