@@ -6,9 +6,9 @@ speed layer (:mod:`metrics_lake.spark.jobs.stream_metrics`) reads the
 records itself, in Spark tasks, from where each table's own committed
 position is (:mod:`metrics_lake.core.speed.micro_batch`). It takes a
 batch's ends from Spark's offset log, where ``latestOffset``'s answer is
-written before the batch runs, and reads these rows only if that log is
-not in the format it knows (:func:`~metrics_lake.spark.jobs.stream_metrics.logged_ends`). So the offsets Spark
-keeps in its checkpoint only decide how far a batch goes; where it starts,
+written before the batch runs, and reads these rows only if that log is not
+in the format it knows (:func:`~metrics_lake.spark.jobs.stream_metrics.logged_ends`).
+So the offsets Spark keeps in its checkpoint only decide how far a batch goes; where it starts,
 and what is exactly-once, is decided by the tables. A query without a
 checkpoint starts at the lowest position the tables hold
 (:func:`~metrics_lake.core.speed.progress.starting_offsets`).
