@@ -177,7 +177,7 @@ def encode_segment(
     sink = io.BytesIO()
     # No column statistics: a segment is always read whole (decode_segment), and computing min/max of every string
     # page was 2 % of an import's CPU; the index and the metadata above carry the time range.
-    pq.write_table(records.replace_schema_metadata(meta), sink, **write_options(records.schema), write_statistics=False)
+    pq.write_table(records.replace_schema_metadata(meta), sink, **write_options(records.schema, statistics=False))
     data = sink.getvalue()
     return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)})
 

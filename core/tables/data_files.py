@@ -24,7 +24,7 @@ from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import table_layout
 
-__all__ = ["MAX_STRING_STAT_CHARS", "WrittenFile", "file_stats", "stat_value", "write_data_files"]
+__all__ = ["MAX_STRING_STAT_CHARS", "WrittenFile", "footer_stats", "stat_value", "write_data_files"]
 
 
 def stat_value(value):
@@ -41,51 +41,78 @@ def stat_value(value):
 MAX_STRING_STAT_CHARS = 256
 
 
-def file_stats(data: pa.Table) -> str:
-    """Delta ``stats`` JSON for a data file (PROTOCOL.md "Per-file Statistics").
+def footer_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> str:
+    """Delta ``stats`` JSON for a data file (PROTOCOL.md "Per-file Statistics"), read from its Parquet footer.
 
-    ``numRecords`` and ``nullCount`` for every column; ``minValues`` and
-    ``maxValues`` for numeric, boolean, date and string columns, and for timestamps
-    rounded outward to milliseconds (the precision Delta stats carry), so a
-    reader's data skipping never excludes a file that holds a match.
-    Strings get bounds only while the largest value has at most
-    :data:`MAX_STRING_STAT_CHARS` characters (long raw payloads would bloat
-    the Delta log); measured with delta-rs 1.6, a string column with a zero
-    null count but no bounds is pruned as if it matched nothing, so the
-    columns we filter on (topic, server, metric) always get them.
+    ``metadata``: the footer of the file as written (``schema``: its Arrow
+    schema, partition columns dropped). The writer has computed each row
+    group's statistics already (:func:`~metrics_lake.core.parquet_layout.write_options`);
+    computing them again from the rows cost as much as writing them did.
+
+    ``numRecords``; ``nullCount`` for every column that is not nested;
+    ``minValues`` and ``maxValues`` for numeric, boolean, date and string
+    columns, and for timestamps rounded outward to milliseconds (the
+    precision Delta stats carry), so a reader's data skipping never excludes
+    a file that holds a match. Bounds are left out, never guessed, where a
+    row group holding values has none: all its floats are NaN, or a string
+    is longer than the writer keeps (4 KiB). Strings get bounds only while
+    both have at most :data:`MAX_STRING_STAT_CHARS` characters (long raw
+    payloads would bloat the Delta log); measured with delta-rs 1.6, a
+    string column with a zero null count but no bounds is pruned as if it
+    matched nothing, so the columns we filter on (topic, server, metric)
+    always get them. NaN is not a bound (Parquet's writers skip it, as
+    Arrow's ``min_max`` does); infinities leave the column without bounds.
     """
-    stats: dict = {"numRecords": data.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
-    for field in data.schema:
-        column = data.column(field.name)
-        if pa.types.is_map(field.type) or pa.types.is_nested(field.type):
+    stats: dict = {"numRecords": metadata.num_rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    columns = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
+    groups = [metadata.row_group(g) for g in range(metadata.num_row_groups)]
+    for field in schema:
+        if pa.types.is_nested(field.type):
             continue
-        stats["nullCount"][field.name] = column.null_count
-        if data.num_rows == column.null_count:
+        chunks = [group.column(columns[field.name]).statistics for group in groups]
+        if any(chunk is None or not chunk.has_null_count for chunk in chunks):
+            continue  # not written: no claim about the column
+        nulls = sum(chunk.null_count for chunk in chunks)
+        stats["nullCount"][field.name] = nulls
+        holding = [chunk for chunk in chunks if chunk.num_values > 0]  # num_values: the non-null ones
+        if not holding or not all(chunk.has_min_max for chunk in holding):
             continue
-        if pa.types.is_timestamp(field.type):
-            as_ms = column.cast(pa.timestamp("us", tz="UTC"))
-            lo = pc.floor_temporal(pc.min(as_ms), unit="millisecond")
-            hi = pc.ceil_temporal(pc.max(as_ms), unit="millisecond")
-            stats["minValues"][field.name] = stat_value(lo.as_py())
-            stats["maxValues"][field.name] = stat_value(hi.as_py())
-        elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-            bounds = pc.min_max(column)
-            lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-            if len(hi) <= MAX_STRING_STAT_CHARS:
-                stats["minValues"][field.name] = lo
-                stats["maxValues"][field.name] = hi
-        elif (
-            pa.types.is_integer(field.type)
-            or pa.types.is_floating(field.type)
-            or pa.types.is_date(field.type)
-            or (pa.types.is_boolean(field.type))
-        ):
-            bounds = pc.min_max(column)
-            lo, hi = stat_value(bounds["min"].as_py()), stat_value(bounds["max"].as_py())
-            if lo is not None and hi is not None:
-                stats["minValues"][field.name] = lo
-                stats["maxValues"][field.name] = hi
+        bounds = _bounds(field.type, holding)
+        if bounds is not None:
+            stats["minValues"][field.name], stats["maxValues"][field.name] = bounds
     return json.dumps(stats)
+
+
+def _bounds(kind: pa.DataType, chunks: list) -> tuple | None:
+    """The file's (min, max) as Delta writes them, from row-group statistics that all have both; None: no bounds."""
+    if pa.types.is_timestamp(kind):
+        unit = json.loads(chunks[0].logical_type.to_json())["timeUnit"]
+        lo_us = _micros(min(chunk.min_raw for chunk in chunks), unit, up=False)
+        hi_us = _micros(max(chunk.max_raw for chunk in chunks), unit, up=True)
+        return _timestamp_text(lo_us - lo_us % 1000), _timestamp_text(hi_us + -hi_us % 1000)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        lo, hi = min(chunk.min for chunk in chunks), max(chunk.max for chunk in chunks)
+        return (lo, hi) if max(len(lo), len(hi)) <= MAX_STRING_STAT_CHARS else None
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_date(kind) or pa.types.is_boolean(kind):
+        lo = stat_value(min(chunk.min for chunk in chunks))
+        hi = stat_value(max(chunk.max for chunk in chunks))
+        return (lo, hi) if lo is not None and hi is not None else None
+    return None
+
+
+def _micros(raw: int, unit: str, *, up: bool) -> int:
+    """A raw Parquet timestamp of ``unit`` (its logical type's ``timeUnit``) in µs; nanoseconds rounded down or ``up``."""
+    if unit == "nanoseconds":
+        return -(-raw // 1000) if up else raw // 1000
+    return raw * 1000 if unit == "milliseconds" else raw
+
+
+def _timestamp_text(micros: int) -> str:
+    """Epoch µs (a whole ms) as Delta's stats text: ISO 8601 UTC with milliseconds."""
+    return stat_value(_EPOCH + dt.timedelta(microseconds=micros))
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -136,6 +163,7 @@ def write_data_files(
         sink = pa.BufferOutputStream()
         pq.write_table(body, sink, row_group_size=row_group_rows, **write_options(body.schema))
         encoded = sink.getvalue()
+        footer = pq.read_metadata(pa.BufferReader(encoded))
         store.create(key, encoded)
         written.append(
             WrittenFile(
@@ -143,7 +171,7 @@ def write_data_files(
                 path=relative,
                 size=encoded.size,
                 partition_values={k: str(v) for k, v in values.items()},
-                stats=file_stats(body),
+                stats=footer_stats(footer, body.schema),
                 modification_time=int(time.time() * 1000),
             )
         )
