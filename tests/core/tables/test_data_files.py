@@ -63,7 +63,7 @@ def at(ms: int, us: int = 0) -> dt.datetime:
 EDGE_CASES = pa.table(
     {
         "ts": pa.array([at(5, 999), at(1, 1), None, at(9)], pa.timestamp("us", tz="UTC")),
-        "naive_ms": pa.array([at(3), at(7), at(2), None], pa.timestamp("ms", tz="UTC")),
+        "ms_times": pa.array([at(3), at(7), at(2), None], pa.timestamp("ms", tz="UTC")),
         "server": ["b", "a", None, "c"],
         "long": ["x" * (MAX_STRING_STAT_CHARS + 1), "a", "b", None],
         "huge_inside": ["a", "b" * 5000, "c", None],
@@ -96,10 +96,9 @@ def test_footer_statistics_equal_the_rows_own_in_one_row_group_or_several(row_gr
         "2026-11-25T00:00:00.001Z",
         "2026-11-25T00:00:00.009Z",
     )
-    assert stats["maxValues"]["naive_ms"] == "2026-11-25T00:00:00.007Z"
+    assert stats["maxValues"]["ms_times"] == "2026-11-25T00:00:00.007Z"
     if row_group_rows != 1:
         assert (stats["minValues"]["value"], stats["maxValues"]["value"]) == (-7.25, 1.5)  # NaN is no bound
-    assert stats["maxValues"].get("huge_inside", "c") == "c"
     for unbounded in ("long", "all_nan", "infinite", "sketch", "nothing"):
         assert unbounded not in stats["minValues"] and unbounded not in stats["maxValues"]
     assert stats["nullCount"]["nothing"] == 4 and "tags" not in stats["nullCount"]
