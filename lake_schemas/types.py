@@ -8,14 +8,27 @@ that is the Delta protocol's ``timestamp`` type (Delta PROTOCOL.md,
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["TAGS", "UTC_MS", "UTC_US", "spark_schema", "utc_dates"]
+__all__ = ["TAGS", "UTC_MS", "UTC_US", "spark_schema", "utc_dates", "utc_time"]
 
 UTC_MS = pa.timestamp("ms", tz="UTC")
 UTC_US = pa.timestamp("us", tz="UTC")
 TAGS = pa.map_(pa.string(), pa.string())
+
+
+def utc_time(epoch_us: int) -> dt.datetime:
+    """The UTC instant (an aware ``datetime``, µs precision) ``epoch_us`` microseconds after 1970-01-01T00:00Z.
+
+    Exact integer arithmetic: ``datetime.fromtimestamp`` goes through a float of seconds.
+    """
+    return _EPOCH + dt.timedelta(microseconds=epoch_us)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def utc_dates(timestamps: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

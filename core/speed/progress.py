@@ -37,6 +37,7 @@ from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.lake_schemas.operations import STREAM
 from metrics_lake.lake_schemas.tables import TABLES, Table
+from metrics_lake.lake_schemas.types import utc_time
 
 __all__ = [
     "CONSUMER",
@@ -137,7 +138,7 @@ def newest_window_end(windows: DeltaTable) -> dt.datetime | None:
     _, newest = window_start_bounds(windows)
     if newest is None:
         return None
-    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=newest, seconds=WINDOW_SECONDS)
+    return utc_time(newest) + dt.timedelta(seconds=WINDOW_SECONDS)
 
 
 #: The tables the speed layer commits with its log positions, in commit order (every table it writes but

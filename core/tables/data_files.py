@@ -23,6 +23,7 @@ from metrics_lake.core import keys
 from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import table_layout
+from metrics_lake.lake_schemas.types import utc_time
 
 __all__ = ["MAX_STRING_STAT_CHARS", "WrittenFile", "footer_stats", "stat_value", "write_data_files"]
 
@@ -89,7 +90,7 @@ def _bounds(kind: pa.DataType, chunks: list) -> tuple | None:
         unit = json.loads(chunks[0].logical_type.to_json())["timeUnit"]
         lo_us = _micros(min(chunk.min_raw for chunk in chunks), unit, up=False)
         hi_us = _micros(max(chunk.max_raw for chunk in chunks), unit, up=True)
-        return _timestamp_text(lo_us - lo_us % 1000), _timestamp_text(hi_us + -hi_us % 1000)
+        return stat_value(utc_time(lo_us - lo_us % 1000)), stat_value(utc_time(hi_us + -hi_us % 1000))
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         lo, hi = min(chunk.min for chunk in chunks), max(chunk.max for chunk in chunks)
         return (lo, hi) if max(len(lo), len(hi)) <= MAX_STRING_STAT_CHARS else None
@@ -105,14 +106,6 @@ def _micros(raw: int, unit: str, *, up: bool) -> int:
     if unit == "nanoseconds":
         return -(-raw // 1000) if up else raw // 1000
     return raw * 1000 if unit == "milliseconds" else raw
-
-
-def _timestamp_text(micros: int) -> str:
-    """Epoch µs (a whole ms) as Delta's stats text: ISO 8601 UTC with milliseconds."""
-    return stat_value(_EPOCH + dt.timedelta(microseconds=micros))
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import table_folder, table_layout
 from metrics_lake.core.tables.pruning import Predicate, keep_files
 from metrics_lake.lake_schemas.errors import InputError
+from metrics_lake.lake_schemas.types import utc_time
 
 __all__ = [
     "DataFile",
@@ -101,10 +102,6 @@ def snapshot_files(
     return files
 
 
-def _utc(epoch_us: int) -> dt.datetime:
-    return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=epoch_us)
-
-
 def windowed_files(
     store: Store, name: str, table: DeltaTable, days: list[str], lo_us: int, hi_us: int
 ) -> list[DataFile]:
@@ -112,8 +109,8 @@ def windowed_files(
     statistics overlap ``[lo_us, hi_us]`` (epoch µs); a file without statistics is kept."""
     predicates = [
         Predicate("event_date", "in", tuple(dt.date.fromisoformat(day) for day in days)),
-        Predicate("window_start", ">=", _utc(lo_us)),
-        Predicate("window_start", "<=", _utc(hi_us)),
+        Predicate("window_start", ">=", utc_time(lo_us)),
+        Predicate("window_start", "<=", utc_time(hi_us)),
     ]
     return snapshot_files(store, name, table, predicates=predicates) if days else []
 
