@@ -78,6 +78,21 @@ def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
     assert set(workers) == {("system", "heap")}
 
 
+def test_python_workers_leave_the_daemons_imports_out_of_garbage_collection(spark):
+    """The daemon freezes what it imported before it forks (metrics_lake.spark.worker_daemon): a worker's full
+    collection does not walk the modules' objects, and collecting leaves them frozen."""
+
+    def frozen_in_worker(_):
+        import gc
+
+        gc.collect()
+        yield gc.get_freeze_count(), "pyarrow.parquet" in sys.modules
+
+    workers = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(frozen_in_worker).collect()
+    assert len(workers) == 2
+    assert all(count > 50_000 and preloaded for count, preloaded in workers), workers
+
+
 #: Two sessions one after the other in a process of its own (the suite's session stays up): each counts with an
 #: accumulator, and stop_session leaves the accumulator server's shutdown to a thread that ends on its own.
 STOP_TWICE = """
