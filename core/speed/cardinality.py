@@ -107,7 +107,9 @@ class LimitGate:
         refused = np.zeros(events.num_rows, bool)
         reasons = np.full(events.num_rows, None, dtype=object)
         names = np.full(events.num_rows, None, dtype=object)
-        for hour in np.unique(hours):
+        # A chunk's records nearly always share one hour: a min and a max instead of np.unique's sort (7-8 ms per
+        # 500,000 records).
+        for hour in hours[:1] if len(hours) and hours.min() == hours.max() else np.unique(hours):
             rows = np.flatnonzero(hours == hour)
             state = self._state(int(hour), start)
             admission = admit(state, events if len(rows) == events.num_rows else events.take(pa.array(rows)))

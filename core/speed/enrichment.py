@@ -147,7 +147,8 @@ def labels_at(
     starts = np.array([pin.starts.get(partition, 0) for pin in pins], np.int64)
     which = np.searchsorted(starts, offsets, side="right") - 1  # the newest pin starting at or before each offset
     pieces, order = [], []
-    for k in np.unique(which):
+    in_use = np.flatnonzero(np.bincount(which + 1)) - 1  # the pins used, ascending (-1: none): a count, not a sort
+    for k in in_use:
         rows = np.flatnonzero(which == k)
         if k < 0:
             pieces.append(_empty(len(rows)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -174,3 +175,31 @@ def test_an_hour_keeps_the_limits_it_started_with_and_a_replay_refuses_the_same(
     forget_states(store)
     replay(log, TOPIC, ranges, into="bronze_rebuilt", limits=LIMITS)
     assert sorted(positions(open_table(store, "bronze_rebuilt").to_pyarrow_table())) == bronze
+
+
+def test_a_chunk_that_spans_two_limit_hours_is_judged_per_hour(store, log, monkeypatch):
+    """The same events appended either side of an hour's end: each hour starts its limits afresh, also within one
+    chunk (the gate's path for several hours at once)."""
+    from metrics_lake.core.log import log as log_module
+
+    hour_ms = 3_600_000
+    clock = {"ms": (int(time.time() * 1000) // hour_ms) * hour_ms - 1_000}  # a second before an hour ends
+
+    class AppendClock:
+        """``time`` for the log module, its ``time()`` set by the test (leases keep the real monotonic clock)."""
+
+        def __getattr__(self, name):
+            return getattr(time, name)
+
+        def time(self):
+            return clock["ms"] / 1000
+
+    monkeypatch.setattr(log_module, "time", AppendClock())
+    produce(log, events(), partitions=PARTITIONS)
+    clock["ms"] += 2_000  # the next hour
+    produce(log, events(), partitions=PARTITIONS)
+    monkeypatch.undo()
+    rows = pa.concat_tables(read_range(log, TOPIC, p, 0, end) for p, end in end_offsets(log, TOPIC).items())
+    assert len(np.unique(limit_hours(rows.column("ingested_at")))) == 2
+    batch(store, chunk_records=1_000_000, limits=LIMITS)  # one chunk per partition: both hours in it
+    assert_limited_exactly(store, log)
