@@ -42,6 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -280,11 +281,21 @@ def affected_windows(query: StoredQuery, minutes_us: np.ndarray) -> np.ndarray:
     return np.unique(starts[inside])
 
 
-def window_states(windows: pa.Table, query: StoredQuery, starts_us: np.ndarray) -> pa.Table:
+#: How a query's selected 1-minute rows become one row per key and minute: :func:`merge_minutes`, or a memo of it.
+MinuteMerge = Callable[[StoredQuery, pa.Table], pa.Table]
+
+
+def window_states(
+    windows: pa.Table, query: StoredQuery, starts_us: np.ndarray, merge: MinuteMerge | None = None
+) -> pa.Table:
     """Window states of ``query``'s windows starting at ``starts_us`` (epoch µs), like :func:`query_states`.
 
     ``windows`` must hold every 1-minute row of those windows (the range
-    ``[min(starts), max(starts) + WINDOW)`` of the query's metric).
+    ``[min(starts), max(starts) + WINDOW)`` of the query's metric); columns
+    besides :data:`WINDOW_STATE`'s are carried to ``merge``. ``merge``: how
+    the selected rows are merged per key and minute (default:
+    :func:`merge_minutes`; the speed layer passes one that reuses the minutes
+    it merged before, :mod:`metrics_lake.core.speed.open_windows`).
     """
     if len(starts_us) == 0:
         return WINDOW_STATE.empty_table()
@@ -295,18 +306,22 @@ def window_states(windows: pa.Table, query: StoredQuery, starts_us: np.ndarray) 
         int(wanted.min()),
         int(wanted.max()) + query.duration_s * 1_000_000,
         lambda window_start, window_end: np.isin(window_start, wanted),
+        merge,
     )
 
 
-def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen) -> pa.Table:
+def _states(
+    windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen, merge: MinuteMerge | None = None
+) -> pa.Table:
     """States of the query windows that ``chosen(window_start, window_end)`` (µs arrays) keeps, from the minutes
-    of ``windows`` in ``[lo_us, hi_us)``.
+    of ``windows`` in ``[lo_us, hi_us)``; ``merge`` as for :func:`window_states`.
 
     Keyed by ``server``: the server (``PER SERVER``), null (the fleet), or
     for ``BY`` an injective text of the group's label values, the group's
     labels in ``labels`` (so merging keeps them); rows are in minute order,
     so a merged per-server row keeps the labels of its newest minute.
     """
+    merge = merge or (lambda _, rows: merge_minutes(rows))
     duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
     minute = pc.cast(windows.column("window_start"), pa.int64())
     keep = pc.and_(
@@ -320,11 +335,11 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
     if query.group_by:
         rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
         rows = rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
-        sources = [_per_minute(rows)]
+        sources = [merge(query, rows)]
     else:
         n = rows.num_rows
         fleet = rows.set_column(rows.schema.get_field_index("server"), "server", pa.nulls(n, pa.string()))
-        fleet = _per_minute(fleet.set_column(fleet.schema.get_field_index("labels"), "labels", pa.nulls(n, TAGS)))
+        fleet = merge(query, fleet.set_column(fleet.schema.get_field_index("labels"), "labels", pa.nulls(n, TAGS)))
         # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
         sources = [rows, fleet] if query.per_server else [fleet]
     hops = -(-query.duration_s // query.slide_s)
@@ -356,9 +371,9 @@ def _states(windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chose
     return states.drop_columns(["minute"]).cast(WINDOW_STATE)
 
 
-def _per_minute(rows: pa.Table) -> pa.Table:
-    """``rows`` (1-minute window states keyed by ``server``: a group key, or null for the fleet) merged into one per
-    key and minute, in minute order.
+def merge_minutes(rows: pa.Table) -> pa.Table:
+    """``rows`` (1-minute window states keyed by ``server``: a group key, or null for the fleet; other columns
+    than :data:`WINDOW_STATE`'s are ignored) merged into one per key and minute, in minute order.
 
     A minute's state is merged once here rather than once per hopping window
     holding it: a 5-minute window every minute over 2,500 servers merged 5 x

@@ -109,7 +109,7 @@ from metrics_lake.core.speed.alerting import (
 )
 from metrics_lake.core.speed.cardinality import LimitGate, save_states
 from metrics_lake.core.speed.enrichment import Pin, expected_servers, labels_at, pin_inventory
-from metrics_lake.core.speed.open_windows import OpenWindows
+from metrics_lake.core.speed.open_windows import OpenWindows, with_sources
 from metrics_lake.core.speed.progress import (
     CONSUMER,
     POSITION_TABLES,
@@ -928,7 +928,8 @@ def _upsert_query_results(
                 lo = min(int(s[0]) for s in starts.values())
                 hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
                 windows = _windows_between(store, tables, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
-                states = pa.concat_tables([window_states(windows, q, starts[q.name]) for q in chosen])
+                merge = open_windows.merged_minutes if open_windows is not None else None
+                states = pa.concat_tables([window_states(windows, q, starts[q.name], merge) for q in chosen])
                 results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
             replaced = pa.table(
                 {
@@ -1033,7 +1034,8 @@ def _windows_between(
     ``metrics`` come from ``open_windows`` if it keeps them, else from the
     file with the metric filter pushed into the Parquet reader; ``open_windows``
     then keeps what this call took from each file
-    (:mod:`metrics_lake.core.speed.open_windows`).
+    (:mod:`metrics_lake.core.speed.open_windows`), and the rows carry its
+    :data:`~metrics_lake.core.speed.open_windows.SOURCE` column (each row's file).
     """
     table = tables.latest(store, WINDOWS)
     candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
@@ -1050,7 +1052,10 @@ def _windows_between(
         selections[data_file.relative] = kept.cast(target)
     if open_windows is not None:
         open_windows.keep_selections(wanted, names, selections)
-    rows = pa.concat_tables(selections.values()) if selections else target.empty_table()
+    if not selections:
+        rows = target.empty_table()
+    else:  # which file each row came from: the stream reuses minutes merged from the same files before
+        rows = with_sources(selections) if open_windows is not None else pa.concat_tables(selections.values())
     start = pc.cast(rows.column("window_start"), pa.int64())
     return rows.filter(pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)))
 

@@ -31,23 +31,51 @@ kept, so the evaluation after it takes its selection without reading it; a
 file neither kept nor selected is read, with the metric filter pushed into
 the Parquet reader.
 
+A query window is the merge of its minutes, and a minute's state the
+merge of every selected series' window of that minute
+(:func:`~metrics_lake.core.kernels.stored_queries.merge_minutes`). Merging
+is what costs: the fleet's hourly query merged every minute of the hour so
+far again in each batch (2,500 servers, minute 8 of the hour: 0.15 s of
+a batch's 0.29 s of query results, growing with the minute). The driver
+therefore also keeps each query's merged minutes with the files their rows
+came from (:meth:`OpenWindows.merged_minutes`): a minute merged before from
+the very same files has the very same rows, so its merge is reused, and
+only the minutes whose files changed (the batch's own, a late event's, a
+compaction's or a recompute's) are merged again.
+
 Memory: the rows of the files one commit wrote, about one minute's windows
 (at 200,000 series near a minute's end: about 120 MB, most of it sketches),
 plus the selections the last query evaluation took (for the default stored
 queries at 2,000 servers: 6,000 rows for each minute of the current hour,
-sketches included).
+sketches included), plus each query's merged minutes (a row per minute for
+a fleet-wide query, a row per group and minute for ``BY``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metrics_lake.core.kernels.stored_queries import StoredQuery, merge_minutes
 from metrics_lake.core.tables.snapshots import DataFile
 
-__all__ = ["OpenWindows"]
+__all__ = ["SOURCE", "OpenWindows", "with_sources"]
+
+#: The column :func:`with_sources` adds to window rows: the Delta log path of the file each row came from.
+SOURCE = "source"
+
+
+def with_sources(selections: Mapping[str, pa.Table]) -> pa.Table:
+    """The rows of ``selections`` (Delta log path -> rows taken from that file), concatenated, with a
+    :data:`SOURCE` column (dictionary-encoded path) naming each row's file: what
+    :meth:`OpenWindows.merged_minutes` tells unchanged minutes by."""
+    rows = pa.concat_tables(selections.values())
+    files = np.repeat(np.arange(len(selections), dtype=np.int32), [t.num_rows for t in selections.values()])
+    paths = pa.DictionaryArray.from_arrays(pa.array(files, pa.int32()), pa.array(list(selections), pa.string()))
+    return rows.append_column(SOURCE, paths)
 
 
 class OpenWindows:
@@ -64,6 +92,8 @@ class OpenWindows:
         self._rows: dict[str, pa.Table] = {}
         self._selected: tuple[frozenset[str], tuple[str, ...]] | None = None  # (metrics, columns) of _selections
         self._selections: dict[str, pa.Table] = {}
+        # query -> minute (epoch µs) -> (paths of the files its rows came from, the minute merged)
+        self._minutes: dict[tuple[str, int, str], dict[int, tuple[frozenset[str], pa.Table]]] = {}
 
     def rows_of(self, files: Iterable[DataFile]) -> list[pa.Table] | None:
         """The kept rows of each of ``files``, in their order; ``None`` unless every one is kept."""
@@ -97,6 +127,42 @@ class OpenWindows:
         the selections kept before: only the files the last evaluation read stay."""
         self._selected = (metrics, columns)
         self._selections = dict(selections)
+
+    def merged_minutes(self, query: StoredQuery, rows: pa.Table) -> pa.Table:
+        """:func:`~metrics_lake.core.kernels.stored_queries.merge_minutes` of ``query``'s selected ``rows``, each
+        minute merged last time for ``query`` from exactly the same files reused; keeps this call's minutes for
+        the next one (those of ``query`` it did not see are forgotten).
+
+        ``rows`` carry :data:`SOURCE` (:func:`with_sources`); without it every minute is merged. A file is
+        immutable and its name unique, so the same files give a minute the same rows; a minute a commit changed
+        (the batch's states, a compaction, a recompute) has rows from another file. A stored query's text and
+        revision name it: an edited query merges anew.
+        """
+        if SOURCE not in rows.column_names or rows.num_rows == 0:
+            return merge_minutes(rows)
+        minute = pc.cast(rows.column("window_start"), pa.int64())
+        pairs = pa.table({"minute": minute, "file": rows.column(SOURCE).cast(pa.string())})
+        distinct = pairs.group_by(["minute", "file"]).aggregate([])
+        files: dict[int, set[str]] = {}
+        for at, path in zip(distinct.column("minute").to_pylist(), distinct.column("file").to_pylist(), strict=True):
+            files.setdefault(at, set()).add(path)
+        key = (query.name, query.revision, query.text)
+        previous, kept = self._minutes.get(key, {}), {}
+        for at, sources in files.items():
+            hit = previous.get(at)
+            if hit is not None and hit[0] == sources:
+                kept[at] = hit
+        todo = np.array(sorted(set(files) - set(kept)), np.int64)
+        if len(todo):
+            fresh = merge_minutes(rows.filter(pc.is_in(minute, pa.array(todo))))  # in minute order
+            starts = pc.cast(fresh.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+            bounds = np.searchsorted(starts, todo)
+            for at, lo, hi in zip(todo.tolist(), bounds, [*bounds[1:], len(starts)], strict=True):
+                kept[at] = (frozenset(files[at]), fresh.slice(int(lo), int(hi - lo)))
+        for stale in [k for k in self._minutes if k[0] == query.name and k != key]:  # the query before an edit
+            del self._minutes[stale]
+        self._minutes[key] = kept
+        return pa.concat_tables([kept[at][1] for at in sorted(kept)])
 
     @property
     def paths(self) -> list[str]:

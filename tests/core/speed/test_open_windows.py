@@ -1,0 +1,117 @@
+"""A stream's memory of stored queries' merged minutes (OpenWindows.merged_minutes): reused exactly when a minute's
+rows come from the same files, merged again otherwise, and always equal to merging every minute anew."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.stored_queries import merge_minutes, parse_query, window_states
+from metrics_lake.core.kernels.windows import aggregate_events
+from metrics_lake.core.speed import open_windows as module
+from metrics_lake.core.speed.open_windows import SOURCE, OpenWindows, with_sources
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
+
+START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 3_600_000  # an hour's start
+MINUTE_US = 60_000_000
+
+
+def windows_of(seconds: int, seed: int) -> pa.Table:
+    """1-minute window rows of a small fleet (4 servers, 2 metrics), one minute per 60 s of ``seconds``."""
+    events = FleetSimulator(servers=4, metrics=2, seconds=seconds, rate=1.0, seed=seed, start_ms=START_MS).generate()
+    states = aggregate_events(events.filter(pc.is_null(events.column("reason"))), 60)
+    return states.select([n for n in states.column_names if n in METRIC_WINDOWS_1M.names])
+
+
+def minute_rows(windows: pa.Table, *minutes: int) -> pa.Table:
+    start = pc.cast(windows.column("window_start"), pa.int64())
+    wanted = pa.array([START_MS * 1000 + m * MINUTE_US for m in minutes], pa.int64())
+    return windows.filter(pc.is_in(start, wanted))
+
+
+@pytest.fixture
+def merged(monkeypatch) -> list[list[int]]:
+    """The minutes (index in the hour) of every merge_minutes call OpenWindows makes."""
+    calls: list[list[int]] = []
+    real = module.merge_minutes
+
+    def spy(rows: pa.Table) -> pa.Table:
+        starts = pc.unique(pc.cast(rows.column("window_start"), pa.int64())).to_pylist()
+        calls.append(sorted((s - START_MS * 1000) // MINUTE_US for s in starts))
+        return real(rows)
+
+    monkeypatch.setattr(module, "merge_minutes", spy)
+    return calls
+
+
+def evaluate(kept: OpenWindows, query, selections: dict[str, pa.Table]) -> pa.Table:
+    """The query's states for its windows over the hour, through the memo, checked against merging every minute."""
+    rows = with_sources(selections)
+    starts = [START_MS * 1000]
+    through_memo = window_states(rows, query, starts, kept.merged_minutes)
+    anew = window_states(rows.drop_columns([SOURCE]), query, starts)
+    assert through_memo.num_rows > 0 and through_memo.equals(anew)
+    return through_memo
+
+
+def test_only_minutes_whose_files_changed_are_merged_again(merged):
+    query = parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE avg, max, percentile(99)")
+    windows = windows_of(240, seed=3)  # minutes 0-3
+    kept = OpenWindows()
+    evaluate(kept, query, {"sealed-a": minute_rows(windows, 0, 1), "open-2": minute_rows(windows, 2)})
+    assert merged == [[0, 1, 2]]
+    # The next batch: minute 2 sealed into a new file, minute 3 open; minutes 0 and 1 still from the same file.
+    evaluate(
+        kept,
+        query,
+        {
+            "sealed-a": minute_rows(windows, 0, 1),
+            "sealed-b": minute_rows(windows, 2),
+            "open-3": minute_rows(windows, 3),
+        },
+    )
+    assert merged[1:] == [[2, 3]]
+    # Nothing changed: nothing merged.
+    evaluate(
+        kept,
+        query,
+        {
+            "sealed-a": minute_rows(windows, 0, 1),
+            "sealed-b": minute_rows(windows, 2),
+            "open-3": minute_rows(windows, 3),
+        },
+    )
+    assert merged[2:] == []
+    # A compaction rewrites minutes 0-2 into one file (rows unchanged): merged again, the same states.
+    evaluate(kept, query, {"compacted": minute_rows(windows, 0, 1, 2), "open-3": minute_rows(windows, 3)})
+    assert merged[2:] == [[0, 1, 2]]
+    # A file that joins a minute's files (another shard of minute 3, with other rows) merges that minute again.
+    other = windows_of(240, seed=4)
+    evaluate(
+        kept,
+        query,
+        {"compacted": minute_rows(windows, 0, 1, 2), "open-3": minute_rows(windows, 3), "shard": minute_rows(other, 3)},
+    )
+    assert merged[3:] == [[3]]
+
+
+def test_an_edited_query_or_another_query_merges_anew_and_rows_without_sources_are_merged(merged):
+    query = parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max")
+    windows = windows_of(180, seed=5)
+    selections = {"a": minute_rows(windows, 0, 1), "b": minute_rows(windows, 2)}
+    kept = OpenWindows()
+    evaluate(kept, query, selections)
+    edited = dataclasses.replace(query, revision=query.revision + 1)
+    evaluate(kept, edited, selections)
+    grouped = parse_query("cpu_by_region", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max BY region")
+    evaluate(kept, grouped, selections)
+    assert merged == [[0, 1, 2]] * 3
+    evaluate(kept, grouped, selections)  # a BY query's groups per minute are kept like the fleet's
+    assert len(merged) == 3
+    plain = windows.select(merge_minutes(windows).column_names)
+    assert kept.merged_minutes(query, plain).equals(merge_minutes(plain))  # no SOURCE column: merged, not kept
+    assert len(merged) == 4
