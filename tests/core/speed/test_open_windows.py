@@ -65,26 +65,10 @@ def test_only_minutes_whose_files_changed_are_merged_again(merged):
     evaluate(kept, query, {"sealed-a": minute_rows(windows, 0, 1), "open-2": minute_rows(windows, 2)})
     assert merged == [[0, 1, 2]]
     # The next batch: minute 2 sealed into a new file, minute 3 open; minutes 0 and 1 still from the same file.
-    evaluate(
-        kept,
-        query,
-        {
-            "sealed-a": minute_rows(windows, 0, 1),
-            "sealed-b": minute_rows(windows, 2),
-            "open-3": minute_rows(windows, 3),
-        },
-    )
+    sealed = {"sealed-a": minute_rows(windows, 0, 1), "sealed-b": minute_rows(windows, 2)}
+    evaluate(kept, query, {**sealed, "open-3": minute_rows(windows, 3)})
     assert merged[1:] == [[2, 3]]
-    # Nothing changed: nothing merged.
-    evaluate(
-        kept,
-        query,
-        {
-            "sealed-a": minute_rows(windows, 0, 1),
-            "sealed-b": minute_rows(windows, 2),
-            "open-3": minute_rows(windows, 3),
-        },
-    )
+    evaluate(kept, query, {**sealed, "open-3": minute_rows(windows, 3)})  # nothing changed: nothing merged
     assert merged[2:] == []
     # A compaction rewrites minutes 0-2 into one file (rows unchanged): merged again, the same states.
     evaluate(kept, query, {"compacted": minute_rows(windows, 0, 1, 2), "open-3": minute_rows(windows, 3)})
