@@ -331,7 +331,11 @@ def _states(
     selected = selector_mask(query.selector, windows.column("server"), windows.column("labels"))
     if selected is not None:
         keep = pc.and_(keep, selected)
-    rows = windows.filter(keep).sort_by([("window_start", "ascending")])
+    rows = windows.filter(keep)
+    if query.per_server:  # its rows are a source as they are: in minute order, a server keeps its newest labels
+        rows = rows.sort_by([("window_start", "ascending")])
+    # Merged per minute, rows need no order: a key's rows of a minute keep their order either way (a stable sort),
+    # so its sums are added in the same order, and a group's or the fleet's labels are the same in every row.
     if query.group_by:
         rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
         rows = rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
