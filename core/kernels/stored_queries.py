@@ -44,6 +44,7 @@ import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -281,8 +282,18 @@ def affected_windows(query: StoredQuery, minutes_us: np.ndarray) -> np.ndarray:
     return np.unique(starts[inside])
 
 
-#: How a query's selected 1-minute rows become one row per key and minute: :func:`merge_minutes`, or a memo of it.
-MinuteMerge = Callable[[StoredQuery, pa.Table], pa.Table]
+#: How a query's 1-minute rows become one row per key and minute: ``merge(query, windows, keep, keyed)`` merges
+#: the rows of ``windows`` that the boolean mask ``keep`` selects, after ``keyed`` (rows -> rows keyed by group or
+#: fleet). :func:`merge_selected`, or a memo of it that selects only the minutes it has not merged before.
+MinuteMerge = Callable[[StoredQuery, pa.Table, pa.ChunkedArray | pa.Array, Callable[[pa.Table], pa.Table]], pa.Table]
+
+
+def merge_selected(
+    query: StoredQuery, windows: pa.Table, keep: pa.ChunkedArray | pa.Array, keyed: Callable[[pa.Table], pa.Table]
+) -> pa.Table:
+    """The rows of ``windows`` that ``keep`` selects, keyed by ``keyed`` and merged per key and minute
+    (:func:`merge_minutes`): the :data:`MinuteMerge` that remembers nothing."""
+    return merge_minutes(keyed(windows.filter(keep)))
 
 
 def window_states(
@@ -292,10 +303,10 @@ def window_states(
 
     ``windows`` must hold every 1-minute row of those windows (the range
     ``[min(starts), max(starts) + WINDOW)`` of the query's metric); columns
-    besides :data:`WINDOW_STATE`'s are carried to ``merge``. ``merge``: how
-    the selected rows are merged per key and minute (default:
-    :func:`merge_minutes`; the speed layer passes one that reuses the minutes
-    it merged before, :mod:`metrics_lake.core.speed.open_windows`).
+    besides :data:`WINDOW_STATE`'s are left to ``merge``. ``merge``: how the
+    query's rows are keyed and merged per key and minute (a :data:`MinuteMerge`;
+    default :func:`merge_selected`; the speed layer passes one that takes only
+    the minutes it has not merged before, :mod:`metrics_lake.core.speed.open_windows`).
     """
     if len(starts_us) == 0:
         return WINDOW_STATE.empty_table()
@@ -321,7 +332,7 @@ def _states(
     labels in ``labels`` (so merging keeps them); rows are in minute order,
     so a merged per-server row keeps the labels of its newest minute.
     """
-    merge = merge or (lambda _, rows: merge_minutes(rows))
+    merge = merge or merge_selected
     duration_us, slide_us = query.duration_s * 1_000_000, query.slide_s * 1_000_000
     minute = pc.cast(windows.column("window_start"), pa.int64())
     keep = pc.and_(
@@ -331,21 +342,14 @@ def _states(
     selected = selector_mask(query.selector, windows.column("server"), windows.column("labels"))
     if selected is not None:
         keep = pc.and_(keep, selected)
-    rows = windows.filter(keep)
-    if query.per_server:  # its rows are a source as they are: in minute order, a server keeps its newest labels
-        rows = rows.sort_by([("window_start", "ascending")])
-    # Merged per minute, rows need no order: a key's rows of a minute keep their order either way (a stable sort),
-    # so its sums are added in the same order, and a group's or the fleet's labels are the same in every row.
-    if query.group_by:
-        rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
-        rows = rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
-        sources = [merge(query, rows)]
+    # A key's rows of a minute keep their order whether or not the rows are sorted (a stable sort), so its sums
+    # are added in the same order; a group's or the fleet's labels are the same in every row: merged rows need no
+    # sort. A PER SERVER query's own rows are a source as they are: in minute order, a server keeps its newest labels.
+    merged = merge(query, windows, keep, partial(_keyed, query))
+    if query.per_server:  # it also gets the fleet row (server null), so a dashboard shows both from stored rows
+        sources = [windows.filter(keep).sort_by([("window_start", "ascending")]), merged]
     else:
-        n = rows.num_rows
-        fleet = rows.set_column(rows.schema.get_field_index("server"), "server", pa.nulls(n, pa.string()))
-        fleet = merge(query, fleet.set_column(fleet.schema.get_field_index("labels"), "labels", pa.nulls(n, TAGS)))
-        # A PER SERVER query also gets its fleet row (server null), so a dashboard shows both from stored rows.
-        sources = [rows, fleet] if query.per_server else [fleet]
+        sources = [merged]
     hops = -(-query.duration_s // query.slide_s)
     pieces = []
     for source in sources:
@@ -373,6 +377,17 @@ def _states(
         return WINDOW_STATE.empty_table()
     states = pa.concat_tables(pieces).sort_by([("minute", "ascending")])
     return states.drop_columns(["minute"]).cast(WINDOW_STATE)
+
+
+def _keyed(query: StoredQuery, rows: pa.Table) -> pa.Table:
+    """``rows`` keyed for merging: by group (``server`` the group key, ``labels`` the group's labels) for a ``BY``
+    query, else as the fleet (``server`` and ``labels`` null)."""
+    if query.group_by:
+        rows = rows.set_column(rows.schema.get_field_index("server"), "server", _group_key(rows, query.group_by))
+        return rows.set_column(rows.schema.get_field_index("labels"), "labels", _group_labels(rows, query.group_by))
+    n = rows.num_rows
+    rows = rows.set_column(rows.schema.get_field_index("server"), "server", pa.nulls(n, pa.string()))
+    return rows.set_column(rows.schema.get_field_index("labels"), "labels", pa.nulls(n, TAGS))
 
 
 def merge_minutes(rows: pa.Table) -> pa.Table:

@@ -54,13 +54,14 @@ a fleet-wide query, a row per group and minute for ``BY``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metrics_lake.core.kernels.stored_queries import StoredQuery, merge_minutes
+from metrics_lake.core.kernels.stored_queries import StoredQuery, merge_minutes, merge_selected
+from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.core.tables.snapshots import DataFile
 
 __all__ = ["SOURCE", "OpenWindows", "with_sources"]
@@ -129,20 +130,29 @@ class OpenWindows:
         self._selected = (metrics, columns)
         self._selections = dict(selections)
 
-    def merged_minutes(self, query: StoredQuery, rows: pa.Table) -> pa.Table:
-        """:func:`~metrics_lake.core.kernels.stored_queries.merge_minutes` of ``query``'s selected ``rows``, each
-        minute merged last time for ``query`` from exactly the same files reused; keeps this call's minutes for
-        the next one (those of ``query`` it did not see are forgotten).
+    def merged_minutes(
+        self,
+        query: StoredQuery,
+        windows: pa.Table,
+        keep: pa.ChunkedArray | pa.Array,
+        keyed: Callable[[pa.Table], pa.Table],
+    ) -> pa.Table:
+        """A :data:`~metrics_lake.core.kernels.stored_queries.MinuteMerge` that remembers: the rows of ``windows``
+        that ``keep`` selects, keyed and merged per key and minute, each minute merged last time for ``query`` from
+        exactly the same files reused, and only the other minutes' rows taken from ``windows``. Keeps this call's
+        minutes for the next one (those of ``query`` it did not see are forgotten).
 
-        ``rows`` carry :data:`SOURCE` (:func:`with_sources`); without it every minute is merged. A file is
+        ``windows`` carry :data:`SOURCE` (:func:`with_sources`); without it every minute is merged. A file is
         immutable and its name unique, so the same files give a minute the same rows; a minute a commit changed
         (the batch's states, a compaction, a recompute) has rows from another file. A stored query's text and
         revision name it: an edited query merges anew.
         """
-        if SOURCE not in rows.column_names or rows.num_rows == 0:
-            return merge_minutes(rows)
-        minute = pc.cast(rows.column("window_start"), pa.int64())
-        pairs = pa.table({"minute": minute, "file": rows.column(SOURCE).cast(pa.string())})
+        if SOURCE not in windows.column_names:
+            return merge_selected(query, windows, keep, keyed)
+        selected = pc.fill_null(keep, False)
+        minute = pc.cast(windows.column("window_start"), pa.int64())
+        pairs = pa.table({"minute": minute, "file": windows.column(SOURCE)}).filter(selected)  # two small columns
+        pairs = pairs.set_column(1, "file", pairs.column("file").cast(pa.string()))
         distinct = pairs.group_by(["minute", "file"]).aggregate([])
         files: dict[int, set[str]] = {}
         for at, path in zip(distinct.column("minute").to_pylist(), distinct.column("file").to_pylist(), strict=True):
@@ -155,7 +165,7 @@ class OpenWindows:
                 kept[at] = hit
         todo = np.array(sorted(set(files) - set(kept)), np.int64)
         if len(todo):
-            fresh = merge_minutes(rows.filter(pc.is_in(minute, pa.array(todo))))  # in minute order
+            fresh = merge_minutes(keyed(windows.filter(pc.and_(selected, pc.is_in(minute, pa.array(todo))))))
             starts = pc.cast(fresh.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
             bounds = np.searchsorted(starts, todo)
             for at, lo, hi in zip(todo.tolist(), bounds, [*bounds[1:], len(starts)], strict=True):
@@ -163,6 +173,8 @@ class OpenWindows:
         for stale in [k for k in self._minutes if k[0] == query.name and k != key]:  # the query before an edit
             del self._minutes[stale]
         self._minutes[key] = kept
+        if not kept:  # no row selected
+            return WINDOW_STATE.empty_table()
         return pa.concat_tables([kept[at][1] for at in sorted(kept)])
 
     @property

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.kernels.stored_queries import merge_minutes, parse_query, window_states
+from metrics_lake.core.kernels.stored_queries import parse_query, window_states
 from metrics_lake.core.kernels.windows import aggregate_events
 from metrics_lake.core.speed import open_windows as module
 from metrics_lake.core.speed.open_windows import SOURCE, OpenWindows, with_sources
@@ -96,6 +96,9 @@ def test_an_edited_query_or_another_query_merges_anew_and_rows_without_sources_a
     assert merged == [[0, 1, 2]] * 3
     evaluate(kept, grouped, selections)  # a BY query's groups per minute are kept like the fleet's
     assert len(merged) == 3
-    plain = windows.select(merge_minutes(windows).column_names)
-    assert kept.merged_minutes(query, plain).equals(merge_minutes(plain))  # no SOURCE column: merged, not kept
-    assert len(merged) == 4
+    starts = [START_MS * 1000]
+    plain = pa.concat_tables(selections.values())  # no SOURCE column: the kernel's own merge, nothing kept
+    assert window_states(plain, query, starts, kept.merged_minutes).equals(window_states(plain, query, starts))
+    nothing = minute_rows(windows, 50)  # no row of the query's windows: no state, nothing merged
+    assert window_states(with_sources({"a": nothing}), query, starts, kept.merged_minutes).num_rows == 0
+    assert len(merged) == 3
