@@ -29,11 +29,11 @@ from metrics_lake.core.tables.pruning import Predicate, supported
 from metrics_lake.core.tables.snapshots import snapshot_files
 from metrics_lake.core.tables.time_travel import check_files_present, open_as_of
 from metrics_lake.lake_schemas.errors import LakeError
+from metrics_lake.lake_schemas.types import utc_time
 from metrics_lake.spark.datasources.delta_reader import SCAN_REPORT_ENV, report_scan
 
 __all__ = ["SnapshotResolver", "decode_predicates", "install"]
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 #: JSON value types the JVM sends, and the Python value each becomes.
 _DECODERS = {
     "string": str,
@@ -41,7 +41,7 @@ _DECODERS = {
     "float": float,
     "bool": bool,
     "date": dt.date.fromisoformat,
-    "timestamp_us": lambda us: _EPOCH + dt.timedelta(microseconds=us),
+    "timestamp_us": utc_time,
 }
 
 
