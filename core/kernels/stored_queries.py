@@ -345,11 +345,12 @@ def _states(
     # A key's rows of a minute keep their order whether or not the rows are sorted (a stable sort), so its sums
     # are added in the same order; a group's or the fleet's labels are the same in every row: merged rows need no
     # sort. A PER SERVER query's own rows are a source as they are: in minute order, a server keeps its newest labels.
-    merged = merge(query, windows, keep, partial(_keyed, query))
+    keyed = partial(_keyed, query)
     if query.per_server:  # it also gets the fleet row (server null), so a dashboard shows both from stored rows
-        sources = [windows.filter(keep).sort_by([("window_start", "ascending")]), merged]
+        rows = windows.filter(keep).sort_by([("window_start", "ascending")])
+        sources = [rows, merge(query, rows, pa.array(np.ones(rows.num_rows, bool)), keyed)]  # selected once
     else:
-        sources = [merged]
+        sources = [merge(query, windows, keep, keyed)]
     hops = -(-query.duration_s // query.slide_s)
     pieces = []
     for source in sources:
