@@ -194,11 +194,11 @@ def test_a_chunk_that_spans_two_limit_hours_is_judged_per_hour(store, log, monke
         def time(self):
             return clock["ms"] / 1000
 
-    monkeypatch.setattr(log_module, "time", AppendClock())
-    produce(log, events(), partitions=PARTITIONS)
-    clock["ms"] += 2_000  # the next hour
-    produce(log, events(), partitions=PARTITIONS)
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # the append clock only: other fixtures' patches stay
+        patch.setattr(log_module, "time", AppendClock())
+        produce(log, events(), partitions=PARTITIONS)
+        clock["ms"] += 2_000  # the next hour
+        produce(log, events(), partitions=PARTITIONS)
     rows = pa.concat_tables(read_range(log, TOPIC, p, 0, end) for p, end in end_offsets(log, TOPIC).items())
     assert len(np.unique(limit_hours(rows.column("ingested_at")))) == 2
     batch(store, chunk_records=1_000_000, limits=LIMITS)  # one chunk per partition: both hours in it
