@@ -6,8 +6,8 @@
 
 Needs only Python 3.11 and pip (plus a Java 17 JDK for Spark: its ``javac`` compiles
 the lake's Spark catalog once, spark/lake_jar.py). The virtualenv is
-``.venv`` beside this file; it is (re)installed whenever pyproject.toml
-changes, tracked by a stamp file holding the pyproject's hash.
+``.venv`` beside this file; it is (re)installed whenever pyproject.toml or
+this file changes, tracked by a stamp file holding their hash.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
-STAMP = VENV / ".installed-pyproject-sha256"
+STAMP = VENV / ".installed-pyproject-sha256"  # of pyproject.toml and run.py: a new install step runs too
 
 
 def _ensure_venv() -> None:
     if sys.version_info[:2] != (3, 11):
         sys.exit(f"run.py: Python 3.11 is required, this is {sys.version.split()[0]}")
-    digest = hashlib.sha256((HERE / "pyproject.toml").read_bytes()).hexdigest()
+    digest = hashlib.sha256((HERE / "pyproject.toml").read_bytes() + Path(__file__).read_bytes()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == digest:
         return
     if not (BIN / "python").exists():
@@ -52,6 +52,8 @@ def _ensure_venv() -> None:
     subprocess.run([str(BIN / "python"), "-m", "metrics_lake.spark.lake_jar"], check=True)
     # Spark's driver JVM starts ~40 % faster from a class-data sharing archive (spark/jvm_archive.py); optional.
     subprocess.run([str(BIN / "python"), "-m", "metrics_lake.spark.jvm_archive"], check=False)
+    # Spark's Python processes import PySpark from a zip of sources: bytecode beside them (spark/python_bytecode.py).
+    subprocess.run([str(BIN / "python"), "-m", "metrics_lake.spark.python_bytecode"], check=False)
     STAMP.write_text(digest)
 
 
