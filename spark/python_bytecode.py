@@ -18,8 +18,11 @@ PySpark install replaces that file whole, bytecode and all; a zip without
 it, or an interpreter with another magic number, simply compiles as before.
 ``run.py`` calls it after installing, as pip compiles the installed
 modules' bytecode itself. The zip is rewritten to a temporary file and
-renamed into place, so no process ever reads half of one; one already
-running with the old zip open keeps its own copy.
+renamed into place, so no process ever reads half of one. A Python process
+of Spark's that is running meanwhile may fail to import a module it had not
+imported yet (zipimport reads the zip by path, at the offsets it listed
+from the old one), so rewrite it only when no Spark runs, as ``run.py``
+does right after installing.
 """
 
 from __future__ import annotations
