@@ -6,10 +6,12 @@ Python data sources' planners, a streaming source's runner) with
 (``PythonUtils.sparkPythonPath``), ahead of the installed package. Those
 zips hold sources only, and zipimport never writes bytecode, so each such
 process compiled PySpark again, twice per module (``find_spec`` and
-``exec_module`` each compile: Python 3.11's ``zipimport``). Measured here:
-0.76 against 0.25 CPU-s to import a planner's modules, for five processes a
-Spark session starts, and ``lake stream --once`` on 12 M events ended
-0.8 s sooner (11.1 against 11.9 s, four runs each).
+``exec_module`` each compile: Python 3.11's ``zipimport``). Measured here,
+importing a data source planner's modules took 0.76 CPU-s from the zip as
+shipped, 0.30 with this bytecode (0.25 from the installed package's), and a
+Spark session starts five such processes; ``lake stream --once`` on 12 M
+events took 11.1-11.9 s (median 11.2) against 11.5-12.2 s (median 11.85),
+four runs each.
 
 :func:`build` adds a ``.pyc`` beside every ``.py`` of those zips, where
 zipimport looks for it first. The bytecode is hash-based and unchecked
