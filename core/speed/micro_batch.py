@@ -897,6 +897,8 @@ def _upsert_query_results(
     }
     affected = {name: starts for name, starts in affected.items() if len(starts)}
     by_name = {q.name: q for q in queries}
+    if open_windows is not None:
+        open_windows.forget_queries_except(by_name)
 
     def commit(table, advances: dict[int, int]) -> None:
         nonlocal written

@@ -177,6 +177,23 @@ class OpenWindows:
             return WINDOW_STATE.empty_table()
         return pa.concat_tables([kept[at][1] for at in sorted(kept)])
 
+    def forget_queries_except(self, names: Iterable[str]) -> None:
+        """Forget the merged minutes of every stored query not in ``names`` (those the registry holds now).
+
+        :meth:`merged_minutes` forgets a query's older revisions when it
+        merges the query again; a query removed from the registry is never
+        merged again, so without this its minutes stayed until the stream
+        restarted.
+        """
+        live = set(names)
+        for stale in [key for key in self._minutes if key[0] not in live]:
+            del self._minutes[stale]
+
+    @property
+    def queries(self) -> list[str]:
+        """The names of the stored queries whose merged minutes are kept, sorted."""
+        return sorted({name for name, _, _ in self._minutes})
+
     @property
     def paths(self) -> list[str]:
         """The Delta log paths of the files whose rows are kept, sorted."""

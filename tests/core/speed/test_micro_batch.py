@@ -17,6 +17,7 @@ import pytest
 
 import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.kernels.windows import QUANTILES, WINDOW_STATE, series_shards
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
@@ -329,6 +330,27 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
         tables = [open_table(s, name).to_pyarrow_table().drop_columns([clock]) for s in (store, single)]
         order = [(c, "ascending") for c in (*key, "metric", "server", "window_start")]
         assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
+
+
+def test_a_stream_forgets_the_merged_minutes_of_a_stored_query_removed_from_the_registry(store, log):
+    """A stream keeps each stored query's merged minutes between batches; once a query is no longer among the
+    registry's queries, the next batch drops its minutes (else they stayed until the stream restarted), and a query
+    that comes back is merged anew, with the results a stream that never dropped it gives."""
+    events = FleetSimulator(servers=3, metrics=2, seconds=180, rate=1.0, seed=43, start_ms=START_MS).generate()
+    produce(log, events)
+    fleet = parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE avg, max")
+    peak = parse_query("peak_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max, percentile(99)")
+    ends, kept = end_offsets(log, TOPIC), OpenWindows()
+    cut = {p: end // 3 for p, end in ends.items()}
+    batch(store, cut, queries=[fleet, peak], open_windows=kept)
+    assert kept.queries == ["fleet_cpu", "peak_cpu"]
+    cut = {p: end * 2 // 3 for p, end in ends.items()}
+    batch(store, cut, queries=[fleet], open_windows=kept)  # peak_cpu was removed from the registry
+    assert kept.queries == ["fleet_cpu"]
+    batch(store, ends, queries=[fleet, peak], open_windows=kept)  # and added again
+    assert kept.queries == ["fleet_cpu", "peak_cpu"]
+    results = open_table(store, QUERIES).to_pyarrow_table()
+    assert set(results.column("query").to_pylist()) == {"fleet_cpu", "peak_cpu"}
 
 
 def rewrite_files(store, name: str, paths: list[str]) -> None:

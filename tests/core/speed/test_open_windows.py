@@ -102,3 +102,19 @@ def test_an_edited_query_or_another_query_merges_anew_and_rows_without_sources_a
     nothing = minute_rows(windows, 50)  # no row of the query's windows: no state, nothing merged
     assert window_states(with_sources({"a": nothing}), query, starts, kept.merged_minutes).num_rows == 0
     assert len(merged) == 3
+
+
+def test_forgetting_the_queries_the_registry_no_longer_holds_keeps_the_others_minutes(merged):
+    fleet = parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max")
+    grouped = parse_query("cpu_by_region", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max BY region")
+    windows = windows_of(120, seed=6)
+    selections = {"a": minute_rows(windows, 0), "b": minute_rows(windows, 1)}
+    kept = OpenWindows()
+    evaluate(kept, fleet, selections)
+    evaluate(kept, grouped, selections)
+    assert kept.queries == ["cpu_by_region", "fleet_cpu"] and len(merged) == 2
+    kept.forget_queries_except(["fleet_cpu", "not_merged_yet"])
+    assert kept.queries == ["fleet_cpu"]
+    evaluate(kept, fleet, selections)  # still kept: nothing merged
+    evaluate(kept, grouped, selections)  # forgotten: merged anew
+    assert merged == [[0, 1]] * 3
