@@ -13,7 +13,8 @@ environment: the ``LAKE_S3_*`` credentials the lake's Python tasks read
 (``load_settings`` in each task) must be exported where ``start`` runs
 (``eval "$(lake infra up)"`` first), exactly as for the driver. Python
 workers run the driver's interpreter (PySpark sends ``PYSPARK_PYTHON``, set
-to this virtualenv's by :mod:`metrics_lake.spark.session`), so on this
+to this virtualenv's by :mod:`metrics_lake.spark.session` through its
+launcher script, with ``spark.executorEnv.LAKE_SPARK_PYTHON``), so on this
 machine they import the same installed code. On other machines the same
 environment must exist there, or be shipped: ``spark.archives`` with a
 packed virtualenv (``venv-pack``) and ``PYSPARK_PYTHON=./environment/bin/python``

@@ -73,8 +73,7 @@ def build_session(
     Raises :class:`~metrics_lake.lake_schemas.errors.LakeError` if those
     classes cannot be compiled (no JDK).
     """
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    _use_python_launcher()
     if settings.spark_master.startswith("local") or settings.spark_master.startswith(LOOPBACK_MASTERS):
         # A local session, or a driver of a cluster on loopback, has no business on any other interface.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -89,6 +88,8 @@ def build_session(
         # A local lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
         # Not on S3: there the tables are Python data sources, which only Spark's built-in session catalog creates.
         builder = builder.config("spark.sql.catalog.spark_catalog", LAKE_CATALOG)
+    if "LAKE_SPARK_PYTHON" in os.environ:  # a cluster's executors start their Python through the launcher too
+        builder = builder.config("spark.executorEnv.LAKE_SPARK_PYTHON", os.environ["LAKE_SPARK_PYTHON"])
     for key, value in (extra_config or {}).items():
         builder = builder.config(key, value)
     spark = (
@@ -139,6 +140,34 @@ def build_session(
     for source in (LogDataSource, DeltaSnapshotDataSource) if data_sources else ():
         spark.dataSource.register(source)
     return spark
+
+
+#: The interpreter Spark starts Python processes with: this one, with Spark's planner daemons run as the lake's.
+PYTHON_LAUNCHER = Path(__file__).with_name("python_launcher.sh")
+
+
+def _use_python_launcher() -> None:
+    """Have Spark start its Python processes with :data:`PYTHON_LAUNCHER`, unless ``PYSPARK_PYTHON`` is set.
+
+    Spark's Python data-source planners (registering and reading the lake's
+    formats) run their workers under ``pyspark.daemon``, whatever
+    ``spark.python.daemon.module`` says. A minute after its last plan, Spark
+    closes such an idle worker's socket and pyspark's daemon prints a
+    ``BrokenPipeError`` traceback for it: three a minute into every ``lake
+    stream``, though nothing failed. The launcher runs those daemons as
+    :mod:`metrics_lake.spark.worker_daemon`, which ends the worker quietly.
+    ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` (the planners use both)
+    name the launcher, and ``LAKE_SPARK_PYTHON`` this interpreter, for this
+    process and the JVM it starts. An interpreter set by the user (a packed
+    virtualenv on a cluster's workers) is left alone, as is a launcher that
+    lost its execute bit: Spark then starts this interpreter directly.
+    """
+    if "PYSPARK_PYTHON" not in os.environ and os.access(PYTHON_LAUNCHER, os.X_OK):
+        os.environ["LAKE_SPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_PYTHON"] = str(PYTHON_LAUNCHER)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", str(PYTHON_LAUNCHER))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
 #: The warm-up thread of each session this process built, by ``id(spark)``, for :func:`stop_session`.

@@ -15,27 +15,66 @@ it inherited, nor writes to their pages (copy-on-write). Measured with
 ``perf`` on ``bench/same_file.py``'s import into a running stream: the
 collector's share of the two workers fell from 1.1 % of all CPU samples to
 none, and the workers' CPU from 13.2 to 12.4 s.
+
+The daemons of Spark's Python data-source planners run this module too
+(``spark/python_launcher.sh``), without the imports: their workers only
+plan, and Spark starts three such daemons per session. In every daemon, a
+worker whose socket Spark closed ends quietly (:func:`worker`).
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 
-import deltalake  # noqa: F401
-import numpy  # noqa: F401
-import pandas  # noqa: F401 - pyarrow imports it on first use (pa.array, pyarrow.dataset): 0.2-0.3 s in each new worker
-import pyarrow  # noqa: F401
-import pyarrow.dataset  # noqa: F401 - reads the tables' files
-import pyarrow.parquet  # noqa: F401
 from pyspark import daemon
 
-import metrics_lake.core.kernels.windows  # noqa: F401
-import metrics_lake.core.speed.micro_batch  # noqa: F401
-import metrics_lake.spark.datasources.delta_reader  # noqa: F401
-import metrics_lake.spark.datasources.log_source  # noqa: F401
-from metrics_lake.core.arrow_memory import use_system_allocator
+#: The worker module of Spark's task workers (the daemon's argument); planners' daemons name their own.
+TASK_WORKER = "pyspark.worker"
+
+_pyspark_worker = daemon.worker
+
+
+def worker(sock, authenticated: bool) -> int:
+    """Run one forked worker as pyspark's ``daemon.worker`` does; its exit code (0: the worker may be reused).
+
+    A ``BrokenPipeError`` or ``ConnectionResetError`` means Spark closed the
+    worker's socket: it closes an idle pooled worker's after a minute
+    (``PythonWorkerFactory``), and stops a session's workers. The worker then
+    reads the end of its input, fails to report that, and pyspark's daemon
+    printed the error's traceback to the driver's stderr (Spark sets
+    ``PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE``): three of them a minute
+    into every ``lake stream``, one per planner. Here the worker returns 1,
+    which ends it just the same, without the traceback: nobody is left to
+    tell, and the JVM reports its own side of a real failure.
+    """
+    try:
+        return _pyspark_worker(sock, authenticated)
+    except (BrokenPipeError, ConnectionResetError):
+        return 1
+
+
+def _import_task_modules() -> None:
+    """Import what task workers use, once, in the daemon: every forked worker inherits it."""
+    import deltalake  # noqa: F401
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401 - pyarrow imports it on first use (pa.array, pyarrow.dataset): 0.2-0.3 s a worker
+    import pyarrow  # noqa: F401
+    import pyarrow.dataset  # noqa: F401 - reads the tables' files
+    import pyarrow.parquet  # noqa: F401
+
+    import metrics_lake.core.kernels.windows  # noqa: F401
+    import metrics_lake.core.speed.micro_batch  # noqa: F401
+    import metrics_lake.spark.datasources.delta_reader  # noqa: F401
+    import metrics_lake.spark.datasources.log_source  # noqa: F401
+    from metrics_lake.core.arrow_memory import use_system_allocator
+
+    use_system_allocator()  # forked workers inherit the pool (metrics_lake.core.arrow_memory)
+
 
 if __name__ == "__main__":
-    use_system_allocator()  # forked workers inherit the pool (metrics_lake.core.arrow_memory)
-    gc.freeze()  # after every import, right before the forks
+    if sys.argv[1:2] in ([], [TASK_WORKER]):
+        _import_task_modules()
+        gc.freeze()  # after every import, right before the forks
+    daemon.worker = worker  # manager() looks the function up for each fork
     daemon.manager()

@@ -120,3 +120,56 @@ def test_stopping_a_session_leaves_the_accumulator_server_to_a_thread_that_close
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[:3] == ["3", "4", "True []"]
+
+
+def test_spark_starts_every_python_daemon_as_the_lake_daemon_module(spark, settings):
+    """Spark's data-source planners (lookup at registration, create and plan at a read) run their workers under
+    ``pyspark.daemon`` whatever spark.python.daemon.module says; through the launcher every daemon the driver JVM
+    started is the lake's module, and only the task workers' one imported the lake (the planners' stay light)."""
+    from metrics_lake.spark.jobs.stream_metrics import prepare_lake
+    from metrics_lake.spark.session import PYTHON_LAUNCHER
+
+    assert os.environ["PYSPARK_PYTHON"] == str(PYTHON_LAUNCHER) and os.environ["LAKE_SPARK_PYTHON"] == sys.executable
+    prepare_lake(settings)
+    reader = spark.read.format("lakedelta").option("root", settings.root).option("table", "servers")
+    assert reader.load().count() == 0  # creates and plans a read of the Python data source
+    jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
+    daemons = {}
+    for child in jvm.children():  # daemons are the JVM's children; their forked workers are theirs
+        try:
+            command = child.cmdline()
+        except psutil.Error:  # a worker that exited meanwhile (another test's)
+            continue
+        if "-m" in command:
+            daemons[command[command.index("-m") + 1 :][-1]] = command[command.index("-m") + 1]
+    assert daemons["pyspark.worker"] == "metrics_lake.spark.worker_daemon"
+    planners = {worker for worker in daemons if worker.startswith("pyspark.sql.worker.")}
+    assert {"pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source"} <= planners
+    assert {daemons[worker] for worker in planners} == {"metrics_lake.spark.worker_daemon"}
+
+
+QUIET_WORKER = """
+import os, socket, sys
+os.environ["PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE"] = "1"  # as Spark sets it
+sys.argv[1:] = ["pyspark.sql.worker.plan_data_source_read"]  # the daemon's argument: a planner's worker
+from pyspark import daemon
+from metrics_lake.spark import worker_daemon
+ours, spark_end = socket.socketpair()
+spark_end.close()  # Spark closed an idle pooled worker's socket
+run = worker_daemon.worker if os.environ["WHICH"] == "lake" else daemon.worker
+print("exit code", run(ours, True))
+"""
+
+
+def test_a_worker_whose_socket_spark_closed_ends_without_a_traceback():
+    """pyspark's daemon prints a BrokenPipeError traceback for a worker that finds its socket closed (Spark closes
+    idle workers' after a minute); the lake's daemon ends it with exit code 1 and prints nothing."""
+    runs = {
+        which: subprocess.run(
+            [sys.executable, "-c", QUIET_WORKER], env={**os.environ, "WHICH": which}, capture_output=True, text=True
+        )
+        for which in ("pyspark", "lake")
+    }
+    assert runs["pyspark"].returncode != 0 and "BrokenPipeError" in runs["pyspark"].stderr  # the noise, reproduced
+    assert runs["lake"].returncode == 0, runs["lake"].stderr
+    assert runs["lake"].stdout == "exit code 1\n" and runs["lake"].stderr == ""

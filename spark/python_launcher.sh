@@ -1,0 +1,12 @@
+#!/bin/sh
+# The interpreter Spark starts the lake's Python processes with (PYSPARK_PYTHON, which
+# metrics_lake.spark.session points here): the lake's own Python, LAKE_SPARK_PYTHON. Spark's
+# Python data-source planners run their workers under "-m pyspark.daemon" whatever
+# spark.python.daemon.module says; those run as the lake's daemon module instead
+# (spark/worker_daemon.py), which ends a worker whose socket Spark closed without a traceback.
+python="${LAKE_SPARK_PYTHON:?LAKE_SPARK_PYTHON is not set: metrics_lake.spark.session sets it with PYSPARK_PYTHON}"
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
+    shift 2
+    exec "$python" -m metrics_lake.spark.worker_daemon "$@"
+fi
+exec "$python" "$@"
