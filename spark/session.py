@@ -162,10 +162,12 @@ def _use_python_launcher() -> None:
     virtualenv on a cluster's workers) is left alone, as is a launcher that
     lost its execute bit: Spark then starts this interpreter directly.
     """
-    if "PYSPARK_PYTHON" not in os.environ and os.access(PYTHON_LAUNCHER, os.X_OK):
+    launcher = str(PYTHON_LAUNCHER)
+    # A process started by one that built a session inherits PYSPARK_PYTHON, maybe without LAKE_SPARK_PYTHON.
+    if os.environ.get("PYSPARK_PYTHON", launcher) == launcher and os.access(PYTHON_LAUNCHER, os.X_OK):
         os.environ["LAKE_SPARK_PYTHON"] = sys.executable
-        os.environ["PYSPARK_PYTHON"] = str(PYTHON_LAUNCHER)
-        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", str(PYTHON_LAUNCHER))
+        os.environ["PYSPARK_PYTHON"] = launcher
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", launcher)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
