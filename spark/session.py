@@ -147,7 +147,7 @@ PYTHON_LAUNCHER = Path(__file__).with_name("python_launcher.sh")
 
 
 def _use_python_launcher() -> None:
-    """Have Spark start its Python processes with :data:`PYTHON_LAUNCHER`, unless ``PYSPARK_PYTHON`` is set.
+    """Have Spark start its Python processes with :data:`PYTHON_LAUNCHER`, unless ``PYSPARK_PYTHON`` names another.
 
     Spark's Python data-source planners (registering and reading the lake's
     formats) run their workers under ``pyspark.daemon``, whatever
@@ -158,7 +158,8 @@ def _use_python_launcher() -> None:
     :mod:`metrics_lake.spark.worker_daemon`, which ends the worker quietly.
     ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` (the planners use both)
     name the launcher, and ``LAKE_SPARK_PYTHON`` this interpreter, for this
-    process and the JVM it starts. An interpreter set by the user (a packed
+    process and the JVM it starts (set again where they were inherited, the
+    launcher's without this interpreter's). An interpreter set by the user (a packed
     virtualenv on a cluster's workers) is left alone, as is a launcher that
     lost its execute bit: Spark then starts this interpreter directly.
     """

@@ -134,18 +134,20 @@ def test_spark_starts_every_python_daemon_as_the_lake_daemon_module(spark, setti
     reader = spark.read.format("lakedelta").option("root", settings.root).option("table", "servers")
     assert reader.load().count() == 0  # creates and plans a read of the Python data source
     jvm = psutil.Process(spark.sparkContext._gateway.proc.pid)
-    daemons = {}
+    daemons, arrow = {}, {}  # worker module -> the module the daemon runs as / whether it has pyarrow loaded
     for child in jvm.children():  # daemons are the JVM's children; their forked workers are theirs
         try:
             command = child.cmdline()
+            if "-m" in command:
+                daemons[command[-1]] = command[command.index("-m") + 1]
+                arrow[command[-1]] = any("libarrow" in m.path for m in child.memory_maps())
         except psutil.Error:  # a worker that exited meanwhile (another test's)
             continue
-        if "-m" in command:
-            daemons[command[command.index("-m") + 1 :][-1]] = command[command.index("-m") + 1]
-    assert daemons["pyspark.worker"] == "metrics_lake.spark.worker_daemon"
+    assert daemons["pyspark.worker"] == "metrics_lake.spark.worker_daemon" and arrow["pyspark.worker"]
     planners = {worker for worker in daemons if worker.startswith("pyspark.sql.worker.")}
     assert {"pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source"} <= planners
     assert {daemons[worker] for worker in planners} == {"metrics_lake.spark.worker_daemon"}
+    assert not any(arrow[worker] for worker in planners)  # the task modules are imported for task workers only
 
 
 QUIET_WORKER = """
