@@ -162,7 +162,7 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
     from metrics_lake.app.console import print_batch
     from metrics_lake.app.notifier import notifying
     from metrics_lake.spark.jobs.sql_query import run_sql
-    from metrics_lake.spark.jobs.stream_metrics import start_stream
+    from metrics_lake.spark.jobs.stream_metrics import BatchGate, start_stream
     from metrics_lake.spark.session import build_session, stop_session
 
     producer = producer_for(settings, store)
@@ -178,7 +178,8 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
             print_batch(outcome)
             wake()
 
-        query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress)
+        gate = BatchGate()
+        query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress, gate=gate)
         # The agents start once the stream has run a batch: the silent server's silence must reach the speed layer
         # as silence, not as a backlog read together with the events after it (a slow Spark start did that).
         deadline = time.monotonic() + 300
@@ -234,6 +235,7 @@ def _produce_and_stream(settings, store, seconds, servers, metrics, console, sil
             query.processAllAvailable()
         finally:
             stop.set()
+            gate.close()  # a batch in flight (Ctrl-C) commits first: no stack traces of an interrupted job
             query.stop()
 
     console.rule("[bold]tables")

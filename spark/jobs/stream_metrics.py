@@ -59,7 +59,16 @@ from metrics_lake.lake_schemas.errors import TopicNotFoundError
 from metrics_lake.lake_schemas.tables import TABLES
 from metrics_lake.spark.datasources.log_source import limit_offsets
 
-__all__ = ["catch_up", "checkpoint_location", "logged_ends", "prepare_lake", "run_batch", "run_stream", "start_stream"]
+__all__ = [
+    "BatchGate",
+    "catch_up",
+    "checkpoint_location",
+    "logged_ends",
+    "prepare_lake",
+    "run_batch",
+    "run_stream",
+    "start_stream",
+]
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +195,47 @@ def logged_ends(checkpoint: Path, batch_id: int) -> dict[int, int] | None:
     return parsed if all(end >= 0 for end in parsed.values()) else None
 
 
+class BatchGate:
+    """Lets a streaming query's micro-batches run until it is closed; closing waits for the batch in flight.
+
+    ``StreamingQuery.stop()`` interrupts the query's thread wherever it is:
+    in a batch, the batch's Spark job fails with an ``InterruptedException``
+    and pages of Java and Python stack traces, though the tables stay exact
+    (the batch commits nothing and the next run redoes it). Closing the gate
+    before ``stop()`` ends the query between batches: :meth:`close` returns
+    once the batch in flight, if any, has committed, and a batch that starts
+    after it does nothing. Its records are read by the next run, which plans
+    from the tables' positions (:func:`run_batch`), not from Spark's
+    checkpoint that counts the batch as done. A gate given ``stop`` (the
+    event a signal handler sets) is closed to new batches as soon as it is set.
+    """
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._stop = stop or threading.Event()
+
+    def run(self, batch: Callable[[], None]) -> bool:
+        """Run ``batch()`` unless the gate is closed; returns whether it ran. Its errors propagate."""
+        with self._lock:
+            if self._closed or self._stop.is_set():
+                return False
+            batch()
+            return True
+
+    def close(self) -> None:
+        """Let no batch start from now on, once the one running (if any) has ended."""
+        with self._lock:
+            self._closed = True
+
+
 def start_stream(
-    spark, settings: LakeSettings, *, trigger_seconds: float, progress: Callable[[BatchOutcome], None] | None = None
+    spark,
+    settings: LakeSettings,
+    *,
+    trigger_seconds: float,
+    progress: Callable[[BatchOutcome], None] | None = None,
+    gate: BatchGate | None = None,
 ):
     """Start the speed layer's streaming query for ``settings.topic``; returns the ``StreamingQuery``.
 
@@ -195,14 +243,19 @@ def start_stream(
     reading at most ``settings.max_records_per_batch`` records; ``progress``
     gets every committed batch's outcome. Each batch's ends come from Spark's
     offset log (:func:`logged_ends`); should that format change, from the
-    batch's rows, with a warning.
+    batch's rows, with a warning. Batches run through ``gate``: close it
+    before stopping the query to stop between batches (:class:`BatchGate`).
     """
+    gate = gate or BatchGate()
     prepare_lake(settings)
     checkpoint = checkpoint_location(settings)
     open_windows, tables = OpenWindows(), LatestTables()  # foreachBatch runs in this process: one batch at a time
     warned = threading.Event()
 
     def each_batch(batch_df, batch_id: int) -> None:
+        gate.run(lambda: run_logged_batch(batch_df, batch_id))
+
+    def run_logged_batch(batch_df, batch_id: int) -> None:
         ends = logged_ends(checkpoint, batch_id)
         if ends is None:  # the batch's rows say the same, for a Spark job per batch
             if not warned.is_set():
@@ -267,18 +320,22 @@ def run_stream(
     ``once`` it runs the streaming query every ``settings.trigger_seconds``
     until ``stop`` is set (a signal handler sets it: raising inside a
     blocking py4j call could break the JVM gateway) or the query fails,
-    raising ``pyspark.errors.StreamingQueryException``.
+    raising ``pyspark.errors.StreamingQueryException``. Once ``stop`` is
+    set, the batch in flight commits and no other starts (:class:`BatchGate`).
     """
     if once:
         catch_up(spark, settings, progress)
         return
-    query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress)
+    stop = stop or threading.Event()
+    gate = BatchGate(stop)
+    query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress, gate=gate)
     try:
-        stop = stop or threading.Event()
-        while not stop.is_set() and not spark.streams.awaitAnyTermination(1.0):
+        # This query's termination: the session's awaitAnyTermination returns at once after any earlier query ended.
+        while not stop.is_set() and not query.awaitTermination(1.0):
             pass
         if query.exception() is not None:
             raise query.exception()
     finally:
+        gate.close()
         if query.isActive:
             query.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import threading
 import time
 from itertools import pairwise
 
@@ -267,6 +268,32 @@ def test_without_readable_logged_ends_each_batch_collects_its_rows_and_warns_onc
         stream_to_end(spark, settings, progress=batches.append)
     assert [outcome.records for outcome in batches] == [150, 150, 60]
     assert len([r for r in caplog.records if "each batch now collects them" in r.getMessage()]) == 1
+    assert_exactly_once(store, log)
+
+
+def test_a_stop_during_a_batch_lets_it_commit_and_starts_no_other(spark, settings, log, store, monkeypatch):
+    """The signal (``stop``) arrives while a batch runs: run_stream returns only once that batch has committed, the
+    query runs no further batch, and the next run reads the rest from the tables' positions, exactly once."""
+    from metrics_lake.spark.jobs import stream_metrics
+
+    settings = settings.model_copy(update={"max_records_per_batch": 150, "trigger_seconds": 0.01})
+    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+        producer.send(FleetSimulator(servers=3, metrics=2, seconds=60, seed=5, start_ms=START_MS).generate())
+    stop, batches = threading.Event(), []
+    real_run_batch = stream_metrics.run_batch
+
+    def signalled_mid_batch(*args, **kwargs):
+        stop.set()  # as the signal handler would; run_stream polls it every second
+        time.sleep(2.5)
+        return real_run_batch(*args, **kwargs)
+
+    monkeypatch.setattr(stream_metrics, "run_batch", signalled_mid_batch)
+    run_stream(spark, settings, once=False, stop=stop, progress=batches.append)
+    assert [outcome.records for outcome in batches] == [150]  # committed before run_stream returned; no other
+    assert open_table(store, "bronze_events").to_pyarrow_table().num_rows == 150
+    monkeypatch.setattr(stream_metrics, "run_batch", real_run_batch)
+    stream_to_end(spark, settings, progress=batches.append)
+    assert [outcome.records for outcome in batches] == [150, 150, 60]
     assert_exactly_once(store, log)
 
 
