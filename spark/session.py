@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -83,23 +84,21 @@ def build_session(
     from metrics_lake.spark.datasources.delta_reader import DeltaSnapshotDataSource
     from metrics_lake.spark.datasources.log_source import LogDataSource
 
-    builder = SparkSession.builder
+    options: dict[str, str] = {}
     if not settings.is_s3:
         # A local lake's tables are read by Spark's own Parquet scan over their Delta snapshots (spark/catalog.py).
         # Not on S3: there the tables are Python data sources, which only Spark's built-in session catalog creates.
-        builder = builder.config("spark.sql.catalog.spark_catalog", LAKE_CATALOG)
+        options["spark.sql.catalog.spark_catalog"] = LAKE_CATALOG
     if "LAKE_SPARK_PYTHON" in os.environ:  # a cluster's executors start their Python through the launcher too
-        builder = builder.config("spark.executorEnv.LAKE_SPARK_PYTHON", os.environ["LAKE_SPARK_PYTHON"])
-    for key, value in (extra_config or {}).items():
-        builder = builder.config(key, value)
-    spark = (
-        builder.master(settings.spark_master)
-        .appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config(
-            "spark.driver.extraJavaOptions",
-            " ".join(
+        options["spark.executorEnv.LAKE_SPARK_PYTHON"] = os.environ["LAKE_SPARK_PYTHON"]
+    options.update(extra_config or {})
+    options.update(
+        {
+            "spark.master": settings.spark_master,
+            "spark.app.name": app_name,
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": " ".join(
                 option
                 for option in (
                     f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}",
@@ -108,29 +107,32 @@ def build_session(
                 )
                 if option
             ),
-        )
-        .config("spark.sql.session.timeZone", "UTC")
-        # The catalog's tables are the lake's (spark/catalog.py), stored nowhere: keep Spark's empty warehouse
-        # folder out of the user's working directory.
-        .config("spark.sql.warehouse.dir", str(WAREHOUSE_DIR))
-        .config("spark.sql.shuffle.partitions", str(settings.shuffle_partitions))
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.jars", str(lake_jar.build()))
-        # The lake's Python readers prune files and rows with the filters Spark pushes (spark/datasources/delta_reader.py).
-        .config("spark.sql.python.filterPushdown.enabled", "true")
-        .config("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
-        # The JVM and its Python workers (and this process) talk over Unix domain sockets, not TCP on loopback,
-        # where a task's small reads waited for delayed ACKs: an empty two-task RDD job took 108 ms, 69 ms with
-        # them; a speed-layer batch's tasks stage at 2,000 events/s 119 -> 86 ms (medians, measured here).
-        .config("spark.python.unix.domain.socket.enabled", "true")
-        .config("spark.driver.memory", "2g")
-        # Python workers fork from a daemon that has imported pyarrow and the lake already (spark/worker_daemon.py).
-        .config("spark.python.daemon.module", "metrics_lake.spark.worker_daemon")
-        # Spark keeps one worker daemon per environment; SQL's Python runners add this variable to theirs, so
-        # giving it to every Python worker lets plain RDD jobs (the warm-up below) share the SQL jobs' daemon.
-        .config("spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK", "1")
-        .getOrCreate()
+            "spark.sql.session.timeZone": "UTC",
+            # The catalog's tables are the lake's (spark/catalog.py), stored nowhere: keep Spark's empty warehouse
+            # folder out of the user's working directory.
+            "spark.sql.warehouse.dir": str(WAREHOUSE_DIR),
+            "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.jars": str(lake_jar.build()),
+            # The lake's Python readers prune files and rows with the filters Spark pushes
+            # (spark/datasources/delta_reader.py).
+            "spark.sql.python.filterPushdown.enabled": "true",
+            "spark.sql.streaming.checkpointFileManagerClass": CHECKPOINT_FILE_MANAGER,
+            # The JVM and its Python workers (and this process) talk over Unix domain sockets, not TCP on loopback,
+            # where a task's small reads waited for delayed ACKs: an empty two-task RDD job took 108 ms, 69 ms with
+            # them; a speed-layer batch's tasks stage at 2,000 events/s 119 -> 86 ms (medians, measured here).
+            "spark.python.unix.domain.socket.enabled": "true",
+            "spark.driver.memory": "2g",
+            # Python workers fork from a daemon that has imported pyarrow and the lake already
+            # (spark/worker_daemon.py).
+            "spark.python.daemon.module": "metrics_lake.spark.worker_daemon",
+            # Spark keeps one worker daemon per environment; SQL's Python runners add this variable to theirs, so
+            # giving it to every Python worker lets plain RDD jobs (the warm-up below) share the SQL jobs' daemon.
+            "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK": "1",
+        }
     )
+    _launch_driver_jvm(options)
+    spark = SparkSession.builder.config(map=options).getOrCreate()
     # The worker daemon starts first: the first registration below waits about 1 s for Spark's one-off search
     # of installed Python data sources (a Python process of its own), and the daemon's start overlaps it.
     warm_up = threading.Thread(target=_warm_up_python_workers, args=(spark,), name="python-worker-warm-up", daemon=True)
@@ -140,6 +142,51 @@ def build_session(
     for source in (LogDataSource, DeltaSnapshotDataSource) if data_sources else ():
         spark.dataSource.register(source)
     return spark
+
+
+def _launch_driver_jvm(options: dict[str, str]) -> None:
+    """Start the driver JVM with ``options`` in a session of its own, unless this process has one already.
+
+    pyspark starts it in this process's group, so a signal sent to the
+    group (``timeout``, Airflow stopping a task, ``kill -- -PGID``) reached
+    the JVM too: it exited at once, and ``lake stream``, which stops between
+    micro-batches on SIGTERM, failed mid-batch with a Java stack trace and
+    "unexpected ConnectionRefusedError". In its own session the JVM gets
+    only what is sent to it, and still exits when this process does:
+    pyspark's gateway server ends when its stdin, a pipe from this process,
+    closes (``pyspark.java_gateway.launch_gateway``). systemd's default
+    ``KillMode=control-group`` signals every process of the unit whatever
+    its session; ``lake stream``'s unit should say ``KillMode=mixed``.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    # pyspark keeps one gateway (one JVM) per process for every context it creates, stopped or not.
+    if SparkContext._gateway is None:
+        gateway = launch_gateway(SparkConf().setAll(options.items()), popen_kwargs={"start_new_session": True})
+        SparkContext._ensure_initialized(gateway=gateway)
+        if gateway.proc is not None:  # None: spark-submit started this process and its JVM (PYSPARK_GATEWAY_PORT)
+            _DRIVER_JVM.append(gateway.proc)
+
+
+#: The driver JVM process this process started (:func:`_launch_driver_jvm`), if any.
+_DRIVER_JVM: list[subprocess.Popen] = []
+
+
+def driver_jvm_exited(wait: float = 5.0) -> bool:
+    """Whether the driver JVM this process started has exited, waiting up to ``wait`` seconds for it to.
+
+    A JVM that got SIGTERM runs its shutdown hooks (Spark stops its
+    context) before it exits, while the driver's calls into it fail already.
+    False if this process started no JVM.
+    """
+    if not _DRIVER_JVM:
+        return False
+    try:
+        _DRIVER_JVM[-1].wait(wait)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 #: The interpreter Spark starts Python processes with: this one, with Spark's planner daemons run as the lake's.

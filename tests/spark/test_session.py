@@ -29,6 +29,17 @@ def test_driver_jvm_compiles_with_c1_only_by_default(spark):
     assert any(a.startswith("-Dlog4j2.configurationFile=") for a in arguments)  # the lake's own options are kept
 
 
+def test_the_driver_jvm_runs_in_a_session_of_its_own_started_with_the_sessions_settings(spark):
+    """A signal to the driver's process group (``timeout``, Airflow stopping a task) does not reach the JVM, which
+    build_session launches itself: with the settings pyspark would have given it on the command line."""
+    from metrics_lake.spark.session import driver_jvm_exited
+
+    (jvm,) = [child for child in psutil.Process().children() if child.name() == "java"]
+    assert os.getsid(jvm.pid) == jvm.pid != os.getsid(0)
+    assert "-Xmx2g" in jvm.cmdline()  # spark.driver.memory, read by spark-submit when it starts the JVM
+    assert not driver_jvm_exited(wait=0)
+
+
 def test_streaming_checkpoints_are_written_by_a_class_this_spark_has(spark):
     from metrics_lake.spark.session import CHECKPOINT_FILE_MANAGER
 
