@@ -198,3 +198,24 @@ def test_clustering_keeps_every_row_once_sorted_and_does_not_rewrite_clustered_f
         assert keys == sorted(keys)
         offsets += [r["offset"] for r in rows]
     assert sorted(offsets) == list(range(2400))
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "expected"),
+    [
+        ("2026-11-24T00:00:00", "2026-11-25T00:00:00", ["2026-11-24"]),  # a whole day, end excluded
+        ("2026-11-24T23:59:59.999999", "2026-11-25T00:00:00.000001", ["2026-11-24", "2026-11-25"]),
+        ("2026-11-22T12:00:00", "2026-11-24T00:00:00.000001", ["2026-11-22", "2026-11-23", "2026-11-24"]),
+        ("1969-12-31T23:00:00", "1970-01-01T01:00:00", ["1969-12-31", "1970-01-01"]),  # before the epoch
+        ("2026-11-24T00:00:00", "2026-11-24T00:00:00", []),  # empty, at a day's start
+    ],
+)
+def test_days_between_gives_the_utc_days_a_microsecond_range_overlaps(lo, hi, expected):
+    from metrics_lake.core.tables.snapshots import days_between
+
+    def us(text: str) -> int:
+        return (dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC) - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // (
+            dt.timedelta(microseconds=1)
+        )
+
+    assert days_between(us(lo), us(hi)) == expected
