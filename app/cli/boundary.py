@@ -5,6 +5,8 @@
 
 - a :class:`~metrics_lake.lake_schemas.errors.LakeError` (everything the lake raises on
   purpose) as it is;
+- a failed call into Spark's driver JVM after that JVM exited (killed, or
+  out of memory) as a :class:`~metrics_lake.lake_schemas.errors.ServiceError`;
 - a failure of a library underneath that a user can cause by configuration
   or input as the lake error it means: S3 failures of boto3, pyarrow and
   delta-rs by their error codes (:mod:`metrics_lake.core.s3_errors`); a full
@@ -30,6 +32,7 @@ from metrics_lake.lake_schemas.errors import (
     InputError,
     LakeError,
     NotFoundError,
+    ServiceError,
     StorageError,
 )
 
@@ -81,10 +84,28 @@ def _raised_in_spark(message: str) -> LakeError | None:
     return kind(match.group(2).strip())
 
 
+def _spark_jvm_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is a call into Spark's JVM that failed because the JVM this process started has exited.
+
+    pyspark's calls then fail with ``ConnectionRefusedError`` or a py4j error, which name neither Spark nor why.
+    Waits up to a second for the JVM to finish exiting (its shutdown hooks run first).
+    """
+    if not (isinstance(exc, ConnectionRefusedError) or exc.__class__.__module__.startswith("py4j")):
+        return False
+    from metrics_lake.spark.session import driver_jvm_exited
+
+    return driver_jvm_exited(wait=1.0)
+
+
 def translate(exc: BaseException) -> LakeError | None:
     """``exc`` as the lake error it means (module docstring), or None for a bug."""
     if isinstance(exc, LakeError):
         return exc
+    if _spark_jvm_gone(exc):
+        return ServiceError(
+            "Spark's driver JVM exited unexpectedly (killed from outside, or by the kernel for memory: see dmesg); "
+            "the lake's commits are atomic and exactly once: run the command again"
+        )
     storage = as_storage_error(exc)
     if storage is not None:
         return storage

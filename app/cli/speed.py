@@ -34,52 +34,57 @@ def stream(
 ) -> None:
     """Run the speed layer: log -> bronze, quarantine, windows, query results, alerts, exactly once; alerts go to
     LAKE_ALERTMANAGER_URL if set."""
-    from metrics_lake.app.notifier import notifying
-    from metrics_lake.app.speed_metrics import SpeedMetrics
-    from metrics_lake.spark.jobs.stream_metrics import prepare_lake, run_stream
+    from metrics_lake.spark.jobs.stream_metrics import prepare_lake
     from metrics_lake.spark.session import build_session, driver_jvm_exited, stop_session
 
     config = settings(trigger_seconds=trigger)
     prepare_lake(config)
     spark = build_session(config, "lake-stream", data_sources=not once)  # --once runs RDD jobs only
     stop = None if once else stop_on_signals()
-    jvm_alive = True
     try:
-        mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
-        alerts = f"; alerts to {config.alertmanager_url}" if config.alertmanager_url else ""
-        err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
-        metrics = SpeedMetrics()
-        if metrics_port is not None:
-            try:
-                server, _ = metrics.serve(metrics_host, metrics_port)
-            except OSError as exc:
-                raise InputError(f"--metrics-port {metrics_port}: cannot listen on {metrics_host} ({exc})") from None
-            err.print(f"metrics on http://{metrics_host}:{server.server_port}/metrics", highlight=False)
-        with notifying(config) as wake:
-
-            def progress(outcome) -> None:
-                print_batch(outcome)
-                metrics.observe(outcome)
-                wake()
-
-            try:
-                run_stream(spark, config, once=once, stop=stop, progress=progress)
-            except Exception:
-                # Something signalled Spark's JVM too (systemd's KillMode=control-group, killall): it exited and
-                # failed the batch in flight, which the next run completes (exactly once). Not a bug, and no
-                # session left to stop.
-                if stop is None or not stop.is_set() or not driver_jvm_exited():
-                    raise
-                jvm_alive = False
-                err.print(
-                    "stopped on signal; Spark's JVM got it too and exited during a micro-batch, which the next run "
-                    "completes (under systemd, stop `lake stream` with KillMode=mixed: docs/lake-stream.service)"
-                )
-        if jvm_alive and stop is not None and stop.is_set():
-            err.print("stopped on signal, between micro-batches")
-    finally:
-        if jvm_alive:
+        try:
+            _run_speed_layer(spark, config, once, stop, metrics_host, metrics_port)
+        finally:
             stop_session(spark)
+    except Exception:
+        # Something signalled Spark's JVM too (systemd's KillMode=control-group, killall): it exited at once, and
+        # every call into it since failed. Not a bug: a batch in flight is completed by the next run.
+        if stop is None or not stop.is_set() or not driver_jvm_exited():
+            raise
+        err.print(
+            "stopped on signal; Spark's JVM got it too and exited at once: a micro-batch in flight is completed "
+            "by the next run (under systemd, stop `lake stream` with KillMode=mixed: docs/lake-stream.service)",
+            soft_wrap=True,
+        )
+        return
+    if stop is not None and stop.is_set():
+        err.print("stopped on signal, between micro-batches")
+
+
+def _run_speed_layer(spark, config, once: bool, stop, metrics_host: str, metrics_port: int | None) -> None:
+    """`lake stream`'s work in ``spark``: the speed layer, its progress lines, metrics listener and alert relay."""
+    from metrics_lake.app.notifier import notifying
+    from metrics_lake.app.speed_metrics import SpeedMetrics
+    from metrics_lake.spark.jobs.stream_metrics import run_stream
+
+    mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
+    alerts = f"; alerts to {config.alertmanager_url}" if config.alertmanager_url else ""
+    err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
+    metrics = SpeedMetrics()
+    if metrics_port is not None:
+        try:
+            server, _ = metrics.serve(metrics_host, metrics_port)
+        except OSError as exc:
+            raise InputError(f"--metrics-port {metrics_port}: cannot listen on {metrics_host} ({exc})") from None
+        err.print(f"metrics on http://{metrics_host}:{server.server_port}/metrics", highlight=False)
+    with notifying(config) as wake:
+
+        def progress(outcome) -> None:
+            print_batch(outcome)
+            metrics.observe(outcome)
+            wake()
+
+        run_stream(spark, config, once=once, stop=stop, progress=progress)
 
 
 def replay(

@@ -186,3 +186,30 @@ def test_a_worker_whose_socket_spark_closed_ends_without_a_traceback():
     assert runs["pyspark"].returncode != 0 and "BrokenPipeError" in runs["pyspark"].stderr  # the noise, reproduced
     assert runs["lake"].returncode == 0, runs["lake"].stderr
     assert runs["lake"].stdout == "exit code 1\n" and runs["lake"].stderr == ""
+
+
+#: A session whose JVM is killed (as the kernel's OOM killer would): the next call into Spark fails, and the
+#: command line's boundary names the cause instead of reporting a bug.
+JVM_KILLED = """
+import sys
+from metrics_lake.app.cli.boundary import explain
+from metrics_lake.core.config import load_settings
+from metrics_lake.spark import session
+spark = session.build_session(load_settings(root=sys.argv[1], spark_master="local[1]"), "killed", data_sources=False)
+print(explain(ConnectionRefusedError(111, "Connection refused")))  # the JVM is alive: someone else refused
+session._DRIVER_JVM[-1].kill()
+try:
+    spark.sparkContext.parallelize([1, 2], 1).count()
+except Exception as exc:
+    print(explain(exc))
+"""
+
+
+def test_a_call_into_a_jvm_that_was_killed_is_explained_as_such_not_as_a_bug(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", JVM_KILLED, str(tmp_path / "lake")], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    alive, killed = run.stdout.splitlines()[-2:]
+    assert alive == "None"
+    assert killed.startswith("(\"Spark's driver JVM exited unexpectedly") and killed.endswith(", 2)")
