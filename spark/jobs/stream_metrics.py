@@ -201,7 +201,7 @@ class BatchGate:
     ``StreamingQuery.stop()`` interrupts the query's thread wherever it is:
     in a batch, the batch's Spark job fails with an ``InterruptedException``
     and pages of Java and Python stack traces, though the tables stay exact
-    (the batch commits nothing and the next run redoes it). Closing the gate
+    (the next run completes the batch). Closing the gate
     before ``stop()`` ends the query between batches: :meth:`close` returns
     once the batch in flight, if any, has committed, and a batch that starts
     after it does nothing. Its records are read by the next run, which plans
