@@ -143,39 +143,14 @@ def assert_alerts_exactly_once(store, events: list[dict]) -> None:
     assert active == hot | {("quiet", "sim-0009")}
 
 
-def test_sigterm_to_the_process_group_stops_the_stream_between_batches_exactly_once(settings, log, store):
-    """SIGTERM to the stream's whole process group (``timeout``, Airflow stopping a task) while batches run back to
-    back: the driver lets the batch in flight commit and exits 0 with no stack trace, since Spark's JVM, in a
-    session of its own, did not get the signal; the next run completes the rest exactly once."""
-    sim = FleetSimulator(servers=10, metrics=5, seconds=60, rate=2.0, seed=7, start_ms=START_MS)
-    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
-        producer.send(sim.generate())
-    env = {**lake_env(settings), "LAKE_TRIGGER_SECONDS": "0.01"}  # 6,000 records: batches of 2,500 back to back
-    process = subprocess.Popen(
-        [LAKE, "stream"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and bronze_version(store) < 1:
-        time.sleep(0.05)
-    time.sleep(0.2)  # into the next batch (one takes about a second here)
-    os.killpg(process.pid, signal.SIGTERM)
-    output, _ = process.communicate(timeout=90)
-    assert process.returncode == 0, output[-3000:]
-    assert "stopped on signal, between micro-batches" in output
-    assert "Traceback" not in output and "Exception" not in output, output[-3000:]
-    committed = open_table(store, "bronze_events").to_pyarrow_table().num_rows
-    assert 0 < committed < 6000  # it stopped mid-stream (6,000 events, all valid)
-    once = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=300)
-    assert once.returncode == 0, once.stderr[-3000:]
-    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["partition", "offset"])
-    assert bronze.num_rows == len(set(zip(*bronze.to_pydict().values(), strict=True))) == 6000
+#: 6,000 records in batches of 2,500 back to back (LAKE_MAX_RECORDS_PER_BATCH of lake_env).
+SIGNALLED_EVENTS = 6000
 
 
-def test_sigterm_to_every_process_of_the_stream_ends_it_in_one_line_exit_0(settings, log, store):
-    """As systemd's default KillMode=control-group does: the driver, Spark's JVM and its Python workers all get
-    SIGTERM while batches run. The JVM exits at once and the driver's calls into it fail; the stream says so in one
-    line (not "a bug in metrics-lake") and exits 0, and the next run completes what it left, exactly once."""
-    sim = FleetSimulator(servers=10, metrics=5, seconds=60, rate=2.0, seed=8, start_ms=START_MS)
+def stream_into_its_second_batch(settings, log, store, seed: int) -> tuple[subprocess.Popen, dict[str, str]]:
+    """Produce :data:`SIGNALLED_EVENTS` and start `lake stream` (its own process group, batches back to back); return
+    it and its environment once it has committed a batch and gone on into the next."""
+    sim = FleetSimulator(servers=10, metrics=5, seconds=60, rate=2.0, seed=seed, start_ms=START_MS)
     with Producer(log, settings.topic, partitions=settings.partitions) as producer:
         producer.send(sim.generate())
     env = {**lake_env(settings), "LAKE_TRIGGER_SECONDS": "0.01"}
@@ -185,7 +160,37 @@ def test_sigterm_to_every_process_of_the_stream_ends_it_in_one_line_exit_0(setti
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and bronze_version(store) < 1:
         time.sleep(0.05)
-    time.sleep(0.2)
+    time.sleep(0.2)  # into the next batch (one takes about a second here)
+    return process, env
+
+
+def assert_the_next_run_completes_it_exactly_once(env: dict[str, str], store) -> None:
+    once = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=300)
+    assert once.returncode == 0, once.stderr[-3000:]
+    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["partition", "offset"])
+    assert bronze.num_rows == len(set(zip(*bronze.to_pydict().values(), strict=True))) == SIGNALLED_EVENTS
+
+
+def test_sigterm_to_the_process_group_stops_the_stream_between_batches_exactly_once(settings, log, store):
+    """SIGTERM to the stream's whole process group (``timeout``, Airflow stopping a task) while batches run back to
+    back: the driver lets the batch in flight commit and exits 0 with no stack trace, since Spark's JVM, in a
+    session of its own, did not get the signal; the next run completes the rest exactly once."""
+    process, env = stream_into_its_second_batch(settings, log, store, seed=7)
+    os.killpg(process.pid, signal.SIGTERM)
+    output, _ = process.communicate(timeout=90)
+    assert process.returncode == 0, output[-3000:]
+    assert "stopped on signal, between micro-batches" in output
+    assert "Traceback" not in output and "Exception" not in output, output[-3000:]
+    committed = open_table(store, "bronze_events").to_pyarrow_table().num_rows
+    assert 0 < committed < SIGNALLED_EVENTS  # it stopped mid-stream (all events valid)
+    assert_the_next_run_completes_it_exactly_once(env, store)
+
+
+def test_sigterm_to_every_process_of_the_stream_ends_it_in_one_line_exit_0(settings, log, store):
+    """As systemd's default KillMode=control-group does: the driver, Spark's JVM and its Python workers all get
+    SIGTERM while batches run. The JVM exits at once and the driver's calls into it fail; the stream says so in one
+    line (not "a bug in metrics-lake") and exits 0, and the next run completes what it left, exactly once."""
+    process, env = stream_into_its_second_batch(settings, log, store, seed=8)
     stream = psutil.Process(process.pid)
     for member in [stream, *stream.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -194,7 +199,4 @@ def test_sigterm_to_every_process_of_the_stream_ends_it_in_one_line_exit_0(setti
     assert process.returncode == 0, output[-3000:]
     assert "a bug in metrics-lake" not in output
     assert "stopped on signal" in output  # between batches, or "Spark's JVM got it too" (which came first varies)
-    once = subprocess.run([LAKE, "stream", "--once"], env=env, capture_output=True, text=True, timeout=300)
-    assert once.returncode == 0, once.stderr[-3000:]
-    bronze = open_table(store, "bronze_events").to_pyarrow_table(columns=["partition", "offset"])
-    assert bronze.num_rows == len(set(zip(*bronze.to_pydict().values(), strict=True))) == 6000
+    assert_the_next_run_completes_it_exactly_once(env, store)
