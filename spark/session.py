@@ -165,12 +165,6 @@ def _launch_driver_jvm(options: dict[str, str]) -> None:
     if SparkContext._gateway is None:
         gateway = launch_gateway(SparkConf().setAll(options.items()), popen_kwargs={"start_new_session": True})
         SparkContext._ensure_initialized(gateway=gateway)
-        if gateway.proc is not None:  # None: spark-submit started this process and its JVM (PYSPARK_GATEWAY_PORT)
-            _DRIVER_JVM.append(gateway.proc)
-
-
-#: The driver JVM process this process started (:func:`_launch_driver_jvm`), if any.
-_DRIVER_JVM: list[subprocess.Popen] = []
 
 
 def driver_jvm_exited(wait: float = 5.0) -> bool:
@@ -178,12 +172,15 @@ def driver_jvm_exited(wait: float = 5.0) -> bool:
 
     A JVM that got SIGTERM runs its shutdown hooks (Spark stops its
     context) before it exits, while the driver's calls into it fail already.
-    False if this process started no JVM.
+    False if this process started no JVM (pyspark's gateway keeps the one it
+    started as ``proc``; it has none when spark-submit started this process).
     """
-    if not _DRIVER_JVM:
+    context = sys.modules.get("pyspark.context")  # not imported: no JVM, and none to import pyspark for
+    jvm = getattr(context.SparkContext._gateway, "proc", None) if context is not None else None
+    if jvm is None:
         return False
     try:
-        _DRIVER_JVM[-1].wait(wait)
+        jvm.wait(wait)
     except subprocess.TimeoutExpired:
         return False
     return True

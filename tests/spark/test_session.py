@@ -197,7 +197,7 @@ from metrics_lake.core.config import load_settings
 from metrics_lake.spark import session
 spark = session.build_session(load_settings(root=sys.argv[1], spark_master="local[1]"), "killed", data_sources=False)
 print(explain(ConnectionRefusedError(111, "Connection refused")))  # the JVM is alive: someone else refused
-session._DRIVER_JVM[-1].kill()
+spark.sparkContext._gateway.proc.kill()
 try:
     spark.sparkContext.parallelize([1, 2], 1).count()
 except Exception as exc:
