@@ -22,6 +22,7 @@ TCP: together about 90 ms off every small micro-batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -175,8 +176,7 @@ def driver_jvm_exited(wait: float = 5.0) -> bool:
     False if this process started no JVM (pyspark's gateway keeps the one it
     started as ``proc``; it has none when spark-submit started this process).
     """
-    context = sys.modules.get("pyspark.context")  # not imported: no JVM, and none to import pyspark for
-    jvm = getattr(context.SparkContext._gateway, "proc", None) if context is not None else None
+    jvm = _driver_jvm()
     if jvm is None:
         return False
     try:
@@ -184,6 +184,27 @@ def driver_jvm_exited(wait: float = 5.0) -> bool:
     except subprocess.TimeoutExpired:
         return False
     return True
+
+
+def kill_driver_jvm() -> None:
+    """SIGKILL the driver JVM this process started, if it still runs: before this process exits without stopping Spark.
+
+    Otherwise the JVM outlives the driver for a moment, in which its calls
+    back into the driver fail and it prints their Java stack traces to the
+    terminal they share. Its Python worker daemons end with it (they exit,
+    and end their workers, when the JVM's pipe to them closes). Safe for the
+    tables: a micro-batch that does not commit is completed by the next run.
+    """
+    jvm = _driver_jvm()
+    if jvm is not None and jvm.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            jvm.kill()
+
+
+def _driver_jvm() -> subprocess.Popen | None:
+    """The driver JVM process this process started (pyspark's gateway keeps it as ``proc``), or None."""
+    context = sys.modules.get("pyspark.context")  # not imported: no JVM, and none to import pyspark for
+    return getattr(context.SparkContext._gateway, "proc", None) if context is not None else None
 
 
 #: The interpreter Spark starts Python processes with: this one, with Spark's planner daemons run as the lake's.

@@ -7,9 +7,13 @@ option and the expected form; the error boundary in
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import signal
+import sys
 import threading
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -42,16 +46,44 @@ def settings(**overrides) -> LakeSettings:
     return load_settings(**overrides)
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM (systemd, Kubernetes, Airflow) or Ctrl-C, for a clean stop between batches."""
+def stop_on_signals(
+    *, stopping: str | None = None, forced: str | None = None, before_forced_exit: Callable[[], None] | None = None
+) -> threading.Event:
+    """An event set by SIGTERM (systemd, Kubernetes, Airflow) or Ctrl-C, for a clean stop between batches.
+
+    ``stopping``: a line printed to stderr at the first signal, so a stop
+    that waits (for a micro-batch in flight, say) does not look like a hang.
+    ``forced``: for a command whose writes are all atomic and completed by
+    its next run (``lake stream``), a second signal prints this line and
+    ends the process at once, with exit code 128 + the signal's number (130
+    after Ctrl-C, as shells report it), running no cleanup but
+    ``before_forced_exit`` (ending child processes that would outlive it).
+    Without ``forced``, a second signal changes nothing.
+    """
     stop = threading.Event()
 
     def handler(signum, frame):
+        if stop.is_set() and forced is not None:
+            _say(forced)
+            if before_forced_exit is not None:
+                before_forced_exit()
+            for stream in (sys.stdout, sys.stderr):  # what the command printed before; os._exit would drop it
+                with contextlib.suppress(Exception):  # a write the signal interrupted: a reentrant flush raises
+                    stream.flush()
+            os._exit(128 + signum)  # not sys.exit: cleanup (stopping Spark) waits for the batch being skipped
+        if not stop.is_set() and stopping is not None:
+            _say(stopping)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return stop
+
+
+def _say(line: str) -> None:
+    """Write ``line`` to stderr (file descriptor 2) from a signal handler: not through ``sys.stderr`` or the
+    console, since the interrupted code may be inside a write to them (a reentrant write raises)."""
+    os.write(2, (line + "\n").encode())
 
 
 GatewayOption = Annotated[

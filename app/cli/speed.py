@@ -16,7 +16,11 @@ from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.tables import Table
 
-__all__ = ["consumers", "replay", "stream"]
+__all__ = ["FORCED", "STOPPING", "consumers", "replay", "stream"]
+
+#: What `lake stream` says at the first Ctrl-C or SIGTERM, and at a second one (which ends it at once).
+STOPPING = "stopping once the micro-batch in flight commits (Ctrl-C again exits at once; the next run completes it)"
+FORCED = "exiting at once: a micro-batch in flight is left for the next `lake stream` to complete, exactly once"
 
 
 def stream(
@@ -35,12 +39,12 @@ def stream(
     """Run the speed layer: log -> bronze, quarantine, windows, query results, alerts, exactly once; alerts go to
     LAKE_ALERTMANAGER_URL if set."""
     from metrics_lake.spark.jobs.stream_metrics import prepare_lake
-    from metrics_lake.spark.session import build_session, driver_jvm_exited, stop_session
+    from metrics_lake.spark.session import build_session, driver_jvm_exited, kill_driver_jvm, stop_session
 
     config = settings(trigger_seconds=trigger)
     prepare_lake(config)
     spark = build_session(config, "lake-stream", data_sources=not once)  # --once runs RDD jobs only
-    stop = None if once else stop_on_signals()
+    stop = None if once else stop_on_signals(stopping=STOPPING, forced=FORCED, before_forced_exit=kill_driver_jvm)
     try:
         try:
             _run_speed_layer(spark, config, once, stop, metrics_host, metrics_port)

@@ -200,3 +200,35 @@ def test_sigterm_to_every_process_of_the_stream_ends_it_in_one_line_exit_0(setti
     assert "a bug in metrics-lake" not in output
     assert "stopped on signal" in output  # between batches, or "Spark's JVM got it too" (which came first varies)
     assert_the_next_run_completes_it_exactly_once(env, store)
+
+
+def test_a_second_ctrl_c_ends_the_stream_at_once_and_the_next_run_completes_it_exactly_once(settings, log, store):
+    """Ctrl-C while batches run says the stream is stopping; a second one ends it at once (exit 130) without waiting
+    for the batch in flight, killing Spark's JVM first (which would print the failure of its calls into the driver),
+    and the next run completes what it left, exactly once."""
+    process, env = stream_into_its_second_batch(settings, log, store, seed=9)
+    jvm = next(p for p in psutil.Process(process.pid).children(recursive=True) if p.name() == "java")
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 130, output[-3000:]
+    assert "stopping once the micro-batch in flight commits" in output
+    assert "exiting at once: a micro-batch in flight is left for the next" in output
+    assert "Traceback" not in output and "Exception" not in output, output[-3000:]  # the JVM is killed first
+    assert exits_within(jvm, 10)
+    assert_the_next_run_completes_it_exactly_once(env, store)
+
+
+def exits_within(process: psutil.Process, seconds: float) -> bool:
+    """Whether ``process`` (not a child of this one) exits within ``seconds``: gone, or a zombie (an orphan's parent
+    may reap it late)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
