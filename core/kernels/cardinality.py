@@ -221,8 +221,7 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
     n = records.num_rows
     limits = state.limits
     offsets = records.column("offset").to_numpy(zero_copy_only=False)
-    reasons = np.full(n, None, dtype=object)
-    limit_of = np.full(n, None, dtype=object)  # the limit refusing each record
+    refusals = _Refusals(n)
     new_keys = [KEYS.empty_table()]
     candidate = np.ones(n, bool)
     # The (name, value) pairs of the records' tags, each with its record: read once for both tag limits.
@@ -231,10 +230,10 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
         count = np.bincount(parents, minlength=n)
         over = count > limits.labels_per_event
         if over.any():
-            reasons[over] = [
+            reasons = [
                 f"{REASON_CODE}: {c} labels, over labels_per_event={limits.labels_per_event}" for c in count[over]
             ]
-            limit_of[over] = "labels_per_event"
+            refusals.refuse(np.flatnonzero(over), reasons, "labels_per_event")
             candidate = ~over
     if limits.series_per_metric and n:
         rows = np.flatnonzero(candidate)
@@ -242,7 +241,7 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
         over, keys = _first_n(
             state, SERIES, kept.column("metric"), kept.column("server"), offsets[rows], limits.series_per_metric
         )
-        _refuse_series(reasons, limit_of, rows, over, kept, limits)
+        _refuse_series(refusals, rows, over, kept, limits)
         new_keys.append(keys)
     if limits.values_per_label and n:
         if not candidate.all():  # the pairs of records the labels limit refused do not count
@@ -254,39 +253,61 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
             over_at = np.flatnonzero(over_pairs)
             refused_rows, first = np.unique(parents[over_at], return_index=True)
             pairs = over_at[first]
-            fresh = reasons[refused_rows] == None  # noqa: E711 - object array: elementwise
+            fresh = ~refusals.refused[refused_rows]
             refused_rows, pairs = refused_rows[fresh], pairs[fresh]
             if len(refused_rows):
                 shown = limits.shown(limits.values_per_label)
-                reasons[refused_rows] = [
+                reasons = [
                     f"{REASON_CODE}: label {name!r} is at values_per_label={shown} this hour; value {value!r} is new"
                     for name, value in zip(
                         names.take(pa.array(pairs)).to_pylist(), values.take(pa.array(pairs)).to_pylist(), strict=True
                     )
                 ]
-                limit_of[refused_rows] = "values_per_label"
+                refusals.refuse(refused_rows, reasons, "values_per_label")
             new_keys.append(keys)
-    refused = reasons != None  # noqa: E711 - object array: elementwise
-    return Admission(
-        refused, pa.array(reasons, pa.string()), pa.array(limit_of, pa.string()), pa.concat_tables(new_keys)
-    )
+    return Admission(refusals.refused, *refusals.arrays(), pa.concat_tables(new_keys))
 
 
-def _refuse_series(reasons, limit_of, rows: np.ndarray, over: np.ndarray, kept: pa.Table, limits) -> None:
-    """Give the records ``rows[over]`` (indexes into the block; ``kept`` holds ``rows``' records) the reason of the
-    series limit, unless an earlier limit refused them already."""
+class _Refusals:
+    """Which records of a block are refused, with each one's reason and limit name, in arrays made at the first
+    refusal: most blocks have none, and object arrays of a million ``None`` cost more than the limits' checks."""
+
+    def __init__(self, n: int) -> None:
+        self.refused = np.zeros(n, bool)
+        self._reasons: np.ndarray | None = None
+        self._limits: np.ndarray | None = None
+
+    def refuse(self, rows: np.ndarray, reasons: list[str], limit: str) -> None:
+        """Refuse the records ``rows`` (none refused yet) for ``reasons`` (one per record) by the limit named ``limit``."""
+        if self._reasons is None or self._limits is None:
+            self._reasons = np.full(len(self.refused), None, dtype=object)
+            self._limits = np.full(len(self.refused), None, dtype=object)
+        self._reasons[rows] = reasons
+        self._limits[rows] = limit
+        self.refused[rows] = True
+
+    def arrays(self) -> tuple[pa.Array, pa.Array]:
+        """(reason, limit name) string arrays, one per record, null where admitted."""
+        if self._reasons is None or self._limits is None:
+            return pa.nulls(len(self.refused), pa.string()), pa.nulls(len(self.refused), pa.string())
+        return pa.array(self._reasons, pa.string()), pa.array(self._limits, pa.string())
+
+
+def _refuse_series(refusals: _Refusals, rows: np.ndarray, over: np.ndarray, kept: pa.Table, limits) -> None:
+    """Refuse the records ``rows[over]`` (indexes into the block; ``kept`` holds ``rows``' records) for the series
+    limit, unless an earlier limit refused them already."""
     picked = np.flatnonzero(over)
-    picked = picked[reasons[rows[picked]] == None]  # noqa: E711 - object array: elementwise
+    picked = picked[~refusals.refused[rows[picked]]]
     if not len(picked):
         return
     metrics = kept.column("metric").take(pa.array(picked)).to_pylist()
     servers = kept.column("server").take(pa.array(picked)).to_pylist()
-    reasons[rows[picked]] = [
+    reasons = [
         f"{REASON_CODE}: metric {m!r} is at series_per_metric={limits.shown(limits.series_per_metric)} "
         f"this hour; server {s!r} would be a new series"
         for m, s in zip(metrics, servers, strict=True)
     ]
-    limit_of[rows[picked]] = "series_per_metric"
+    refusals.refuse(rows[picked], reasons, "series_per_metric")
 
 
 def _rank_within(groups: np.ndarray) -> np.ndarray:

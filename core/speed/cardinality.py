@@ -47,6 +47,7 @@ from metrics_lake.core.kernels.cardinality import (
     KEYS,
     LIMIT_HOUR_US,
     SERIES,
+    Admission,
     CardinalityLimits,
     LimitState,
     admit,
@@ -105,8 +106,7 @@ class LimitGate:
         ``metric``, ``server``, ``tags``, in offset order); returns the :class:`GateResult`."""
         hours = limit_hours(events.column("ingested_at"))
         refused = np.zeros(events.num_rows, bool)
-        reasons = np.full(events.num_rows, None, dtype=object)
-        names = np.full(events.num_rows, None, dtype=object)
+        judged: list[tuple[np.ndarray, Admission]] = []  # (rows, their admission) per hour
         # A chunk's records nearly always share one hour: a min and a max instead of np.unique's sort (7-8 ms per
         # 500,000 records).
         for hour in hours[:1] if len(hours) and hours.min() == hours.max() else np.unique(hours):
@@ -115,18 +115,21 @@ class LimitGate:
             admission = admit(state, events if len(rows) == events.num_rows else events.take(pa.array(rows)))
             state.add(admission.keys, end)
             refused[rows] = admission.refused
-            reasons[rows] = admission.reasons.to_numpy(zero_copy_only=False)
-            names[rows] = admission.limits.to_numpy(zero_copy_only=False)
+            judged.append((rows, admission))
             _remember(self._cache_key(int(hour)), state)
         for state in self.states.values():
             state.covered_to = max(state.covered_to, end)  # no record of that hour in the chunk: nothing new
         if not refused.any():  # the usual case: no copy of the events
             return GateResult(events, events.slice(0, 0), pa.array([], pa.string()), pa.array([], pa.string()))
+        # The refused rows' reasons in row order: each hour's, placed by row number.
+        rows = np.concatenate([rows[a.refused] for rows, a in judged])
+        order = pa.array(np.argsort(rows, kind="stable"))
+        refusals = [pa.array(a.refused) for _, a in judged]
         return GateResult(
             events.filter(pa.array(~refused)),
             events.filter(pa.array(refused)),
-            pa.array(reasons[refused], pa.string()),
-            pa.array(names[refused], pa.string()),
+            pa.concat_arrays([a.reasons.filter(r) for (_, a), r in zip(judged, refusals, strict=True)]).take(order),
+            pa.concat_arrays([a.limits.filter(r) for (_, a), r in zip(judged, refusals, strict=True)]).take(order),
         )
 
     def _cache_key(self, hour: int) -> tuple:
