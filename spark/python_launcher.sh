@@ -5,6 +5,9 @@
 # spark.python.daemon.module says; those run as the lake's daemon module instead
 # (spark/worker_daemon.py), which ends a worker whose socket Spark closed without a traceback.
 python="${LAKE_SPARK_PYTHON:?LAKE_SPARK_PYTHON is not set: metrics_lake.spark.session sets it with PYSPARK_PYTHON}"
+# "-m" and "-c" put the working directory (the driver's, where the user ran `lake`) first on sys.path: a grp.py or
+# queue.py there would stand in for the standard library's module in every Spark worker. Python 3.11+ leaves it out.
+export PYTHONSAFEPATH=1
 if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
     shift 2
     exec "$python" -m metrics_lake.spark.worker_daemon "$@"

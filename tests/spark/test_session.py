@@ -161,6 +161,21 @@ def test_spark_starts_every_python_daemon_as_the_lake_daemon_module(spark, setti
     assert not any(arrow[worker] for worker in planners)  # the task modules are imported for task workers only
 
 
+def test_a_module_in_the_working_directory_does_not_shadow_the_standard_librarys_in_sparks_python_processes(tmp_path):
+    """Spark starts its Python daemons with ``-m`` in the driver's working directory, which Python puts first on
+    sys.path: a ``grp.py`` there (``tarfile``, imported by pandas, imports ``grp``) broke every task worker."""
+    from metrics_lake.spark.session import PYTHON_LAUNCHER
+
+    (tmp_path / "grp.py").write_text("raise SystemExit('the grp.py of the working directory was imported')\n")
+    plain = subprocess.run([sys.executable, "-c", "import grp"], cwd=tmp_path, capture_output=True, text=True)
+    assert "working directory" in plain.stderr  # without the launcher, it is
+    env = {**os.environ, "LAKE_SPARK_PYTHON": sys.executable}
+    for args in (["-c", "import grp; print(grp.__file__)"], ["-m", "tarfile", "--help"]):  # as Spark runs daemons
+        run = subprocess.run([str(PYTHON_LAUNCHER), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert str(tmp_path) not in run.stdout
+
+
 QUIET_WORKER = """
 import os, socket, sys
 os.environ["PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE"] = "1"  # as Spark sets it
