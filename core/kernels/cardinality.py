@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.kernels.selectors import map_entries
-from metrics_lake.core.kernels.windows import string_codes
+from metrics_lake.core.kernels.windows import series_codes, string_codes
 from metrics_lake.lake_schemas.contract import LIMIT_REASON_CODE
 
 __all__ = [
@@ -184,12 +184,15 @@ class LimitState:
 class Admission:
     """What :func:`admit` decided for a block of records: ``refused`` (bool per record), ``reasons`` (string per
     record, null where admitted), ``limits`` (the name of the limit that refused each record, null where admitted)
-    and the :data:`KEYS` it admits (new to the state)."""
+    and the :data:`KEYS` it admits (new to the state); ``series``: the records'
+    :func:`~metrics_lake.core.kernels.windows.series_codes` (int64 per record), when the series limit computed
+    them for every record, else None."""
 
     refused: np.ndarray
     reasons: pa.Array
     limits: pa.Array
     keys: pa.Table
+    series: np.ndarray | None = None
 
     @property
     def refused_by(self) -> dict[str, int]:
@@ -224,6 +227,7 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
     refusals = _Refusals(n)
     new_keys = [KEYS.empty_table()]
     candidate = np.ones(n, bool)
+    series = None
     # The (name, value) pairs of the records' tags, each with its record: read once for both tag limits.
     parents, names, values = map_entries(records.column("tags"))
     if limits.labels_per_event and n:
@@ -238,8 +242,10 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
     if limits.series_per_metric and n:
         rows = np.flatnonzero(candidate)
         kept = records if len(rows) == n else records.take(pa.array(rows))  # no copy in the usual case
+        codes = series_codes(kept.column("metric"), kept.column("server"))
+        series = codes if len(rows) == n else None
         over, keys = _first_n(
-            state, SERIES, kept.column("metric"), kept.column("server"), offsets[rows], limits.series_per_metric
+            state, SERIES, kept.column("metric"), kept.column("server"), codes, offsets[rows], limits.series_per_metric
         )
         _refuse_series(refusals, rows, over, kept, limits)
         new_keys.append(keys)
@@ -248,7 +254,8 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
             keep = candidate[parents]
             parents, names, values = parents[keep], names.filter(pa.array(keep)), values.filter(pa.array(keep))
         if len(parents):
-            over_pairs, keys = _first_n(state, VALUE, names, values, offsets[parents], limits.values_per_label)
+            codes = string_codes(names) << 32 | string_codes(values)
+            over_pairs, keys = _first_n(state, VALUE, names, values, codes, offsets[parents], limits.values_per_label)
             # A record is refused for its first new value over the limit.
             over_at = np.flatnonzero(over_pairs)
             refused_rows, first = np.unique(parents[over_at], return_index=True)
@@ -265,7 +272,7 @@ def admit(state: LimitState, records: pa.Table) -> Admission:
                 ]
                 refusals.refuse(refused_rows, reasons, "values_per_label")
             new_keys.append(keys)
-    return Admission(refusals.refused, *refusals.arrays(), pa.concat_tables(new_keys))
+    return Admission(refusals.refused, *refusals.arrays(), pa.concat_tables(new_keys), series)
 
 
 class _Refusals:
@@ -319,9 +326,10 @@ def _rank_within(groups: np.ndarray) -> np.ndarray:
     return np.arange(len(groups)) - np.repeat(starts, np.diff(np.r_[starts, len(groups)]))
 
 
-def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, limit: int):
+def _first_n(state: LimitState, kind: str, groups, keys, pair_codes: np.ndarray, offsets: np.ndarray, limit: int):
     """Per ``groups`` value, admit the first keys (by first offset) not yet in ``state`` while the group has fewer
     than ``limit``; returns (bool per input row: its key is new and not admitted, the admitted new :data:`KEYS`).
+    ``pair_codes``: an int64 code per row of its (group, key) pair (equal pairs, equal codes).
 
     Works on the distinct (group, key) pairs: a block of a million events holds a few thousand series, so the
     strings are joined and looked up once per pair, not once per row.
@@ -329,7 +337,7 @@ def _first_n(state: LimitState, kind: str, groups, keys, offsets: np.ndarray, li
     if not len(offsets):
         return np.zeros(0, bool), KEYS.empty_table()
     # Codes in order of first appearance: rows are in offset order, so a pair's first row is its first offset.
-    encoded = pc.dictionary_encode(pa.array(string_codes(groups) << 32 | string_codes(keys)))
+    encoded = pc.dictionary_encode(pa.array(pair_codes))
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     # A pair's first row is where its code first appears: where the running maximum code grows.
     running = np.maximum.accumulate(codes)

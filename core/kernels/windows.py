@@ -37,6 +37,7 @@ __all__ = [
     "merge_into_rows",
     "merge_states",
     "rewindow",
+    "series_codes",
     "series_shards",
     "states_of",
     "string_codes",
@@ -81,6 +82,12 @@ def string_codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if encoded.null_count:
         return np.where(np.asarray(encoded.is_valid()), codes, len(encoded.dictionary)).astype(np.int64)
     return codes.astype(np.int64)
+
+
+def series_codes(metric: pa.ChunkedArray | pa.Array, server: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An int64 code per row of the series (metric, server): equal series, equal codes (:func:`string_codes` of
+    each, the metric's in the high 32 bits). Codes are only comparable within one call."""
+    return string_codes(metric) << 32 | string_codes(server)
 
 
 #: Multiplier of the polynomial string hash (FNV-1a's 64-bit prime) and of the mix of two hashes (golden ratio).
@@ -153,13 +160,16 @@ def _ranks(values: np.ndarray, domain: int | None = None) -> tuple[np.ndarray, i
     return rank[encoded.indices.to_numpy(zero_copy_only=False)], len(distinct)
 
 
-def _group(metric, server, start_us: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+def _group(
+    metric, server, start_us: np.ndarray, series: np.ndarray | None = None
+) -> tuple[np.ndarray, int, np.ndarray]:
     """Group rows by key (metric, server, window start): ``(group of each row, groups, first row of each group)``.
 
-    Groups are numbered in key order (metric code, server code, start), so a
-    series' windows are adjacent and in time order.
+    Groups are numbered in key order (series code, start), so a series'
+    windows are adjacent and in time order. ``series``: the rows'
+    :func:`series_codes`, if the caller has them.
     """
-    series, series_count = _ranks(string_codes(metric) << 32 | string_codes(server))
+    series, series_count = _ranks(series_codes(metric, server) if series is None else series)
     window, windows = _ranks(start_us)
     # Keys are dense: series * windows + window < series count * windows, at most the row count squared.
     group, groups = _ranks(series * windows + window, series_count * windows)
@@ -238,9 +248,13 @@ def _state_table(metric, server, start_us, count, total, low, high, row, keys, c
     )
 
 
-def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
+def aggregate_events(events: pa.Table, window_seconds: int, *, series: np.ndarray | None = None) -> pa.Table:
     """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64; optional
     ``tags`` and ``labels`` maps and ``offset`` int64).
+
+    ``series``: the events' :func:`series_codes`, when the caller computed
+    them already (the speed layer's cardinality limits do): the states are
+    the same, without hashing every metric and server name again.
 
     ``window_start`` = ``ts`` floored to a multiple of ``window_seconds``
     since the epoch (UTC), so windows align across processes and days.
@@ -255,7 +269,7 @@ def aggregate_events(events: pa.Table, window_seconds: int) -> pa.Table:
     ts_us = events.column("ts").cast(UTC_US).cast(pa.int64()).to_numpy(zero_copy_only=False)
     start_us = ts_us - np.mod(ts_us, window_us)
     values = events.column("value").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    group, groups, first = _group(events.column("metric"), events.column("server"), start_us)
+    group, groups, first = _group(events.column("metric"), events.column("server"), start_us, series)
     row, bucket_keys, bucket_counts = sketch.merge_buckets(
         group, sketch.bucket_keys(values), np.ones(len(values), np.int64)
     )

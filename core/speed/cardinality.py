@@ -79,12 +79,15 @@ _CACHE: OrderedDict[tuple, LimitState] = OrderedDict()
 @dataclass(frozen=True)
 class GateResult:
     """One chunk through a :class:`LimitGate`: the ``admitted`` and ``refused`` rows (same columns as the input),
-    and for each refused row its ``reason`` and the name of the limit (``limits``), string arrays."""
+    and for each refused row its ``reason`` and the name of the limit (``limits``), string arrays; ``series``: the
+    admitted rows' :func:`~metrics_lake.core.kernels.windows.series_codes` (int64 per row), if the series limit
+    computed them (it does for a chunk within one limit hour), else None."""
 
     admitted: pa.Table
     refused: pa.Table
     reasons: pa.Array
     limits: pa.Array
+    series: np.ndarray | None = None
 
 
 class LimitGate:
@@ -119,8 +122,11 @@ class LimitGate:
             _remember(self._cache_key(int(hour)), state)
         for state in self.states.values():
             state.covered_to = max(state.covered_to, end)  # no record of that hour in the chunk: nothing new
+        # The series codes cover the chunk when one hour's admission judged all of it (the usual case).
+        series = judged[0][1].series if len(judged) == 1 and len(judged[0][0]) == events.num_rows else None
         if not refused.any():  # the usual case: no copy of the events
-            return GateResult(events, events.slice(0, 0), pa.array([], pa.string()), pa.array([], pa.string()))
+            no_reasons = pa.array([], pa.string())
+            return GateResult(events, events.slice(0, 0), no_reasons, no_reasons, series)
         # The refused rows' reasons in row order: each hour's, placed by row number.
         rows = np.concatenate([rows[a.refused] for rows, a in judged])
         order = pa.array(np.argsort(rows, kind="stable"))
@@ -130,6 +136,7 @@ class LimitGate:
             events.filter(pa.array(refused)),
             pa.concat_arrays([a.reasons.filter(r) for (_, a), r in zip(judged, refusals, strict=True)]).take(order),
             pa.concat_arrays([a.limits.filter(r) for (_, a), r in zip(judged, refusals, strict=True)]).take(order),
+            None if series is None else series[~refused],
         )
 
     def _cache_key(self, hour: int) -> tuple:

@@ -406,23 +406,27 @@ def process_chunk(
     bronze, quarantine = split_log_rows(rows)
     refused_by: dict[str, int] = {}
     judged = gate.admit(bronze, chunk.start, chunk.end)
-    bronze = judged.admitted
+    bronze, series = judged.admitted, judged.series  # series: the rows' series codes, for the windows (or None)
     if judged.refused.num_rows:
         quarantine = pa.concat_tables([quarantine, limited_rows(judged.refused, judged.reasons)])
         new = pc.greater_equal(judged.refused.column("offset"), plan.marks[QUARANTINE][chunk.partition])
         refused_by = refused_per_limit(judged.limits.filter(new))  # those quarantine does not hold yet
-    bronze, known = enrich(store, plan.pins, chunk.partition, bronze)
+    bronze, known = enrich(store, plan.pins, chunk.partition, bronze)  # the same rows, in the same order
     p = chunk.partition
 
-    def new_for(table: str, data: pa.Table) -> pa.Table:
+    def first_new(table: str, data: pa.Table) -> int:
         # Rows are in offset order: the new ones are a slice (zero-copy, where a filter copies every label map).
         offsets = data.column("offset").to_numpy(zero_copy_only=False)
-        return data.slice(int(np.searchsorted(offsets, plan.marks[table][p], side="left")))
+        return int(np.searchsorted(offsets, plan.marks[table][p], side="left"))
+
+    def new_for(table: str, data: pa.Table) -> pa.Table:
+        return data.slice(first_new(table, data))
 
     result = ChunkResult()
     bronze_new, quarantine_new = new_for(BRONZE, bronze), new_for(QUARANTINE, quarantine)
     result.files = write_data_files(store, BRONZE, bronze_new) + write_data_files(store, QUARANTINE, quarantine_new)
-    events = new_for(WINDOWS, bronze)
+    start = first_new(WINDOWS, bronze)
+    events, series = bronze.slice(start), None if series is None else series[start:]
     late = 0
     if events.num_rows:
         ts_ms = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False) // 1000
@@ -431,8 +435,8 @@ def process_chunk(
         if plan.watermark_ms is not None:
             on_time = ts_ms >= plan.watermark_ms
             late = int(np.count_nonzero(~on_time))
-            events = events.filter(pa.array(on_time))
-        result.states = aggregate_events(events, WINDOW_SECONDS)
+            events, series = events.filter(pa.array(on_time)), None if series is None else series[on_time]
+        result.states = aggregate_events(events, WINDOW_SECONDS, series=series)
     unknown = ~known & (bronze.column("offset").to_numpy(zero_copy_only=False) >= plan.marks[BRONZE][p])
     result.counts = {
         BRONZE: bronze_new.num_rows,

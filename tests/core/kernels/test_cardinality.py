@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from metrics_lake.core.kernels.cardinality import KEYS, SERIES, VALUE, CardinalityLimits, LimitState, admit
+from metrics_lake.core.kernels.windows import series_codes
 from metrics_lake.lake_schemas.types import TAGS
 
 
@@ -88,8 +89,16 @@ def test_blocks_agree_with_record_by_record(seed):
     got: list[str | None] = []
     cuts = sorted({0, len(records), *(rng.randrange(len(records)) for _ in range(rng.randrange(4)))})
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        admission = admit(state, table(records[lo:hi], lo))
+        block = table(records[lo:hi], lo)
+        admission = admit(state, block)
         assert admission.refused.tolist() == [r is not None for r in admission.reasons.to_pylist()]
+        assert admission.limits.to_pylist() == [verdict_of(r) for r in admission.reasons.to_pylist()]
+        # The series codes it hands on (for the windows): those of every record, whenever the series limit saw all.
+        labels_refused = limits.labels_per_event and "labels_per_event" in admission.limits.to_pylist()
+        if limits.series_per_metric and not labels_refused:
+            assert np.array_equal(admission.series, series_codes(block.column("metric"), block.column("server")))
+        else:
+            assert admission.series is None
         got += [verdict_of(r) for r in admission.reasons.to_pylist()]
         state.add(admission.keys, hi)
     assert got == expected

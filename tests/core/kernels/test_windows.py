@@ -17,6 +17,7 @@ from metrics_lake.core.kernels.windows import (
     merge_into_rows,
     merge_states,
     rewindow,
+    series_codes,
     series_shards,
     states_of,
 )
@@ -151,6 +152,21 @@ def test_dictionary_encoded_input_gives_the_same_states_as_strings_in_key_order(
     from_dictionaries = merge_states(dictionary_chunks(pa.concat_tables(halves), ("metric", "server"), pieces=2))
     assert from_dictionaries.schema == from_strings.schema and from_dictionaries.equals(from_strings)
     assert from_strings.drop_columns("sum").equals(states.drop_columns("sum"))
+
+
+def test_series_codes_a_caller_already_has_give_the_same_states():
+    """The speed layer hands the cardinality limits' series codes on to the windows: the states are those the
+    windows' own hashing gives, row for row; in another row order (other codes), the same windows."""
+    data = events(seed=5)
+    states = aggregate_events(data, 60)
+    assert aggregate_events(data, 60, series=series_codes(data.column("metric"), data.column("server"))).equals(states)
+
+    shuffled = data.take(pa.array(np.random.default_rng(5).permutation(data.num_rows)))
+    codes = series_codes(shuffled.column("metric"), shuffled.column("server"))
+    keys = [("metric", "ascending"), ("server", "ascending"), ("window_start", "ascending")]
+    unordered = ["sum", "labels"]  # a float sum in another order, the last row's labels
+    from_codes = aggregate_events(shuffled, 60, series=codes).drop_columns(unordered).sort_by(keys)
+    assert from_codes.equals(states.drop_columns(unordered).sort_by(keys))
 
 
 def test_ranks_over_a_known_domain_equal_the_hashed_ranks():

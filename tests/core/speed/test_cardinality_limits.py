@@ -25,6 +25,7 @@ from metrics_lake.lake_schemas.log_records import LOG_RECORD
 from metrics_lake.lake_schemas.tables import Table
 from tests.core.kernels.test_cardinality import naive
 from tests.core.speed.test_micro_batch import START_MS, TOPIC, batch, produce
+from tests.helpers import expected_windows
 
 PARTITIONS = 2
 LIMITS = CardinalityLimits.local(series_per_metric=12, values_per_label=20, labels_per_event=4, partitions=PARTITIONS)
@@ -137,6 +138,13 @@ def test_limits_quarantine_exactly_the_over_limit_events_in_any_split(store, log
     windows = open_table(store, Table.METRIC_WINDOWS_1M).to_pyarrow_table()
     spread = windows.filter(pc.equal(windows.column("metric"), "app.spread"))
     assert len(set(spread.column("server").to_pylist())) <= LIMITS.series_per_metric * PARTITIONS
+    # The windows hold exactly the admitted events (grouped by the series codes the limits computed).
+    got = {(w["metric"], w["server"], int(w["window_start"].timestamp() * 1000)): w for w in windows.to_pylist()}
+    want = expected_windows(open_table(store, Table.BRONZE_EVENTS).to_pyarrow_table())
+    assert got.keys() == want.keys()
+    assert all(
+        (got[k]["count"], got[k]["min"], got[k]["max"]) == (w["count"], w["min"], w["max"]) for k, w in want.items()
+    )
 
 
 def test_a_crash_between_bronze_and_quarantine_and_lost_states_refuse_the_same_events(store, log, monkeypatch):
