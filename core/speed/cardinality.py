@@ -128,8 +128,8 @@ class LimitGate:
             no_reasons = pa.array([], pa.string())
             return GateResult(events, events.slice(0, 0), no_reasons, no_reasons, series)
         # The refused rows' reasons in row order: each hour's, placed by row number.
-        rows = np.concatenate([rows[a.refused] for rows, a in judged])
-        order = pa.array(np.argsort(rows, kind="stable"))
+        refused_rows = np.concatenate([rows[admission.refused] for rows, admission in judged])
+        order = pa.array(np.argsort(refused_rows, kind="stable"))
         refusals = [pa.array(a.refused) for _, a in judged]
         return GateResult(
             events.filter(pa.array(~refused)),
