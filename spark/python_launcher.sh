@@ -12,4 +12,10 @@ if [ "$1" = "-m" ] && [ "$2" = "pyspark.daemon" ]; then
     shift 2
     exec "$python" -m metrics_lake.spark.worker_daemon "$@"
 fi
+# A streaming query's Python source runs in a process of its own: as spark/source_runner.py, which ends it without a
+# traceback when the query stops while it answers a call.
+if [ "$1" = "-m" ] && [ "$2" = "pyspark.sql.streaming.python_streaming_source_runner" ]; then
+    shift 2
+    exec "$python" -m metrics_lake.spark.source_runner "$@"
+fi
 exec "$python" "$@"
