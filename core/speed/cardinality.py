@@ -122,8 +122,8 @@ class LimitGate:
             _remember(self._cache_key(int(hour)), state)
         for state in self.states.values():
             state.covered_to = max(state.covered_to, end)  # no record of that hour in the chunk: nothing new
-        # The series codes cover the chunk when one hour's admission judged all of it (the usual case).
-        series = judged[0][1].series if len(judged) == 1 and len(judged[0][0]) == events.num_rows else None
+        # The series codes cover the chunk when it is within one hour, judged by one admission (the usual case).
+        series = judged[0][1].series if len(judged) == 1 else None
         if not refused.any():  # the usual case: no copy of the events
             no_reasons = pa.array([], pa.string())
             return GateResult(events, events.slice(0, 0), no_reasons, no_reasons, series)
