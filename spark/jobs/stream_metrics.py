@@ -215,13 +215,11 @@ class BatchGate:
         self._closed = False
         self._stop = stop or threading.Event()
 
-    def run(self, batch: Callable[[], None]) -> bool:
-        """Run ``batch()`` unless the gate is closed; returns whether it ran. Its errors propagate."""
+    def run(self, batch: Callable[[], None]) -> None:
+        """Run ``batch()`` unless the gate is closed. Its errors propagate."""
         with self._lock:
-            if self._closed or self._stop.is_set():
-                return False
-            batch()
-            return True
+            if not (self._closed or self._stop.is_set()):
+                batch()
 
     def close(self) -> None:
         """Let no batch start from now on, once the one running (if any) has ended."""
