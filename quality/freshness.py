@@ -17,7 +17,7 @@ import datetime as dt
 import json
 
 import pyarrow as pa
-import pyarrow.dataset as ds
+import pyarrow.compute as pc
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
@@ -85,7 +85,7 @@ def _newest_query_windows(store, now: dt.datetime) -> dict[str, dt.datetime]:
         return {}
     days = pa.array([now.date() - dt.timedelta(days=d) for d in (-1, 0, 1)], pa.date32())
     rows = table_dataset(store, Table.QUERY_RESULTS, table).to_table(
-        columns=["query", "window_end"], filter=ds.field("event_date").isin(days)
+        columns=["query", "window_end"], filter=pc.field("event_date").isin(days)
     )
     if rows.num_rows == 0:
         return {}

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.keys import check_name
@@ -106,8 +105,8 @@ def replay_ranges(
 
 def _existing_positions(store: Store, table: str, topic: str, part: ReplayRange) -> pa.Table:
     """Positions of ``part`` that ``table`` (which exists) already holds."""
-    offset = pads.field("offset")
-    where = (pads.field("topic") == topic) & (pads.field("partition") == part.partition)
+    offset = pc.field("offset")
+    where = (pc.field("topic") == topic) & (pc.field("partition") == part.partition)
     where &= (offset >= part.start) & (offset < part.end)
     return table_dataset(store, table).to_table(columns=POSITION, filter=where)
 

@@ -16,7 +16,6 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
@@ -193,6 +192,8 @@ def _read_share(
     part: tuple[int, int],
 ) -> pa.Table:
     """Rows of every ``part[1]``-th row group of ``path`` from the ``part[0]``-th, of those ``rows`` may match."""
+    import pyarrow.dataset as pads  # here, not at the top: it imports pandas (0.2 s of every process importing this)
+
     file_format = pads.ParquetFileFormat(read_options=pads.ParquetReadOptions(dictionary_columns=dictionary))
     fragment = file_format.make_fragment(path, filesystem)
     groups = fragment.split_by_row_group(rows) if rows is not None else fragment.split_by_row_group()

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.windows import aggregate_events, finalize
@@ -113,7 +112,7 @@ def recompute_day(spark, settings: LakeSettings, day: dt.date) -> DayResult:
     store, root = open_store(settings), settings.root
     for name in RECOMPUTE.tables:
         ensure_table(store, name)
-    on_day = pads.field("event_date") == day
+    on_day = pc.field("event_date") == day
     previous = table_dataset(store, RECONCILIATION).to_table(filter=on_day).to_pylist()
     bronze_fp, windows_fp = fingerprint(root, BRONZE, day), fingerprint(root, WINDOWS, day)
     ours = bool(previous) and previous[0]["windows_fingerprint"] == windows_fp

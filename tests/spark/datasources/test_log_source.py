@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -58,3 +60,12 @@ def test_a_new_query_starts_where_the_tables_are(reader, settings, store, log):
     assert sum(int(limited[str(p)]) - halves[p] for p in (0, 1)) == 100
     again = pickle.loads(pickle.dumps(reader))  # as Spark ships it: store and tables opened anew where unpickled
     assert again.initialOffset() == reader.initialOffset()
+
+
+def test_spark_s_planner_processes_import_the_source_without_pandas():
+    """Spark starts a Python process per planning step of the stream (create_data_source, plan_data_source_read),
+    each importing this module: nothing it imports may load ``pyarrow.dataset``, which imports pandas (0.2 s of
+    each such process, on the way to a new ``lake stream``'s first batch)."""
+    probe = "import sys, metrics_lake.spark.datasources.log_source; print(sorted({'pandas', 'pyarrow.dataset'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
