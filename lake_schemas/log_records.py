@@ -7,7 +7,14 @@ import pyarrow as pa
 
 from metrics_lake.lake_schemas.types import TAGS, UTC_MS
 
-__all__ = ["INVENTORY_RECORD", "LOG_RECORD", "LOG_ROW", "RECORD_SCHEMAS"]
+__all__ = [
+    "INVENTORY_RECORD",
+    "LOG_RECORD",
+    "LOG_ROW",
+    "RECORD_SCHEMAS",
+    "SERIES_DICTIONARY",
+    "with_series_dictionaries",
+]
 
 #: One metric event as producers hand it to the log (before an offset exists).
 #: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and
@@ -54,3 +61,21 @@ INVENTORY_RECORD = pa.schema(
 
 #: The record schemas a segment may hold (one per kind of topic).
 RECORD_SCHEMAS = (LOG_RECORD, INVENTORY_RECORD)
+
+#: How a reader may hold a series' strings (``server``, ``metric``): a segment's dictionary and an index per record.
+SERIES_DICTIONARY = pa.dictionary(pa.int32(), pa.string())
+
+
+def with_series_dictionaries(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with its ``server`` and ``metric`` fields (those it has) as :data:`SERIES_DICTIONARY`.
+
+    Segments store both dictionary-encoded, so reading them so costs an
+    index per record instead of a string, and the indices are codes that
+    the series limits and windows group by without hashing the strings
+    again (:func:`metrics_lake.core.kernels.windows.string_codes`).
+    """
+    for name in ("server", "metric"):
+        if name in schema.names:
+            index = schema.get_field_index(name)
+            schema = schema.set(index, schema.field(index).with_type(SERIES_DICTIONARY))
+    return schema

@@ -82,6 +82,8 @@ KEYS = pa.schema(
     ]
 )
 _SEP = "\x1f"  # joins group and key into one string to look up (unit separator: in no metric or server name)
+#: The distinct (group, key) pairs of a block, as :func:`_first_n` looks them up.
+_PAIRS = pa.schema([("group", pa.string()), ("key", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -342,7 +344,9 @@ def _first_n(state: LimitState, kind: str, groups, keys, pair_codes: np.ndarray,
     # A pair's first row is where its code first appears: where the running maximum code grows.
     running = np.maximum.accumulate(codes)
     first_rows = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
-    pairs = pa.table({"group": pc.take(groups, pa.array(first_rows)), "key": pc.take(keys, pa.array(first_rows))})
+    # Plain strings (the series' may be dictionaries, read so from the log) to join, sort and keep in the state.
+    taken = {"group": pc.take(groups, pa.array(first_rows)), "key": pc.take(keys, pa.array(first_rows))}
+    pairs = pa.table(taken).cast(_PAIRS)
     joined = pc.binary_join_element_wise(pairs.column("group"), pairs.column("key"), _SEP)
     fresh = np.flatnonzero(~pc.is_in(joined, value_set=state.lookup(kind)).to_numpy(zero_copy_only=False))
     if not len(fresh):

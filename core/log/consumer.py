@@ -14,14 +14,21 @@ from metrics_lake.core import keys
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.segment import decode_segment
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_ROW
+from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_RECORD, LOG_ROW, with_series_dictionaries
 
 #: What :func:`read_keyed` yields: a keyed record (it carries its offset) and its append time.
 KEYED_ROW = pa.schema([*INVENTORY_RECORD, pa.field("ingested_at", LOG_ROW.field("ingested_at").type, nullable=False)])
 
 
-def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int) -> pa.Table:
+def read_range(
+    log: SegmentLog, topic: str, partition: int, start: int, end: int, *, series_dictionaries: bool = False
+) -> pa.Table:
     """Records with offsets in ``[start, end)`` as a :data:`LOG_ROW` table, in offset order.
+
+    ``series_dictionaries``: ``server`` and ``metric`` as the segments'
+    dictionaries and indices (:func:`~metrics_lake.lake_schemas.log_records.with_series_dictionaries`;
+    a chunk per segment, each with its own dictionary), which a reader that
+    groups by series decodes faster and hashes no more.
 
     Raises ``ValueError`` if part of the range is below the partition's
     start offset (removed by retention) or beyond its end offset: a silent
@@ -29,15 +36,20 @@ def read_range(log: SegmentLog, topic: str, partition: int, start: int, end: int
     named by the index is gone (compaction or retention replaced it after the
     index was read and its delete delay passed), the index is read again once.
     """
+    row, record = LOG_ROW, LOG_RECORD
+    if series_dictionaries:
+        row, record = with_series_dictionaries(LOG_ROW), with_series_dictionaries(LOG_RECORD)
     if end <= start:
-        return LOG_ROW.empty_table()
+        return row.empty_table()
     try:
-        return _read_segments(log, topic, partition, start, end)
+        return _read_segments(log, topic, partition, start, end, row, record)
     except FileNotFoundError:
-        return _read_segments(log, topic, partition, start, end)
+        return _read_segments(log, topic, partition, start, end, row, record)
 
 
-def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end: int) -> pa.Table:
+def _read_segments(
+    log: SegmentLog, topic: str, partition: int, start: int, end: int, row: pa.Schema, record: pa.Schema
+) -> pa.Table:
     index = log.index(topic, partition)
     if start < index.start_offset or end > index.next_offset:
         raise InputError(
@@ -46,7 +58,7 @@ def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end:
     pieces = []
     for info in index.segments_for(start, end):
         with log.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
-            records = decode_segment(source)
+            records = decode_segment(source, record)
         lo = max(start, info.base_offset)
         hi = min(end, info.end_offset)
         records = records.slice(lo - info.base_offset, hi - lo)
@@ -58,12 +70,12 @@ def _read_segments(log: SegmentLog, topic: str, partition: int, start: int, end:
                     pa.array(np.full(n, partition, dtype=np.int32)),
                     pa.array(np.arange(lo, hi, dtype=np.int64)),
                     *records.columns,
-                    pa.array(info.ingested_at(lo, hi)).cast(LOG_ROW.field("ingested_at").type),
+                    pa.array(info.ingested_at(lo, hi)).cast(row.field("ingested_at").type),
                 ],
-                schema=LOG_ROW,
+                schema=row,
             )
         )
-    return pa.concat_tables(pieces) if pieces else LOG_ROW.empty_table()
+    return pa.concat_tables(pieces) if pieces else row.empty_table()
 
 
 def read_keyed(log: SegmentLog, topic: str, partition: int, start: int = 0) -> pa.Table:

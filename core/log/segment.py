@@ -195,5 +195,8 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
 
 
 def decode_segment(source, schema: pa.Schema = LOG_RECORD) -> pa.Table:
-    """Read a segment's records (``schema``: :data:`LOG_RECORD`, without offsets, for an event topic)."""
-    return pq.read_table(source, schema=schema).replace_schema_metadata(None)
+    """Read a segment's records (``schema``: :data:`LOG_RECORD`, without offsets, for an event topic; a string
+    field given as ``dictionary<int32, string>`` there is read as the segment's dictionary and indices)."""
+    # read_dictionary keeps the pages' dictionaries; the schema alone would decode the strings, then encode them again.
+    dictionaries = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+    return pq.read_table(source, schema=schema, read_dictionary=dictionaries or None).replace_schema_metadata(None)

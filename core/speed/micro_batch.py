@@ -141,6 +141,7 @@ from metrics_lake.core.tables.snapshots import (
     windowed_files,
 )
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
+from metrics_lake.lake_schemas.log_records import with_series_dictionaries
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
 from metrics_lake.lake_schemas.types import utc_dates
 
@@ -179,7 +180,10 @@ def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
 
     ``event_date`` is the UTC date of the event time; ``ingest_date`` the
     UTC date the record was appended to the log; ``labels`` null (the
-    enrichment sets them: :func:`enrich`).
+    enrichment sets them: :func:`enrich`). ``server`` and ``metric`` read as
+    dictionaries (:func:`~metrics_lake.core.log.consumer.read_range`'s
+    ``series_dictionaries``) stay so in the bronze rows; quarantine rows hold
+    plain strings.
     """
     rejects = rows.num_rows - rows.column("reason").null_count
     if rejects == 0:  # most chunks: the valid rows are all of them, not a copy
@@ -191,8 +195,9 @@ def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
     quarantine = bad.append_column("ingest_date", utc_dates(bad.column("ingested_at")))
     if "labels" not in bronze.column_names:  # set by the enrichment (process_chunk); null until then
         bronze = bronze.append_column("labels", pa.nulls(bronze.num_rows, BRONZE_EVENTS.field("labels").type))
+    coded = pa.types.is_dictionary(rows.schema.field("server").type)
     return (
-        bronze.select(BRONZE_EVENTS.names).cast(BRONZE_EVENTS),
+        bronze.select(BRONZE_EVENTS.names).cast(with_series_dictionaries(BRONZE_EVENTS) if coded else BRONZE_EVENTS),
         quarantine.select(QUARANTINE_EVENTS.names).cast(QUARANTINE_EVENTS),
     )
 
@@ -402,11 +407,14 @@ def process_chunk(
     committed (invisible until :func:`commit_batch`); a failed or retried
     task leaves only files that VACUUM removes.
     """
-    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end)
+    # The series' strings as the segments' dictionaries: the gate's series codes are their indices, not hashes.
+    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end, series_dictionaries=True)
     bronze, quarantine = split_log_rows(rows)
     refused_by: dict[str, int] = {}
     judged = gate.admit(bronze, chunk.start, chunk.end)
-    bronze, series = judged.admitted, judged.series  # series: the rows' series codes, for the windows (or None)
+    # series: the rows' series codes, for the windows (or None). Past the gate, plain strings again: Arrow's Parquet
+    # writer would store chunks with differing dictionaries plain (larger files, and slower: measured).
+    bronze, series = judged.admitted.cast(BRONZE_EVENTS), judged.series
     if judged.refused.num_rows:
         quarantine = pa.concat_tables([quarantine, limited_rows(judged.refused, judged.reasons)])
         new = pc.greater_equal(judged.refused.column("offset"), plan.marks[QUARANTINE][chunk.partition])

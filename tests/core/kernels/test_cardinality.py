@@ -45,8 +45,10 @@ def naive(records: list[dict], limits: CardinalityLimits, series: dict, values: 
     return verdicts
 
 
-def table(records: list[dict], first_offset: int) -> pa.Table:
-    return pa.table(
+def table(records: list[dict], first_offset: int, dictionaries: bool = False) -> pa.Table:
+    """The records as a block; ``dictionaries``: ``metric`` and ``server`` as the log's segments are read by the
+    speed layer, two chunks with a dictionary each (in its own order)."""
+    block = pa.table(
         {
             "offset": pa.array(range(first_offset, first_offset + len(records)), pa.int64()),
             "metric": [r["metric"] for r in records],
@@ -54,6 +56,14 @@ def table(records: list[dict], first_offset: int) -> pa.Table:
             "tags": pa.array([None if r["tags"] is None else list(r["tags"].items()) for r in records], TAGS),
         }
     )
+    if not dictionaries:
+        return block
+    half = len(records) // 2
+    for name in ("metric", "server"):
+        column = block.column(name).combine_chunks()
+        chunks = [column.slice(0, half)[::-1].dictionary_encode()[::-1], column.slice(half).dictionary_encode()]
+        block = block.set_column(block.schema.get_field_index(name), name, pa.chunked_array(chunks))
+    return block
 
 
 def verdict_of(reason: str | None) -> str | None:
@@ -73,10 +83,11 @@ def random_records(rng: random.Random, n: int) -> list[dict]:
     return records
 
 
+@pytest.mark.parametrize("dictionaries", [False, True], ids=["strings", "dictionaries"])
 @pytest.mark.parametrize("seed", range(25))
-def test_blocks_agree_with_record_by_record(seed):
+def test_blocks_agree_with_record_by_record(seed, dictionaries):
     """Any split of a partition hour into blocks (batches) refuses exactly the records the sequential rule does,
-    and the state's counts never pass a limit."""
+    and the state's counts never pass a limit; the same whether the series' strings are plain or dictionaries."""
     rng = random.Random(seed)
     limits = CardinalityLimits(
         series_per_metric=rng.choice([0, 1, 4, 9]),
@@ -89,7 +100,7 @@ def test_blocks_agree_with_record_by_record(seed):
     got: list[str | None] = []
     cuts = sorted({0, len(records), *(rng.randrange(len(records)) for _ in range(rng.randrange(4)))})
     for lo, hi in zip(cuts, cuts[1:], strict=False):
-        block = table(records[lo:hi], lo)
+        block = table(records[lo:hi], lo, dictionaries)
         admission = admit(state, block)
         assert admission.refused.tolist() == [r is not None for r in admission.reasons.to_pylist()]
         assert admission.limits.to_pylist() == [verdict_of(r) for r in admission.reasons.to_pylist()]
@@ -100,6 +111,7 @@ def test_blocks_agree_with_record_by_record(seed):
         else:
             assert admission.series is None
         got += [verdict_of(r) for r in admission.reasons.to_pylist()]
+        assert admission.keys.schema.equals(KEYS)  # the state keeps plain strings
         state.add(admission.keys, hi)
     assert got == expected
     for kind, limit in ((SERIES, limits.series_per_metric), (VALUE, limits.values_per_label)):

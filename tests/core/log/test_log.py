@@ -59,6 +59,25 @@ def test_appends_get_dense_monotonic_offsets_and_read_back_exactly(log):
     assert read_range(log, "t", 0, 4, 4).num_rows == 0
 
 
+def test_a_range_read_with_series_dictionaries_holds_the_same_records(log):
+    """``series_dictionaries``: server and metric as each segment's dictionary and indices, every value as read
+    plainly, across segments with different dictionaries and in an empty range."""
+    log.ensure_topic("t", 1)
+    log.append("t", 0, records(3, server="web-01"))
+    log.append("t", 0, pa.concat_tables([records(2, server="db-02"), records(2, server="web-01")]))
+    plain = read_range(log, "t", 0, 1, 7)
+    coded = read_range(log, "t", 0, 1, 7, series_dictionaries=True)
+    for name in ("server", "metric"):
+        assert coded.schema.field(name).type == pa.dictionary(pa.int32(), pa.string())
+        assert [len(chunk.dictionary) for chunk in coded.column(name).chunks] == (
+            [1, 2] if name == "server" else [1, 1]
+        )
+    assert coded.cast(plain.schema).equals(plain)
+    assert coded.column("server").to_pylist() == ["web-01", "web-01", "db-02", "db-02", "web-01", "web-01"]
+    empty = read_range(log, "t", 0, 4, 4, series_dictionaries=True)
+    assert empty.num_rows == 0 and empty.schema.equals(coded.schema)
+
+
 def test_reading_outside_the_log_is_an_error_not_a_short_read(log):
     log.ensure_topic("t", 1)
     log.append("t", 0, records(3))
