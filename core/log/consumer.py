@@ -14,21 +14,22 @@ from metrics_lake.core import keys
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.segment import decode_segment
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_RECORD, LOG_ROW, with_series_dictionaries
+from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_RECORD, LOG_ROW, with_dictionaries
 
 #: What :func:`read_keyed` yields: a keyed record (it carries its offset) and its append time.
 KEYED_ROW = pa.schema([*INVENTORY_RECORD, pa.field("ingested_at", LOG_ROW.field("ingested_at").type, nullable=False)])
 
 
 def read_range(
-    log: SegmentLog, topic: str, partition: int, start: int, end: int, *, series_dictionaries: bool = False
+    log: SegmentLog, topic: str, partition: int, start: int, end: int, *, dictionaries: bool = False
 ) -> pa.Table:
     """Records with offsets in ``[start, end)`` as a :data:`LOG_ROW` table, in offset order.
 
-    ``series_dictionaries``: ``server`` and ``metric`` as the segments'
-    dictionaries and indices (:func:`~metrics_lake.lake_schemas.log_records.with_series_dictionaries`;
-    a chunk per segment, each with its own dictionary), which a reader that
-    groups by series decodes faster and hashes no more.
+    ``dictionaries``: ``server``, ``metric`` and the ``tags``' names and
+    values as the segments' dictionaries and indices
+    (:func:`~metrics_lake.lake_schemas.log_records.with_dictionaries`; a
+    chunk per segment, each with its own dictionaries), which a reader that
+    groups by them decodes faster and hashes no more.
 
     Raises ``ValueError`` if part of the range is below the partition's
     start offset (removed by retention) or beyond its end offset: a silent
@@ -37,8 +38,8 @@ def read_range(
     index was read and its delete delay passed), the index is read again once.
     """
     row, record = LOG_ROW, LOG_RECORD
-    if series_dictionaries:
-        row, record = with_series_dictionaries(LOG_ROW), with_series_dictionaries(LOG_RECORD)
+    if dictionaries:
+        row, record = with_dictionaries(LOG_ROW), with_dictionaries(LOG_RECORD)
     if end <= start:
         return row.empty_table()
     try:

@@ -195,8 +195,19 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
 
 
 def decode_segment(source, schema: pa.Schema = LOG_RECORD) -> pa.Table:
-    """Read a segment's records (``schema``: :data:`LOG_RECORD`, without offsets, for an event topic; a string
-    field given as ``dictionary<int32, string>`` there is read as the segment's dictionary and indices)."""
+    """Read a segment's records (``schema``: :data:`LOG_RECORD`, without offsets, for an event topic).
+
+    A string column (or a map's keys or values) that ``schema`` gives as a
+    dictionary type is read as the segment's dictionary and indices
+    (:func:`~metrics_lake.lake_schemas.log_records.with_dictionaries`).
+    """
     # read_dictionary keeps the pages' dictionaries; the schema alone would decode the strings, then encode them again.
-    dictionaries = [f.name for f in schema if pa.types.is_dictionary(f.type)]
+    dictionaries = []
+    for column in schema:
+        if pa.types.is_dictionary(column.type):
+            dictionaries.append(column.name)
+        elif pa.types.is_map(column.type):  # a map's children, as Parquet names them
+            for child, kind in (("key", column.type.key_type), ("value", column.type.item_type)):
+                if pa.types.is_dictionary(kind):
+                    dictionaries.append(f"{column.name}.key_value.{child}")
     return pq.read_table(source, schema=schema, read_dictionary=dictionaries or None).replace_schema_metadata(None)

@@ -141,7 +141,7 @@ from metrics_lake.core.tables.snapshots import (
     windowed_files,
 )
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
-from metrics_lake.lake_schemas.log_records import with_series_dictionaries
+from metrics_lake.lake_schemas.log_records import with_dictionaries
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, QUERY_RESULTS, Table
 from metrics_lake.lake_schemas.types import utc_dates
 
@@ -180,10 +180,9 @@ def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
 
     ``event_date`` is the UTC date of the event time; ``ingest_date`` the
     UTC date the record was appended to the log; ``labels`` null (the
-    enrichment sets them: :func:`enrich`). ``server`` and ``metric`` read as
-    dictionaries (:func:`~metrics_lake.core.log.consumer.read_range`'s
-    ``series_dictionaries``) stay so in the bronze rows; quarantine rows hold
-    plain strings.
+    enrichment sets them: :func:`enrich`). Strings read as dictionaries
+    (:func:`~metrics_lake.core.log.consumer.read_range`'s ``dictionaries``)
+    stay so in the bronze rows; quarantine rows hold plain strings.
     """
     rejects = rows.num_rows - rows.column("reason").null_count
     if rejects == 0:  # most chunks: the valid rows are all of them, not a copy
@@ -197,7 +196,7 @@ def split_log_rows(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
         bronze = bronze.append_column("labels", pa.nulls(bronze.num_rows, BRONZE_EVENTS.field("labels").type))
     coded = pa.types.is_dictionary(rows.schema.field("server").type)
     return (
-        bronze.select(BRONZE_EVENTS.names).cast(with_series_dictionaries(BRONZE_EVENTS) if coded else BRONZE_EVENTS),
+        bronze.select(BRONZE_EVENTS.names).cast(with_dictionaries(BRONZE_EVENTS) if coded else BRONZE_EVENTS),
         quarantine.select(QUARANTINE_EVENTS.names).cast(QUARANTINE_EVENTS),
     )
 
@@ -407,8 +406,8 @@ def process_chunk(
     committed (invisible until :func:`commit_batch`); a failed or retried
     task leaves only files that VACUUM removes.
     """
-    # The series' strings as the segments' dictionaries: the gate's series codes are their indices, not hashes.
-    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end, series_dictionaries=True)
+    # Repeated strings as the segments' dictionaries: the gate's codes for series and labels are their indices.
+    rows = read_range(SegmentLog(store), plan.topic, chunk.partition, chunk.start, chunk.end, dictionaries=True)
     bronze, quarantine = split_log_rows(rows)
     refused_by: dict[str, int] = {}
     judged = gate.admit(bronze, chunk.start, chunk.end)

@@ -10,6 +10,7 @@ import pytest
 
 from metrics_lake.core.kernels.cardinality import KEYS, SERIES, VALUE, CardinalityLimits, LimitState, admit
 from metrics_lake.core.kernels.windows import series_codes
+from metrics_lake.lake_schemas.log_records import with_dictionaries
 from metrics_lake.lake_schemas.types import TAGS
 
 
@@ -46,8 +47,8 @@ def naive(records: list[dict], limits: CardinalityLimits, series: dict, values: 
 
 
 def table(records: list[dict], first_offset: int, dictionaries: bool = False) -> pa.Table:
-    """The records as a block; ``dictionaries``: ``metric`` and ``server`` as the log's segments are read by the
-    speed layer, two chunks with a dictionary each (in its own order)."""
+    """The records as a block; ``dictionaries``: ``metric``, ``server`` and the tags' names and values as the
+    speed layer reads the log's segments, two chunks with dictionaries each (in their own orders)."""
     block = pa.table(
         {
             "offset": pa.array(range(first_offset, first_offset + len(records)), pa.int64()),
@@ -59,11 +60,11 @@ def table(records: list[dict], first_offset: int, dictionaries: bool = False) ->
     if not dictionaries:
         return block
     half = len(records) // 2
-    for name in ("metric", "server"):
-        column = block.column(name).combine_chunks()
-        chunks = [column.slice(0, half)[::-1].dictionary_encode()[::-1], column.slice(half).dictionary_encode()]
-        block = block.set_column(block.schema.get_field_index(name), name, pa.chunked_array(chunks))
-    return block
+    coded = with_dictionaries(block.schema)
+    # The first chunk's dictionaries in reverse order of appearance, the second's in order.
+    backwards = pa.Table.from_pylist(block.slice(0, half).to_pylist()[::-1], coded)
+    first = backwards.take(pa.array(range(half - 1, -1, -1), pa.int64()))
+    return pa.concat_tables([first, block.slice(half).cast(coded)])
 
 
 def verdict_of(reason: str | None) -> str | None:

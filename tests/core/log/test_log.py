@@ -18,7 +18,8 @@ from metrics_lake.core.log.producer import Producer, assign_partitions, partitio
 from metrics_lake.core.log.segment import encode_segment, parse_segment_name, segment_name
 from metrics_lake.core.storage import LocalStore, ObjectExistsError
 from metrics_lake.lake_schemas.errors import TopicNotFoundError
-from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.log_records import DICTIONARY_STRING, LOG_RECORD
+from metrics_lake.lake_schemas.types import TAGS
 
 
 def records(n: int, start_ms: int = 1_800_000_000_000, server: str = "web-01") -> pa.Table:
@@ -59,22 +60,23 @@ def test_appends_get_dense_monotonic_offsets_and_read_back_exactly(log):
     assert read_range(log, "t", 0, 4, 4).num_rows == 0
 
 
-def test_a_range_read_with_series_dictionaries_holds_the_same_records(log):
-    """``series_dictionaries``: server and metric as each segment's dictionary and indices, every value as read
-    plainly, across segments with different dictionaries and in an empty range."""
+def test_a_range_read_with_dictionaries_holds_the_same_records(log):
+    """``dictionaries``: server, metric and the tags' names and values as each segment's dictionaries and indices,
+    every value as read plainly, across segments with different dictionaries and in an empty range."""
     log.ensure_topic("t", 1)
+    tagged = records(2, server="db-02").set_column(4, "tags", pa.array([[("az", "b")], None], TAGS))
     log.append("t", 0, records(3, server="web-01"))
-    log.append("t", 0, pa.concat_tables([records(2, server="db-02"), records(2, server="web-01")]))
+    log.append("t", 0, pa.concat_tables([tagged, records(2, server="web-01")]))
     plain = read_range(log, "t", 0, 1, 7)
-    coded = read_range(log, "t", 0, 1, 7, series_dictionaries=True)
+    coded = read_range(log, "t", 0, 1, 7, dictionaries=True)
     for name in ("server", "metric"):
-        assert coded.schema.field(name).type == pa.dictionary(pa.int32(), pa.string())
-        assert [len(chunk.dictionary) for chunk in coded.column(name).chunks] == (
-            [1, 2] if name == "server" else [1, 1]
-        )
+        assert coded.schema.field(name).type == DICTIONARY_STRING
+    assert coded.schema.field("tags").type == pa.map_(DICTIONARY_STRING, DICTIONARY_STRING)
+    assert [len(chunk.dictionary) for chunk in coded.column("server").chunks] == [1, 2]
     assert coded.cast(plain.schema).equals(plain)
     assert coded.column("server").to_pylist() == ["web-01", "web-01", "db-02", "db-02", "web-01", "web-01"]
-    empty = read_range(log, "t", 0, 4, 4, series_dictionaries=True)
+    assert coded.column("tags").to_pylist() == [None, None, [("az", "b")], None, None, None]
+    empty = read_range(log, "t", 0, 4, 4, dictionaries=True)
     assert empty.num_rows == 0 and empty.schema.equals(coded.schema)
 
 

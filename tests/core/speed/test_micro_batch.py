@@ -43,7 +43,7 @@ from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
-from metrics_lake.lake_schemas.log_records import with_series_dictionaries
+from metrics_lake.lake_schemas.log_records import with_dictionaries
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, Table, table_spec
 from tests.helpers import assert_quantile_within_bound, expected_windows, positions
 
@@ -101,10 +101,10 @@ def test_log_rows_split_into_bronze_and_quarantine_with_or_without_rejects(log):
         assert quarantine.column("offset").to_pylist() == list(range(clean.num_rows, clean.num_rows + rejects))
         days = {ts.date() for ts in rows.column("ts").to_pylist() if ts is not None}
         assert set(bronze.column("event_date").to_pylist()) == days
-        # Read with the series' dictionaries (as the speed layer's tasks do): bronze keeps them, the same rows.
-        coded = read_range(log, TOPIC, 0, 0, rows.num_rows, series_dictionaries=True)
+        # Read with dictionaries (as the speed layer's tasks do): bronze keeps them, the same rows.
+        coded = read_range(log, TOPIC, 0, 0, rows.num_rows, dictionaries=True)
         coded_bronze, coded_quarantine = split_log_rows(coded)
-        assert coded_bronze.schema == with_series_dictionaries(BRONZE_EVENTS)
+        assert coded_bronze.schema == with_dictionaries(BRONZE_EVENTS)
         assert coded_bronze.cast(BRONZE_EVENTS).equals(bronze) and coded_quarantine.equals(quarantine)
 
 
