@@ -7,14 +7,7 @@ import pyarrow as pa
 
 from metrics_lake.lake_schemas.types import TAGS, UTC_MS
 
-__all__ = [
-    "INVENTORY_RECORD",
-    "LOG_RECORD",
-    "LOG_ROW",
-    "RECORD_SCHEMAS",
-    "DICTIONARY_STRING",
-    "with_dictionaries",
-]
+__all__ = ["DICTIONARY_STRING", "INVENTORY_RECORD", "LOG_RECORD", "LOG_ROW", "RECORD_SCHEMAS", "with_dictionaries"]
 
 #: One metric event as producers hand it to the log (before an offset exists).
 #: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and

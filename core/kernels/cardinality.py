@@ -344,7 +344,7 @@ def _first_n(state: LimitState, kind: str, groups, keys, pair_codes: np.ndarray,
     # A pair's first row is where its code first appears: where the running maximum code grows.
     running = np.maximum.accumulate(codes)
     first_rows = np.flatnonzero(np.r_[True, running[1:] > running[:-1]])
-    # Plain strings (the series' may be dictionaries, read so from the log) to join, sort and keep in the state.
+    # Plain strings (the records' may be dictionaries, read so from the log) to join, sort and keep in the state.
     taken = {"group": pc.take(groups, pa.array(first_rows)), "key": pc.take(keys, pa.array(first_rows))}
     pairs = pa.table(taken).cast(_PAIRS)
     joined = pc.binary_join_element_wise(pairs.column("group"), pairs.column("key"), _SEP)
