@@ -31,18 +31,20 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["HIGH_CARDINALITY", "write_options"]
+__all__ = ["HIGH_CARDINALITY", "leaves", "write_options"]
 
 #: String columns whose values rarely repeat: no dictionary for them.
 HIGH_CARDINALITY = frozenset({"raw"})
 
 
-def _leaves(field: pa.Field, prefix: str = "") -> list[tuple[str, pa.DataType]]:
+def leaves(field: pa.Field, prefix: str = "") -> list[tuple[str, pa.DataType]]:
+    """The Parquet columns of ``field``: (dotted path as Parquet names it, Arrow type) per leaf; a map's are
+    ``<name>.key_value.key`` and ``<name>.key_value.value``, a struct's ``<name>.<child>``."""
     path = f"{prefix}{field.name}"
     if pa.types.is_map(field.type):
         return [(f"{path}.key_value.key", field.type.key_type), (f"{path}.key_value.value", field.type.item_type)]
     if pa.types.is_struct(field.type):
-        return [leaf for child in field.type for leaf in _leaves(child, f"{path}.")]
+        return [leaf for child in field.type for leaf in leaves(child, f"{path}.")]
     return [(path, field.type)]
 
 
@@ -57,9 +59,9 @@ def write_options(schema: pa.Schema, *, statistics: bool = True) -> dict:
     filters on: measured on a 500,000-row bronze file, 8 of the 20 ms the
     writer spent on statistics. False: no statistics at all.
     """
-    leaves = [leaf for field in schema for leaf in _leaves(field)]
-    strings = [path for path, kind in leaves if pa.types.is_string(kind) or pa.types.is_large_string(kind)]
-    deltas = [path for path, kind in leaves if pa.types.is_int64(kind) or pa.types.is_timestamp(kind)]
+    columns = [leaf for field in schema for leaf in leaves(field)]
+    strings = [path for path, kind in columns if pa.types.is_string(kind) or pa.types.is_large_string(kind)]
+    deltas = [path for path, kind in columns if pa.types.is_int64(kind) or pa.types.is_timestamp(kind)]
     return {
         "compression": "zstd",
         "use_dictionary": [path for path in strings if path.split(".")[0] not in HIGH_CARDINALITY],

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metrics_lake.core.parquet_layout import write_options
+from metrics_lake.core.parquet_layout import leaves, write_options
 from metrics_lake.lake_schemas.errors import IntegrityError
 from metrics_lake.lake_schemas.log_records import LOG_RECORD, RECORD_SCHEMAS
 
@@ -202,12 +202,5 @@ def decode_segment(source, schema: pa.Schema = LOG_RECORD) -> pa.Table:
     (:func:`~metrics_lake.lake_schemas.log_records.with_dictionaries`).
     """
     # read_dictionary keeps the pages' dictionaries; the schema alone would decode the strings, then encode them again.
-    dictionaries = []
-    for column in schema:
-        if pa.types.is_dictionary(column.type):
-            dictionaries.append(column.name)
-        elif pa.types.is_map(column.type):  # a map's children, as Parquet names them
-            for child, kind in (("key", column.type.key_type), ("value", column.type.item_type)):
-                if pa.types.is_dictionary(kind):
-                    dictionaries.append(f"{column.name}.key_value.{child}")
+    dictionaries = [path for column in schema for path, kind in leaves(column) if pa.types.is_dictionary(kind)]
     return pq.read_table(source, schema=schema, read_dictionary=dictionaries or None).replace_schema_metadata(None)
