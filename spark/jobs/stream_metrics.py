@@ -20,7 +20,8 @@ layer of :mod:`metrics_lake.core.speed.micro_batch` in ``foreachBatch``:
 
 The log is read once per batch for all three tables. Spark's checkpoint
 (``LAKE_CHECKPOINT_DIR``) is a cache of how far batches went: deleting it, or
-starting on another machine, resumes from what the tables hold.
+starting on another machine, resumes from what the tables hold, and one lost
+in part is deleted (:func:`discard_damaged_checkpoint`).
 
 ``lake stream --once`` (:func:`catch_up`) runs the same batches without a
 streaming query: starting one over a Python data source costs seconds of
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -63,6 +65,7 @@ __all__ = [
     "BatchGate",
     "catch_up",
     "checkpoint_location",
+    "discard_damaged_checkpoint",
     "logged_ends",
     "prepare_lake",
     "run_batch",
@@ -171,6 +174,25 @@ def checkpoint_location(settings: LakeSettings) -> Path:
     return settings.checkpoint_path / settings.topic / "speed-layer"
 
 
+def discard_damaged_checkpoint(checkpoint: Path) -> bool:
+    """Delete ``checkpoint`` if Spark would refuse to start from it because its ``metadata`` file is gone while its
+    offset or commit log still holds files; returns whether it did (and logs a warning naming the folder).
+
+    Spark 4 stops such a query with ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` and asks for the file back. Here
+    the checkpoint is only a cache of how far batches went (the tables' positions decide where a batch starts:
+    :mod:`metrics_lake.core.speed.progress`), so a checkpoint lost in part is treated as one lost whole, as Kafka
+    Streams wipes a corrupted local state store. A checkpoint without ``metadata`` and without logged batches is
+    left alone: it is one a query is just creating (Spark writes ``metadata`` first).
+    """
+    if not checkpoint.is_dir() or (checkpoint / "metadata").exists():
+        return False
+    if not any(path.is_file() for log_dir in ("offsets", "commits") for path in (checkpoint / log_dir).glob("*")):
+        return False
+    log.warning("checkpoint %s has lost its metadata file; deleting it (the tables' positions decide)", checkpoint)
+    shutil.rmtree(checkpoint)
+    return True
+
+
 def logged_ends(checkpoint: Path, batch_id: int) -> dict[int, int] | None:
     """The end offsets (partition -> next offset) of micro-batch ``batch_id`` as Spark logged them in
     ``checkpoint``, or ``None`` if that file is missing or not in the format read here.
@@ -243,10 +265,12 @@ def start_stream(
     offset log (:func:`logged_ends`); should that format change, from the
     batch's rows, with a warning. Batches run through ``gate``: close it
     before stopping the query to stop between batches (:class:`BatchGate`).
+    A checkpoint Spark would refuse is deleted first (:func:`discard_damaged_checkpoint`).
     """
     gate = gate or BatchGate()
     prepare_lake(settings)
     checkpoint = checkpoint_location(settings)
+    discard_damaged_checkpoint(checkpoint)
     open_windows, tables = OpenWindows(), LatestTables()  # foreachBatch runs in this process: one batch at a time
     warned = threading.Event()
 

@@ -1,5 +1,5 @@
-"""Exactly once across crashes: `lake stream` killed with SIGKILL (and its checkpoint deleted), restarted, no loss, no
-duplicate: in bronze, the windows, the stored queries' results and the alerts' transitions."""
+"""Exactly once across crashes: `lake stream` killed with SIGKILL (and its checkpoint deleted, whole or in part),
+restarted, no loss, no duplicate: in bronze, the windows, the stored queries' results and the alerts' transitions."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.tables.delta import open_table
+from metrics_lake.spark.jobs.stream_metrics import checkpoint_location
 from tests.helpers import assert_query_results, expected_windows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -88,8 +89,12 @@ def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
             assert process.poll() is None, (tmp_path / f"stream-{phase}.log").read_text()[-3000:]
             os.killpg(process.pid, signal.SIGKILL)  # the driver, its JVM and Python workers at once
             process.wait(30)
-        if phase % 2:  # and then the checkpoint is lost too (another worker, an ephemeral container)
-            shutil.rmtree(settings.checkpoint_path, ignore_errors=True)
+            # A killed JVM may still finish a file rename while it is torn down: only then is the checkpoint still.
+            assert group_gone(process.pid, 30), f"processes of the stream's group {process.pid} still run"
+        if phase == 1:  # and then the checkpoint is lost too (another worker, an ephemeral container)
+            shutil.rmtree(settings.checkpoint_path)
+        elif phase == 3:  # or only its metadata file, which Spark alone would refuse to start from
+            (checkpoint_location(settings) / "metadata").unlink()
         bronze_versions.append(bronze_version(store))
 
     assert bronze_versions[-1] >= 1, f"no run got as far as a commit: {bronze_versions}"
@@ -218,6 +223,21 @@ def test_a_second_ctrl_c_ends_the_stream_at_once_and_the_next_run_completes_it_e
     assert "Traceback" not in output and "Exception" not in output, output[-3000:]  # the JVM is killed first
     assert exits_within(jvm, 10)
     assert_the_next_run_completes_it_exactly_once(env, store)
+
+
+def group_gone(pgid: int, seconds: float) -> bool:
+    """Whether every process of process group ``pgid`` exits within ``seconds`` (zombies count as gone)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        members = []
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                if os.getpgid(process.pid) == pgid and process.status() != psutil.STATUS_ZOMBIE:
+                    members.append(process)
+        if not members:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def exits_within(process: psutil.Process, seconds: float) -> bool:

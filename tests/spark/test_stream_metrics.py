@@ -21,6 +21,7 @@ from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.stream_metrics import (
     catch_up,
     checkpoint_location,
+    discard_damaged_checkpoint,
     logged_ends,
     process_on_executors,
     run_stream,
@@ -324,6 +325,28 @@ def test_logged_ends_reads_sparks_v1_offset_log_and_nothing_else(tmp_path, text,
     assert logged_ends(tmp_path, 8) is None  # not logged
 
 
+def test_a_checkpoint_that_lost_its_metadata_file_is_deleted_and_no_other(tmp_path):
+    """Spark refuses a checkpoint whose offset or commit log holds files once ``metadata`` is gone; that one is
+    deleted. A whole one, one being created (no batch logged yet) and a missing folder are left as they are."""
+    whole = tmp_path / "whole"
+    (whole / "offsets").mkdir(parents=True)
+    (whole / "metadata").write_text('{"id":"q"}')
+    (whole / "offsets" / "0").write_text("v1")
+    starting = tmp_path / "starting"
+    (starting / "offsets").mkdir(parents=True)
+    (starting / "offsets" / ".0.crc.tmp").mkdir()  # not a file: nothing logged
+    for damaged_log in ("offsets", "commits"):
+        damaged = tmp_path / f"damaged-{damaged_log}"
+        (damaged / damaged_log).mkdir(parents=True)
+        (damaged / damaged_log / "3").write_text("v1")
+        assert discard_damaged_checkpoint(damaged) is True
+        assert not damaged.exists()
+    assert discard_damaged_checkpoint(whole) is False
+    assert discard_damaged_checkpoint(starting) is False
+    assert discard_damaged_checkpoint(tmp_path / "missing") is False
+    assert (whole / "offsets" / "0").exists() and starting.is_dir()
+
+
 @pytest.mark.slow
 def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, settings, log, store):
     """The issue's reproduction (delete LAKE_CHECKPOINT_DIR between runs) and its variants: a checkpoint lost
@@ -375,5 +398,12 @@ def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, 
     shutil.rmtree(checkpoint)
     other = settings.model_copy(update={"checkpoint_dir": str(checkpoint.parent / "someone-elses")})
     stream_to_end(spark, other)  # 4. another query's checkpoint (here: an empty one elsewhere)
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+
+    produce(7, START_MS + 130_000)
+    stream_to_end(spark, settings)
+    (checkpoint_location(settings) / "metadata").unlink()  # 5. lost in part: Spark alone would refuse to start
+    produce(8, START_MS + 140_000)
     stream_to_end(spark, settings)
     assert_exactly_once(store, log)
