@@ -442,7 +442,8 @@ def process_chunk(
         if plan.watermark_ms is not None:
             on_time = ts_ms >= plan.watermark_ms
             late = int(np.count_nonzero(~on_time))
-            events, series = events.filter(pa.array(on_time)), None if series is None else series[on_time]
+            if late:  # most chunks hold none: a filter would copy every column of every row for nothing
+                events, series = events.filter(pa.array(on_time)), None if series is None else series[on_time]
         result.states = aggregate_events(events, WINDOW_SECONDS, series=series)
     unknown = ~known & (bronze.column("offset").to_numpy(zero_copy_only=False) >= plan.marks[BRONZE][p])
     result.counts = {
