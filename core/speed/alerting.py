@@ -114,6 +114,7 @@ def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
     if events.num_rows == 0:
         return SEEN.empty_table()
     aggregates = [("ingested_at", "max"), ("ts", "max")]
+    events = events.select(["server", "metric", "ingested_at", "ts"])  # the filter below then copies these only
     per_server = events.group_by(["server"]).aggregate(aggregates)
     pieces = [per_server.append_column("metric", pa.nulls(per_server.num_rows, pa.string()))]
     if watched:
