@@ -11,9 +11,7 @@ importing a data source planner's modules took 0.76 CPU-s from the zip as
 shipped, 0.30 with this bytecode (0.25 from the installed package's), and a
 Spark session starts five such processes; ``lake stream --once`` on 12 M
 events took 11.1-11.9 s (median 11.2) against 11.5-12.2 s (median 11.85),
-four runs each. (The daemons of :mod:`metrics_lake.spark.worker_daemon`,
-task workers' and planners', now drop the zips and import the installed
-package; a streaming source's runner and others still import from them.)
+four runs each.
 
 :func:`build` adds a ``.pyc`` beside every ``.py`` of those zips, where
 zipimport looks for it first. The bytecode is hash-based and unchecked

@@ -16,18 +16,6 @@ it inherited, nor writes to their pages (copy-on-write). Measured with
 collector's share of the two workers fell from 1.1 % of all CPU samples to
 none, and the workers' CPU from 13.2 to 12.4 s.
 
-Both import PySpark from the installed package, not from the copy of it
-in ``pyspark.zip`` that Spark puts first on their path (with Py4J's zip and
-Spark's core jar, which holds no Python), when those are the installed
-package's own (:func:`installed_pyspark_archives`). Each new worker's first
-task calls ``importlib.invalidate_caches()`` (pyspark's
-``setup_spark_files``, having put the task's file directory on the path),
-and Python 3.11's zipimport then reads an archive's whole directory again
-for every package imported from it (2,575 entries in ``pyspark.zip``, 5,858
-in the jar): 0.135 CPU-s, measured in a worker's task (16 such importers),
-on the critical path of the first job that needs a second worker; nothing
-measurable without them.
-
 The daemons of Spark's Python data-source planners run this module too
 (``spark/python_launcher.sh``), without the imports: their workers only
 plan, and Spark starts three such daemons per session. In every daemon, a
@@ -37,31 +25,9 @@ worker whose socket Spark closed ends quietly (:func:`worker`).
 from __future__ import annotations
 
 import gc
-import importlib.machinery
-import os
 import sys
 
-
-def installed_pyspark_archives(path: list[str]) -> list[str]:
-    """The entries of ``path`` that are archives (files: ``pyspark.zip``, Py4J's zip, Spark's core jar, as Spark's
-    ``PythonUtils.sparkPythonPath`` adds them) inside the PySpark package that the rest of ``path`` holds; none if
-    it holds no PySpark. Archives of another Spark home (another version, maybe) or a job's own are not among them.
-    """
-    rest = [entry for entry in path if not os.path.isfile(entry)]
-    spec = importlib.machinery.PathFinder.find_spec("pyspark", rest)
-    if spec is None or spec.origin is None:
-        return []
-    package = os.path.realpath(os.path.dirname(spec.origin)) + os.sep
-    return [entry for entry in path if os.path.isfile(entry) and os.path.realpath(entry).startswith(package)]
-
-
-if __name__ == "__main__":  # before anything imports pyspark: from the installed package, whose modules are files
-    _archives = tuple(installed_pyspark_archives(sys.path))
-    sys.path[:] = [entry for entry in sys.path if entry not in _archives]
-    for _entry in [entry for entry in sys.path_importer_cache if entry.startswith(_archives)]:  # and their packages'
-        del sys.path_importer_cache[_entry]
-
-from pyspark import daemon  # noqa: E402 - after the path is set
+from pyspark import daemon
 
 #: The worker module of Spark's task workers (the daemon's argument); planners' daemons name their own.
 TASK_WORKER = "pyspark.worker"

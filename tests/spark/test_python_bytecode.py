@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import zipfile
@@ -91,24 +90,14 @@ def test_a_zip_that_cannot_be_read_is_reported_and_left_as_it_is(tmp_path, monke
     assert len(lines) == 1 and lines[0].startswith(f"could not add bytecode to {path}")
 
 
-def test_sparks_python_processes_import_pyspark_from_bytecode():
-    """run.py compiled the installed PySpark's zips: a process with them first on its path, as Spark starts a
-    streaming source's runner, loads PySpark's modules from their .pyc. (Task workers and planners import the
-    installed package instead: tests/spark/test_session.py.)"""
-    zips = python_bytecode.spark_python_zips()
-    assert all(python_bytecode.has_bytecode(path) for path in zips), (
+def test_spark_python_workers_import_pyspark_from_bytecode(spark):
+    """run.py compiled the installed PySpark's zips: a task worker's PySpark modules came from their .pyc."""
+    assert all(python_bytecode.has_bytecode(path) for path in python_bytecode.spark_python_zips()), (
         "run `python -m metrics_lake.spark.python_bytecode` (run.py does it when it installs)"
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, pyspark.worker, py4j; print(sys.modules['pyspark.worker'].__file__, py4j.__file__)",
-        ],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(map(str, zips))},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    files = run.stdout.split()
-    assert len(files) == 2 and all(name.endswith(".pyc") and ".zip" in name for name in files), files
+
+    def loaded_from(_):
+        yield sys.modules["pyspark.worker"].__file__, sys.modules["py4j"].__file__
+
+    files = spark.sparkContext.parallelize([0], 1).mapPartitions(loaded_from).collect()
+    assert all(name.endswith(".pyc") and ".zip" in name for pair in files for name in pair), files

@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pyarrow as pa
-import pyspark
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.spark.worker_daemon import installed_pyspark_archives
 
 
 def _vm_option(spark, name: str) -> str:
@@ -90,48 +87,6 @@ def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
 
     workers = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(memory_of_worker).collect()
     assert set(workers) == {("system", "heap")}
-
-
-def test_python_workers_import_pyspark_from_the_installed_package_not_from_sparks_archives(spark):
-    """Spark puts pyspark.zip, Py4J's zip and its core jar first on the workers' path; the daemon drops those of the
-    installed PySpark, so a new worker's first task (pyspark's setup_spark_files calls importlib.invalidate_caches)
-    does not read their directories again for every package imported from them (0.135 CPU-s a worker)."""
-
-    def import_of_worker(_):
-        import importlib
-        import time
-        import zipimport
-
-        import pyspark
-
-        started = time.process_time()
-        importlib.invalidate_caches()
-        archives = [p for p, f in sys.path_importer_cache.items() if isinstance(f, zipimport.zipimporter)]
-        yield pyspark.__file__, archives, time.process_time() - started
-
-    installed = str(Path(pyspark.__file__).resolve())
-    workers = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(import_of_worker).collect()
-    assert [(str(Path(file).resolve()), archives) for file, archives, _ in workers] == [(installed, [])] * 2
-    assert all(seconds < 0.01 for _, _, seconds in workers), workers
-
-
-def test_the_archives_dropped_are_the_installed_pysparks_only(tmp_path):
-    site, other = tmp_path / "site-packages", tmp_path / "another-spark-home"
-    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
-    (site / "pyspark" / "jars").mkdir()
-    (site / "pyspark" / "__init__.py").write_text("")
-    (other / "python" / "lib").mkdir(parents=True)
-    own = [
-        site / "pyspark/python/lib/pyspark.zip",
-        site / "pyspark/python/lib/py4j-src.zip",
-        site / "pyspark/jars/core.jar",
-    ]
-    foreign = [other / "python/lib/pyspark.zip", tmp_path / "job.zip"]
-    for archive in own + foreign:
-        archive.write_bytes(b"PK")
-    path = [str(p) for p in [*own, *foreign, tmp_path / "missing.zip", site]]
-    assert installed_pyspark_archives(path) == [str(p) for p in own]
-    assert installed_pyspark_archives(path[:-1]) == []  # no PySpark installed beside them: they are its only copy
 
 
 def test_python_workers_leave_the_daemons_imports_out_of_garbage_collection(spark):
