@@ -599,13 +599,16 @@ def _check(table: pa.Table) -> tuple[np.ndarray, pa.Table]:
     value = value.cast(pa.float64())
     ok &= _valid(value) & np.asarray(pc.fill_null(pc.is_finite(value), False))
     tags = _tags(_column(table, "tags"), ok)  # the last check: the accepted rows' tags
-    keep = pa.array(ok)
+    ts = pa.array(ms, pa.int64()).cast(LOG_RECORD.field("ts").type)
+    if not ok.all():  # most blocks are all valid: a filter would copy every column for nothing
+        keep = pa.array(ok)
+        ts, server, metric, value = ts.filter(keep), server.filter(keep), metric.filter(keep), value.filter(keep)
     records = pa.table(
         {
-            "ts": pa.array(ms, pa.int64()).cast(LOG_RECORD.field("ts").type).filter(keep),
-            "server": server.filter(keep),
-            "metric": metric.filter(keep),
-            "value": value.filter(keep),
+            "ts": ts,
+            "server": server,
+            "metric": metric,
+            "value": value,
             "tags": tags,
             "raw": pa.nulls(int(ok.sum()), pa.string()),
             "reason": pa.nulls(int(ok.sum()), pa.string()),
