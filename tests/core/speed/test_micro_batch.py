@@ -108,6 +108,41 @@ def test_log_rows_split_into_bronze_and_quarantine_with_or_without_rejects(log):
         assert coded_bronze.cast(BRONZE_EVENTS).equals(bronze) and coded_quarantine.equals(quarantine)
 
 
+def test_touched_minutes_are_each_metrics_distinct_minutes_from_plain_or_dictionary_strings_over_any_span(log):
+    produce(log, FleetSimulator(servers=4, metrics=3, seconds=200, seed=2, start_ms=START_MS).generate(), partitions=1)
+    end = end_offsets(log, TOPIC)[0]
+    # Read in three ranges: chunks with a dictionary each, as a speed-layer chunk of several segments is.
+    coded = pa.concat_tables(
+        [
+            split_log_rows(read_range(log, TOPIC, 0, lo, hi, dictionaries=True))[0]
+            for lo, hi in ((0, 7), (7, 300), (300, end))
+        ]
+    )
+    plain = coded.cast(BRONZE_EVENTS)
+    wide = pa.concat_tables(
+        [
+            plain,
+            plain.slice(0, 5).set_column(
+                3, "ts", pa.array([dt.datetime(2020, 1, 1, tzinfo=dt.UTC)] * 5, plain.schema.field("ts").type)
+            ),
+        ]
+    )
+
+    def independent(rows: pa.Table) -> dict[str, list[int]]:
+        minutes: dict[str, set[int]] = {}
+        for metric, ts in zip(rows.column("metric").to_pylist(), rows.column("ts").to_pylist(), strict=True):
+            micros = int(ts.timestamp()) * 1_000_000
+            minutes.setdefault(metric, set()).add(micros - micros % 60_000_000)
+        return {metric: sorted(starts) for metric, starts in minutes.items()}
+
+    want = independent(plain)
+    assert len(want) == 3 and all(len(starts) == 4 for starts in want.values())  # 200 s from a minute boundary
+    assert speed_layer._touched_minutes(coded) == speed_layer._touched_minutes(plain) == want
+    # Six years between two minutes: sorted, not a table of every minute in between.
+    assert speed_layer._touched_minutes(wide) == independent(wide) != want
+    assert speed_layer._touched_minutes(plain.slice(0, 0)) == {}
+
+
 def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(store, log):
     events = FleetSimulator(servers=5, metrics=3, seconds=200, rate=2.0, seed=1, start_ms=START_MS).generate()
     produce(log, events, ['{"no": "ts"}', "not json"])
