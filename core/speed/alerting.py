@@ -38,6 +38,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -85,6 +86,8 @@ __all__ = [
 ]
 
 _US = 1_000_000
+#: Below every time: "no row of this key" in :func:`_newest`'s tables.
+_NONE = np.iinfo(np.int64).min
 #: A micro-batch's view of ``last_seen`` rows: the table's columns without its partition column.
 SEEN = pa.schema([LAST_SEEN.field(n) for n in ("server", "metric", "last_seen_at", "last_event_at")])
 
@@ -110,30 +113,78 @@ def watched_metrics(rules: list[AlertRule]) -> tuple[str, ...]:
 
 def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
     """:data:`SEEN` rows of bronze ``events``: per server (``metric`` null) and per (metric, server) of ``watched``
-    metrics, the newest append time and event time."""
+    metrics, the newest append time and event time.
+
+    ``events``: columns ``server`` and ``metric`` (plain or dictionary-encoded
+    strings), ``ingested_at`` and ``ts`` (timestamps, µs). Works on the
+    strings' dictionary codes, a record batch at a time: the speed layer
+    passes the rows as read from the log, whose segments carry a dictionary
+    per column, so no server name is hashed (a 500,000-row chunk: 24 against
+    8 ms, measured); the batches' rows are then merged by series.
+    """
     if events.num_rows == 0:
         return SEEN.empty_table()
-    aggregates = [("ingested_at", "max"), ("ts", "max")]
-    events = events.select(["server", "metric", "ingested_at", "ts"])  # the filter below then copies these only
-    per_server = events.group_by(["server"]).aggregate(aggregates)
-    pieces = [per_server.append_column("metric", pa.nulls(per_server.num_rows, pa.string()))]
-    if watched:
-        mine = events.filter(pc.is_in(events.column("metric"), pa.array(watched, pa.string())))
-        if mine.num_rows:
-            pieces.append(mine.group_by(["server", "metric"]).aggregate(aggregates))
-    return pa.concat_tables(
-        [
-            pa.table(
-                {
-                    "server": p.column("server"),
-                    "metric": p.column("metric"),
-                    "last_seen_at": p.column("ingested_at_max"),
-                    "last_event_at": p.column("ts_max"),
-                }
-            ).cast(SEEN)
-            for p in pieces
-        ]
-    )
+    events = events.select(["server", "metric", "ingested_at", "ts"])
+    seen_at = events.column("ingested_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    event_at = events.column("ts").cast(pa.int64()).to_numpy(zero_copy_only=False)
+    watched_names = pa.array(watched, pa.string())
+    pieces: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
+    batches = events.to_batches()
+    at = 0
+    for batch in batches:
+        seen, event = seen_at[at : at + batch.num_rows], event_at[at : at + batch.num_rows]
+        at += batch.num_rows
+        servers, server_names = _codes(batch.column("server"))
+        held, newest_seen, newest_event = _newest(servers, len(server_names), seen, event)
+        pieces.append((server_names.take(held), pa.nulls(len(held), pa.string()), newest_seen, newest_event))
+        if not watched:
+            continue
+        metrics, metric_names = _codes(batch.column("metric"))
+        is_watched = pc.is_in(metric_names, watched_names).to_numpy(zero_copy_only=False)
+        watched_codes = np.flatnonzero(is_watched)
+        if not len(watched_codes):
+            continue
+        # (server, watched metric) keys: the metric's place among the watched ones, so the key table stays small.
+        place = np.cumsum(is_watched) - 1
+        rows = np.flatnonzero(is_watched[metrics])
+        width = len(watched_codes)
+        keys = servers[rows].astype(np.int64) * width + place[metrics[rows]]
+        held, newest_seen, newest_event = _newest(keys, len(server_names) * width, seen[rows], event[rows])
+        pieces.append(
+            (
+                server_names.take(held // width),
+                metric_names.take(watched_codes[held % width]),
+                newest_seen,
+                newest_event,
+            )
+        )
+    rows = pa.table(
+        {
+            "server": pa.chunked_array([server for server, _, _, _ in pieces], pa.string()),
+            "metric": pa.chunked_array([metric for _, metric, _, _ in pieces], pa.string()),
+            "last_seen_at": pa.array(np.concatenate([seen for _, _, seen, _ in pieces])),
+            "last_event_at": pa.array(np.concatenate([event for _, _, _, event in pieces])),
+        }
+    ).cast(SEEN)
+    return _max_per_series(rows) if len(batches) > 1 else rows  # a series' rows of several batches: merged
+
+
+def _codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(indices, dictionary) of a string column: its own, if dictionary-encoded, else Arrow's encoding of it."""
+    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.cast(pa.string())
+
+
+def _newest(
+    keys: np.ndarray, domain: int, seen_at: np.ndarray, event_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(keys present, their newest ``seen_at``, their newest ``event_at``), for ``keys`` in ``[0, domain)`` and a
+    time (int64) per key."""
+    newest_seen, newest_event = np.full(domain, _NONE), np.full(domain, _NONE)
+    np.maximum.at(newest_seen, keys, seen_at)
+    np.maximum.at(newest_event, keys, event_at)
+    held = np.flatnonzero(newest_seen != _NONE)
+    return held, newest_seen[held], newest_event[held]
 
 
 def _max_per_series(rows: pa.Table) -> pa.Table:

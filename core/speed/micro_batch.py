@@ -453,8 +453,9 @@ def process_chunk(
         "late": late,
         "unknown_servers": int(np.count_nonzero(unknown)),
     }
-    result.touched = _touched_minutes(admitted.slice(first_new(QUERIES, bronze)))  # the same rows, as read
-    result.seen = seen_rows(new_for(LAST_SEEN, bronze), plan.watched)
+    # The same rows as read, their strings still the segments' dictionaries (cheaper to group by).
+    result.touched = _touched_minutes(admitted.slice(first_new(QUERIES, bronze)))
+    result.seen = seen_rows(admitted.slice(first_new(LAST_SEEN, bronze)), plan.watched)
     result.refused_by = refused_by
     return result
 

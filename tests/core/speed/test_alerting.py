@@ -13,9 +13,9 @@ import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
-from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed.alerting import AlertLog, AlertOptions
+from metrics_lake.core.speed.alerting import SEEN, AlertLog, AlertOptions, seen_rows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table
@@ -54,6 +54,44 @@ def transitions(store) -> list[tuple]:
 
 def sim(servers: int, seed: int, start_ms: int, seconds: int = 60) -> pa.Table:
     return FleetSimulator(servers=servers, metrics=2, seconds=seconds, seed=seed, start_ms=start_ms).generate()
+
+
+def test_seen_rows_hold_each_servers_and_watched_series_newest_times_from_plain_or_dictionary_strings(log):
+    produce(log, FleetSimulator(servers=12, metrics=3, seconds=40, seed=4, start_ms=NOW_MS).generate())
+    with Producer(log, TOPIC, partitions=2) as producer:  # a second segment: another dictionary, newer times
+        producer.send(FleetSimulator(servers=6, metrics=3, seconds=10, seed=5, start_ms=NOW_MS + 60_000).generate())
+    end = end_offsets(log, TOPIC)[0]
+    coded = pa.concat_tables(
+        [
+            speed_layer.split_log_rows(read_range(log, TOPIC, 0, lo, hi, dictionaries=True))[0]
+            for lo, hi in ((0, 9), (9, end))
+        ]
+    )
+    plain = coded.cast(speed_layer.BRONZE_EVENTS)
+    metrics = sorted(set(plain.column("metric").to_pylist()))
+    watched = (metrics[0], metrics[2], "not.sent")
+    servers = set(plain.column("server").to_pylist())
+    assert len(servers) >= 3 and coded.column("server").num_chunks >= 2  # a dictionary per segment read
+
+    def independent(rows: pa.Table, watched: tuple[str, ...]) -> dict[tuple, tuple]:
+        newest: dict[tuple, tuple] = {}
+        for row in rows.select(["server", "metric", "ingested_at", "ts"]).to_pylist():
+            for key in [(row["server"], None)] + [(row["server"], row["metric"])] * (row["metric"] in watched):
+                seen, event = newest.get(key, (row["ingested_at"], row["ts"]))
+                newest[key] = (max(seen, row["ingested_at"]), max(event, row["ts"]))
+        return newest
+
+    def as_dict(rows: pa.Table) -> dict[tuple, tuple]:
+        assert rows.schema == SEEN
+        keyed = {(r["server"], r["metric"]): (r["last_seen_at"], r["last_event_at"]) for r in rows.to_pylist()}
+        assert len(keyed) == rows.num_rows  # one row per series
+        return keyed
+
+    for chosen in (watched, ()):
+        want = independent(plain, chosen)
+        assert {server for server, _ in want} == servers and len(want) == len(servers) * (1 + 2 * bool(chosen))
+        assert as_dict(seen_rows(coded, chosen)) == as_dict(seen_rows(plain, chosen)) == want
+    assert seen_rows(plain.slice(0, 0), watched).num_rows == 0
 
 
 def test_absence_fires_once_for_the_silent_server_and_resolves_when_it_sends_again(store, log):
