@@ -326,6 +326,16 @@ def merge_states(states: pa.Table, position: np.ndarray | None = None) -> pa.Tab
         order = np.empty(groups, np.int64)
         order[group] = np.arange(groups, dtype=np.int64)
         return states.take(pa.array(order)).cast(WINDOW_STATE)  # dictionary-encoded strings decoded
+    alone = np.bincount(group, minlength=groups)[group] == 1
+    if np.count_nonzero(alone) * 4 >= len(alone):
+        # Windows held by one row are kept as they are; only the others' sketches are decoded and merged (the
+        # chunks of a log partition share only the minutes at their edges).
+        shared = np.flatnonzero(~alone)
+        merged = merge_states(states.take(pa.array(shared)), None if position is None else position[shared])
+        parts = pa.concat_tables([states.filter(pa.array(alone)).cast(WINDOW_STATE), merged])
+        # Both parts are in key order; groups are numbered in it, and merged's are the shared ones, ascending.
+        order = np.argsort(np.concatenate([group[alone], np.unique(group[shared])]), kind="stable")
+        return parts.take(pa.array(order))
     row, keys, counts = sketch.explode(states.column("sketch"))
     row, keys, counts = sketch.merge_buckets(group[row], keys, counts)
 
