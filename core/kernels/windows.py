@@ -32,10 +32,13 @@ __all__ = [
     "QUANTILES",
     "WINDOW_STATE",
     "aggregate_events",
+    "dictionary_encoded",
     "empty_state",
     "finalize",
     "merge_into_rows",
     "merge_states",
+    "presence",
+    "reduce_at",
     "rewindow",
     "series_codes",
     "series_shards",
@@ -71,13 +74,18 @@ def empty_state() -> pa.Table:
     return WINDOW_STATE.empty_table()
 
 
+def dictionary_encoded(column: pa.Array) -> pa.DictionaryArray:
+    """A string array as dictionary and indices: its own, if it is dictionary-encoded (read with
+    ``read_dictionary``: the codes are there already), else Arrow's encoding of it (each string hashed)."""
+    return column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+
+
 def string_codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """An int64 code per row of a string (or dictionary) column, below ``2**31``: equal strings, equal codes; nulls their own."""
     if isinstance(column, pa.ChunkedArray):
         column = column.unify_dictionaries() if pa.types.is_dictionary(column.type) else column
         column = column.combine_chunks()
-    # Columns read with ``read_dictionary`` already carry the codes; others are hashed.
-    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+    encoded = dictionary_encoded(column)
     codes = encoded.indices.to_numpy(zero_copy_only=False)
     if encoded.null_count:
         return np.where(np.asarray(encoded.is_valid()), codes, len(encoded.dictionary)).astype(np.int64)
@@ -99,8 +107,7 @@ def _string_hashes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     bytes; the same in every process and Python version (unlike ``hash()``). Nulls hash like ``""``."""
     if isinstance(column, pa.ChunkedArray):
         return np.concatenate([_string_hashes(chunk) for chunk in column.chunks] or [np.zeros(0, np.uint64)])
-    if not pa.types.is_dictionary(column.type):  # hash each distinct string once (a series' strings repeat)
-        column = pc.dictionary_encode(column)
+    column = dictionary_encoded(column)  # hash each distinct string once (a series' strings repeat)
     hashes = _distinct_string_hashes(column.dictionary.cast(pa.string()))
     if column.null_count:  # a null: the hash of no bytes
         hashes = np.concatenate([hashes, np.zeros(1, np.uint64)])
@@ -138,6 +145,16 @@ def series_shards(metric: pa.ChunkedArray | pa.Array, server: pa.ChunkedArray | 
     return ((mixed >> np.uint64(32)) % np.uint64(shards)).astype(np.int64)
 
 
+def presence(values: np.ndarray, domain: int) -> np.ndarray | None:
+    """Which of ``[0, domain)`` the int array ``values`` holds (a bool table of the domain), or None when the
+    domain is much larger than the array: then a table of it would cost more than hashing or sorting the values."""
+    if domain > 2 * len(values) + 65_536:
+        return None
+    present = np.zeros(domain, np.bool_)
+    present[values] = True
+    return present
+
+
 def _ranks(values: np.ndarray, domain: int | None = None) -> tuple[np.ndarray, int]:
     """(rank of each value among the distinct values, number of distinct values) of an int64 array.
 
@@ -148,9 +165,8 @@ def _ranks(values: np.ndarray, domain: int | None = None) -> tuple[np.ndarray, i
     marks the values present in a table of the domain and counts instead
     (the same ranks; 4x faster for 6.9 M (series, window) keys of a day).
     """
-    if domain is not None and domain <= 2 * len(values) + 65_536:
-        present = np.zeros(domain, np.bool_)
-        present[values] = True
+    present = None if domain is None else presence(values, domain)
+    if present is not None:
         rank = np.cumsum(present, dtype=np.int64)
         return rank[values] - 1, int(rank[-1]) if domain else 0
     encoded = pc.dictionary_encode(pa.array(values, pa.int64()))
@@ -283,8 +299,8 @@ def aggregate_events(events: pa.Table, window_seconds: int, *, series: np.ndarra
         start_us[first],
         np.bincount(group, minlength=groups),
         np.bincount(group, weights=values, minlength=groups),  # adds in row order, as a sequential sum would
-        _reduce_at(np.minimum, np.inf, group, groups, values),
-        _reduce_at(np.maximum, -np.inf, group, groups, values),
+        reduce_at(np.minimum, np.inf, group, groups, values),
+        reduce_at(np.maximum, -np.inf, group, groups, values),
         row,
         bucket_keys,
         bucket_counts,
@@ -293,8 +309,9 @@ def aggregate_events(events: pa.Table, window_seconds: int, *, series: np.ndarra
     )
 
 
-def _reduce_at(ufunc: np.ufunc, identity: float, group: np.ndarray, groups: int, values: np.ndarray) -> np.ndarray:
-    """``ufunc`` (np.minimum or np.maximum) of ``values`` per group."""
+def reduce_at(ufunc: np.ufunc, identity, group: np.ndarray, groups: int, values: np.ndarray) -> np.ndarray:
+    """``ufunc`` (np.minimum or np.maximum) of ``values`` per group (``group``: one in ``[0, groups)`` per value);
+    ``identity`` (of the values' type) where a group holds none."""
     out = np.full(groups, identity)
     ufunc.at(out, group, values)
     return out
@@ -348,8 +365,8 @@ def merge_states(states: pa.Table, position: np.ndarray | None = None) -> pa.Tab
         start_us[first],
         np.bincount(group, weights=column("count"), minlength=groups).astype(np.int64),
         np.bincount(group, weights=column("sum"), minlength=groups),
-        _reduce_at(np.minimum, np.inf, group, groups, column("min")),
-        _reduce_at(np.maximum, -np.inf, group, groups, column("max")),
+        reduce_at(np.minimum, np.inf, group, groups, column("min")),
+        reduce_at(np.maximum, -np.inf, group, groups, column("max")),
         row,
         keys,
         counts,

@@ -55,6 +55,7 @@ from metrics_lake.core.kernels.alert_rules import (
     series_values,
 )
 from metrics_lake.core.kernels.stored_queries import StoredQuery
+from metrics_lake.core.kernels.windows import dictionary_encoded, reduce_at
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import ensure_table
@@ -170,8 +171,8 @@ def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
 
 
 def _codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """(indices, dictionary) of a string column: its own, if dictionary-encoded, else Arrow's encoding of it."""
-    encoded = column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+    """(indices, dictionary) of a string column (:func:`~metrics_lake.core.kernels.windows.dictionary_encoded`)."""
+    encoded = dictionary_encoded(column)
     return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.cast(pa.string())
 
 
@@ -180,9 +181,8 @@ def _newest(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(keys present, their newest ``seen_at``, their newest ``event_at``), for ``keys`` in ``[0, domain)`` and a
     time (int64) per key."""
-    newest_seen, newest_event = np.full(domain, _NONE), np.full(domain, _NONE)
-    np.maximum.at(newest_seen, keys, seen_at)
-    np.maximum.at(newest_event, keys, event_at)
+    newest_seen = reduce_at(np.maximum, _NONE, keys, domain, seen_at)
+    newest_event = reduce_at(np.maximum, _NONE, keys, domain, event_at)
     held = np.flatnonzero(newest_seen != _NONE)
     return held, newest_seen[held], newest_event[held]
 

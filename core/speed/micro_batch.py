@@ -82,8 +82,10 @@ from metrics_lake.core.kernels.stored_queries import (
 from metrics_lake.core.kernels.windows import (
     WINDOW_STATE,
     aggregate_events,
+    dictionary_encoded,
     merge_into_rows,
     merge_states,
+    presence,
     series_shards,
 )
 from metrics_lake.core.log.consumer import read_range
@@ -519,18 +521,15 @@ def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
     touched: dict[str, set[int]] = {}
     at = 0
     for chunk in events.column("metric").chunks:
-        encoded = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+        encoded = dictionary_encoded(chunk)
         names = encoded.dictionary.to_pylist()
         keys = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64) * span + (
             minutes[at : at + len(chunk)] - first
         )
         at += len(chunk)
-        if len(names) * span <= 2 * len(keys) + 65_536:
-            present = np.zeros(len(names) * span, np.bool_)
-            present[keys] = True
-            distinct = np.flatnonzero(present)
-        else:  # a chunk spanning days of event time (a backfill): sort instead of a table of every minute
-            distinct = np.unique(keys)
+        present = presence(keys, len(names) * span)
+        # None: a chunk spanning days of event time (a backfill): sorted instead of a table of every minute.
+        distinct = np.unique(keys) if present is None else np.flatnonzero(present)
         for code, minute in zip((distinct // span).tolist(), (distinct % span).tolist(), strict=True):
             touched.setdefault(names[code], set()).add((first + minute) * minute_us)
     return {metric: sorted(starts) for metric, starts in touched.items()}
