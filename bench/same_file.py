@@ -28,15 +28,21 @@ per series and second, one line in 1,000 broken in one of four ways):
 The outputs are checked against each other (valid events and windows
 counted) before anything is printed. A second table compares what each
 system stored: bytes per event of the log, of bronze (data files, without
-the Delta log) and bytes per window. Run:
-``python bench/same_file.py [--sizes 500x10x240 2500x10x480]``.
+the Delta log) and bytes per window. ``--repeat N`` runs every system N
+times per size (fresh lakes and outputs each time) and prints the median
+seconds with their range, and the median of each run's own ratio: a single
+run of the overlapped import varies by about a second here (which
+micro-batch is in flight when the import ends). Run:
+``python bench/same_file.py [--sizes 500x10x240 2500x10x480] [--repeat 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import shutil
 import signal
+import statistics
 import subprocess
 import tempfile
 import time
@@ -186,10 +192,82 @@ def _wait_until_committed(store, topic: str, stream: subprocess.Popen, work: Pat
         time.sleep(0.05)
 
 
+def run_once(source: Path, work: Path, total: int, invalid: int) -> dict:
+    """One timing of every system on ``source`` under ``work``: seconds per system (``produce``, ``stream``,
+    ``sequential``, ``overlapped``, ``running``, ``duckdb``, ``chdb``), peak RSS, and the counts checked equal."""
+    work.mkdir(parents=True)
+    env = lake_env(work)
+    produce = run_measured([LAKE, "produce", "--from-file", str(source)], env, cwd=work)
+    stream = run_measured([LAKE, "stream", "--once"], env, cwd=work)
+    lake = work / "lakehouse"
+    bronze = DeltaTable(str(lake / keys.table_prefix(Table.BRONZE_EVENTS))).to_pyarrow_table(columns=["offset"])
+    windows = DeltaTable(str(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M))).to_pyarrow_table(columns=["count"])
+    bronze, windows = bronze.num_rows, windows.num_rows
+    duck_seconds, duck_events, duck_windows = duckdb_peer(source, work / "duckdb")
+    ch_seconds, ch_events, ch_windows = chdb_peer(source, work / "chdb")
+    assert bronze == duck_events == ch_events == total - invalid, (bronze, duck_events, ch_events, total)
+    assert windows == duck_windows == ch_windows, (windows, duck_windows, ch_windows)
+    return {
+        "produce": produce.seconds,
+        "stream": stream.seconds,
+        "sequential": produce.seconds + stream.seconds,
+        "overlapped": overlapped(source, work / "overlapped", running=False),
+        "running": overlapped(source, work / "running", running=True),
+        "duckdb": duck_seconds,
+        "chdb": ch_seconds,
+        "rss": (produce.peak_tree_rss, stream.peak_tree_rss, stream.peak_process_rss),
+        "windows": windows,
+    }
+
+
+#: What :func:`run_once` times, in the order of the table's columns.
+TIMED = ("produce", "stream", "sequential", "overlapped", "running", "duckdb", "chdb")
+
+
+def _stored(run: Path, total: int, invalid: int, windows: int) -> tuple[str, ...]:
+    """The storage table's row for the outputs of one :func:`run_once` under ``run``: bytes per event of the log and
+    of each system's bronze, bytes per window of each system's windows."""
+    lake, valid = run / "lakehouse", total - invalid
+    return (
+        f"{total:,}",
+        f"{data_bytes(lake / keys.LOG_PREFIX) / total:.2f}",
+        f"{data_bytes(lake / keys.table_prefix(Table.BRONZE_EVENTS)) / valid:.2f}",
+        f"{data_bytes(run / 'duckdb' / 'bronze') / valid:.2f}",
+        f"{data_bytes(run / 'chdb' / 'bronze') / valid:.2f}",
+        f"{data_bytes(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M)) / windows:.0f}",
+        f"{(run / 'duckdb' / 'windows.parquet').stat().st_size / windows:.0f}",
+        f"{(run / 'chdb' / 'windows.parquet').stat().st_size / windows:.0f}",
+    )
+
+
+def _seconds(runs: list[dict], name: str, total: int) -> str:
+    """The median of ``name``'s seconds with its rate; with several runs, their range too."""
+    values = [run[name] for run in runs]
+    median = statistics.median(values)
+    spread = f"; {min(values):.1f}-{max(values):.1f}" if len(values) > 1 else ""
+    return f"{median:.1f} ({total / median / 1e6:.2f} M/s{spread})"
+
+
+def _ratios(runs: list[dict], lake: str) -> str:
+    """Peer seconds / lake seconds against DuckDB and chDB: the median of each run's own ratio (same run, same
+    machine state), with the range when there are several runs."""
+    cells = []
+    for peer in ("duckdb", "chdb"):
+        ratios = [run[peer] / run[lake] for run in runs]
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+        cells.append(f"{statistics.median(ratios):.2f}x{spread}")
+    return " / ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["500x10x240", "2500x10x480"])
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="Runs of every system per size; the tables print medians and ranges."
+    )
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     rows, sizes = [], []
     for size in args.sizes:
         servers, metrics, seconds = (int(x) for x in size.split("x"))
@@ -207,50 +285,24 @@ def main() -> None:
             pj.read_json(io.BytesIO(clean))  # the valid lines only: it cannot read the broken ones
             parse = time.perf_counter() - started
             del clean
-            env = lake_env(work)
-            produce = run_measured([LAKE, "produce", "--from-file", str(source)], env, cwd=work)
-            stream = run_measured([LAKE, "stream", "--once"], env, cwd=work)
-            lake = work / "lakehouse"
-            bronze = DeltaTable(str(lake / keys.table_prefix(Table.BRONZE_EVENTS))).to_pyarrow_table(columns=["offset"])
-            windows = DeltaTable(str(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M))).to_pyarrow_table(
-                columns=["count"]
+            runs = []
+            for k in range(args.repeat):
+                runs.append(run_once(source, work / f"run-{k}", total, invalid))
+                if k == 0:  # what each system stored: the same in every run
+                    sizes.append(_stored(work / "run-0", total, invalid, runs[0]["windows"]))
+                shutil.rmtree(work / f"run-{k}")  # each run's lakes and outputs: gigabytes at 12 M events
+            produce_rss, stream_rss, stream_process_rss = (
+                max(values) for values in zip(*(r["rss"] for r in runs), strict=True)
             )
-            bronze, windows = bronze.num_rows, windows.num_rows
-            duck_seconds, duck_events, duck_windows = duckdb_peer(source, work / "duckdb")
-            ch_seconds, ch_events, ch_windows = chdb_peer(source, work / "chdb")
-            assert bronze == duck_events == ch_events == total - invalid, (bronze, duck_events, ch_events, total)
-            assert windows == duck_windows == ch_windows, (windows, duck_windows, ch_windows)
-            both = overlapped(source, work / "overlapped", running=False)
-            running = overlapped(source, work / "running", running=True)
-            lake_seconds = produce.seconds + stream.seconds
             rows.append(
                 (
-                    f"{total:,}",
-                    f"{produce.seconds:.1f} ({total / produce.seconds / 1e6:.2f} M/s)",
-                    f"{stream.seconds:.1f}",
-                    f"{lake_seconds:.1f} ({total / lake_seconds / 1e6:.2f} M/s)",
-                    f"{both:.1f} ({total / both / 1e6:.2f} M/s)",
-                    f"{running:.1f} ({total / running / 1e6:.2f} M/s)",
-                    f"{duck_seconds:.1f} ({total / duck_seconds / 1e6:.2f} M/s)",
-                    f"{ch_seconds:.1f} ({total / ch_seconds / 1e6:.2f} M/s)",
-                    f"{duck_seconds / lake_seconds:.2f}x / {ch_seconds / lake_seconds:.2f}x",
-                    f"{duck_seconds / both:.2f}x / {ch_seconds / both:.2f}x",
-                    f"{duck_seconds / running:.2f}x / {ch_seconds / running:.2f}x",
+                    f"{total:,}" + (f" x {args.repeat} runs" if args.repeat > 1 else ""),
+                    *(_seconds(runs, name, total) for name in TIMED),
+                    _ratios(runs, "sequential"),
+                    _ratios(runs, "overlapped"),
+                    _ratios(runs, "running"),
                     f"{total / parse / 1e6:.2f}",
-                    f"{mib(produce.peak_tree_rss)} / {mib(stream.peak_tree_rss)} ({mib(stream.peak_process_rss)})",
-                )
-            )
-            valid = total - invalid
-            sizes.append(
-                (
-                    f"{total:,}",
-                    f"{data_bytes(lake / keys.LOG_PREFIX) / total:.2f}",
-                    f"{data_bytes(lake / keys.table_prefix(Table.BRONZE_EVENTS)) / valid:.2f}",
-                    f"{data_bytes(work / 'duckdb' / 'bronze') / valid:.2f}",
-                    f"{data_bytes(work / 'chdb' / 'bronze') / valid:.2f}",
-                    f"{data_bytes(lake / keys.table_prefix(Table.METRIC_WINDOWS_1M)) / windows:.0f}",
-                    f"{(work / 'duckdb' / 'windows.parquet').stat().st_size / windows:.0f}",
-                    f"{(work / 'chdb' / 'windows.parquet').stat().st_size / windows:.0f}",
+                    f"{mib(produce_rss)} / {mib(stream_rss)} ({mib(stream_process_rss)})",
                 )
             )
     print_table(
