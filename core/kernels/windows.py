@@ -32,6 +32,7 @@ __all__ = [
     "QUANTILES",
     "WINDOW_STATE",
     "aggregate_events",
+    "dictionary_codes",
     "dictionary_encoded",
     "empty_state",
     "finalize",
@@ -78,6 +79,13 @@ def dictionary_encoded(column: pa.Array) -> pa.DictionaryArray:
     """A string array as dictionary and indices: its own, if it is dictionary-encoded (read with
     ``read_dictionary``: the codes are there already), else Arrow's encoding of it (each string hashed)."""
     return column if pa.types.is_dictionary(column.type) else pc.dictionary_encode(column)
+
+
+def dictionary_codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(indices as a numpy array, dictionary as plain strings) of a string array without nulls
+    (:func:`dictionary_encoded`): a code per row and the name each code stands for."""
+    encoded = dictionary_encoded(column)
+    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.cast(pa.string())
 
 
 def string_codes(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

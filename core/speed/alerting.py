@@ -55,7 +55,7 @@ from metrics_lake.core.kernels.alert_rules import (
     series_values,
 )
 from metrics_lake.core.kernels.stored_queries import StoredQuery
-from metrics_lake.core.kernels.windows import dictionary_encoded, reduce_at
+from metrics_lake.core.kernels.windows import dictionary_codes, reduce_at
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import ensure_table
@@ -135,12 +135,12 @@ def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
     for batch in batches:
         seen, event = seen_at[at : at + batch.num_rows], event_at[at : at + batch.num_rows]
         at += batch.num_rows
-        servers, server_names = _codes(batch.column("server"))
+        servers, server_names = dictionary_codes(batch.column("server"))
         held, newest_seen, newest_event = _newest(servers, len(server_names), seen, event)
         pieces.append((server_names.take(held), pa.nulls(len(held), pa.string()), newest_seen, newest_event))
         if not watched:
             continue
-        metrics, metric_names = _codes(batch.column("metric"))
+        metrics, metric_names = dictionary_codes(batch.column("metric"))
         is_watched = pc.is_in(metric_names, watched_names).to_numpy(zero_copy_only=False)
         watched_codes = np.flatnonzero(is_watched)
         if not len(watched_codes):
@@ -168,12 +168,6 @@ def seen_rows(events: pa.Table, watched: tuple[str, ...]) -> pa.Table:
         }
     ).cast(SEEN)
     return _max_per_series(rows) if len(batches) > 1 else rows  # a series' rows of several batches: merged
-
-
-def _codes(column: pa.Array) -> tuple[np.ndarray, pa.Array]:
-    """(indices, dictionary) of a string column (:func:`~metrics_lake.core.kernels.windows.dictionary_encoded`)."""
-    encoded = dictionary_encoded(column)
-    return encoded.indices.to_numpy(zero_copy_only=False), encoded.dictionary.cast(pa.string())
 
 
 def _newest(

@@ -82,7 +82,7 @@ from metrics_lake.core.kernels.stored_queries import (
 from metrics_lake.core.kernels.windows import (
     WINDOW_STATE,
     aggregate_events,
-    dictionary_encoded,
+    dictionary_codes,
     merge_into_rows,
     merge_states,
     presence,
@@ -521,11 +521,9 @@ def _touched_minutes(events: pa.Table) -> dict[str, list[int]]:
     touched: dict[str, set[int]] = {}
     at = 0
     for chunk in events.column("metric").chunks:
-        encoded = dictionary_encoded(chunk)
-        names = encoded.dictionary.to_pylist()
-        keys = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64) * span + (
-            minutes[at : at + len(chunk)] - first
-        )
+        codes, dictionary = dictionary_codes(chunk)
+        names = dictionary.to_pylist()
+        keys = codes.astype(np.int64) * span + (minutes[at : at + len(chunk)] - first)
         at += len(chunk)
         present = presence(keys, len(names) * span)
         # None: a chunk spanning days of event time (a backfill): sorted instead of a table of every minute.
