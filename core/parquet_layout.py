@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["HIGH_CARDINALITY", "leaves", "write_options"]
+__all__ = ["HIGH_CARDINALITY", "is_string", "leaves", "write_options"]
 
 #: String columns whose values rarely repeat: no dictionary for them.
 HIGH_CARDINALITY = frozenset({"raw"})
@@ -57,16 +57,27 @@ def write_options(schema: pa.Schema, *, statistics: bool = True) -> dict:
     (:func:`metrics_lake.core.tables.data_files.footer_stats` reads them
     back); none for map and struct leaves (tags, labels), which no reader
     filters on: measured on a 500,000-row bronze file, 8 of the 20 ms the
-    writer spent on statistics. False: no statistics at all.
+    writer spent on statistics. None either for dictionary-encoded columns,
+    whose statistics Arrow computes from the decoded strings (``server`` of
+    500,000 bronze rows: 16.9 ms written with them, 4.5 without); their
+    bounds are the dictionary's (:func:`metrics_lake.core.tables.data_files.dictionary_bounds`).
+    False: no statistics at all. Dictionary-encoded string columns are
+    written with Parquet's dictionary encoding, straight from their indices.
     """
     columns = [leaf for field in schema for leaf in leaves(field)]
-    strings = [path for path, kind in columns if pa.types.is_string(kind) or pa.types.is_large_string(kind)]
+    strings = [path for path, kind in columns if is_string(kind)]
     deltas = [path for path, kind in columns if pa.types.is_int64(kind) or pa.types.is_timestamp(kind)]
+    plain = [f.name for f in schema if not pa.types.is_nested(f.type) and not pa.types.is_dictionary(f.type)]
     return {
         "compression": "zstd",
         "use_dictionary": [path for path in strings if path.split(".")[0] not in HIGH_CARDINALITY],
         "column_encoding": dict.fromkeys(deltas, "DELTA_BINARY_PACKED"),
-        "write_statistics": [field.name for field in schema if not pa.types.is_nested(field.type)]
-        if statistics
-        else False,
+        "write_statistics": plain if statistics else False,
     }
+
+
+def is_string(kind: pa.DataType) -> bool:
+    """Whether ``kind`` holds strings: ``string``, ``large_string``, or a dictionary of either."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)

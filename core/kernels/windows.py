@@ -216,7 +216,8 @@ def _latest(group: np.ndarray, groups: int, position: np.ndarray | None) -> np.n
 def _labels(table: pa.Table, rows: np.ndarray) -> pa.Array | pa.ChunkedArray:
     """The series labels of ``rows`` of ``table``: its ``labels`` over its ``tags`` (:func:`overlay_labels`) where
     it has both columns, else the one it has, else nulls."""
-    taken = [table.column(c).take(pa.array(rows)) for c in ("tags", "labels") if c in table.column_names]
+    # Only the taken rows' maps are decoded, where their names and values are dictionary-encoded (the speed layer's).
+    taken = [table.column(c).take(pa.array(rows)).cast(TAGS) for c in ("tags", "labels") if c in table.column_names]
     if not taken:
         return pa.nulls(len(rows), TAGS)
     return taken[0] if len(taken) == 1 else overlay_labels(*taken)
@@ -274,7 +275,7 @@ def _state_table(metric, server, start_us, count, total, low, high, row, keys, c
 
 def aggregate_events(events: pa.Table, window_seconds: int, *, series: np.ndarray | None = None) -> pa.Table:
     """Window states of ``events`` (columns ``ts`` timestamp, ``server``, ``metric``, ``value`` float64; optional
-    ``tags`` and ``labels`` maps and ``offset`` int64).
+    ``tags`` and ``labels`` maps and ``offset`` int64; strings, map names and values plain or dictionary-encoded).
 
     ``series``: the events' :func:`series_codes`, when the caller computed
     them already (the speed layer's cardinality limits do): the states are

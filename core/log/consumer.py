@@ -67,7 +67,7 @@ def _read_segments(
         pieces.append(
             pa.table(
                 [
-                    pa.repeat(pa.scalar(topic, pa.string()), n),  # not n Python strings
+                    _topic_column(topic, n, row.field("topic").type),
                     pa.array(np.full(n, partition, dtype=np.int32)),
                     pa.array(np.arange(lo, hi, dtype=np.int64)),
                     *records.columns,
@@ -77,6 +77,14 @@ def _read_segments(
             )
         )
     return pa.concat_tables(pieces) if pieces else row.empty_table()
+
+
+def _topic_column(topic: str, n: int, kind: pa.DataType) -> pa.Array:
+    """``n`` times ``topic``, as a column of type ``kind`` (a string, or a dictionary of strings): never n Python
+    strings."""
+    if pa.types.is_dictionary(kind):
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([topic], pa.string()))
+    return pa.repeat(pa.scalar(topic, pa.string()), n)
 
 
 def read_keyed(log: SegmentLog, topic: str, partition: int, start: int = 0) -> pa.Table:

@@ -171,6 +171,19 @@ def test_dictionary_encoded_input_gives_the_same_states_as_strings_in_key_order(
     assert from_strings.drop_columns("sum").equals(states.drop_columns("sum"))
 
 
+def test_dictionary_encoded_tags_give_the_same_states_and_labels_as_strings():
+    """The speed layer's bronze rows keep the log segments' dictionaries, the tags' names and values too."""
+    data = events(seed=4)
+    labels = pa.array([[("team", "db")] if i % 3 else [] for i in range(data.num_rows)], TAGS)
+    data = data.append_column("labels", labels).append_column("offset", pa.array(range(data.num_rows), pa.int64()))
+    coded_tags = pa.map_(pa.dictionary(pa.int32(), pa.string()), pa.dictionary(pa.int32(), pa.string()))
+    encoded = dictionary_chunks(data, ("server", "metric")).cast(
+        data.schema.set(data.schema.get_field_index("tags"), pa.field("tags", coded_tags))
+    )
+    assert encoded.schema.field("tags").type == coded_tags and data.column("tags").null_count < data.num_rows
+    assert aggregate_events(encoded, 60).equals(aggregate_events(data, 60))
+
+
 def test_series_codes_a_caller_already_has_give_the_same_states():
     """The speed layer hands the cardinality limits' series codes on to the windows: the states are those the
     windows' own hashing gives, row for row; in another row order (other codes), the same windows."""

@@ -61,16 +61,17 @@ def test_appends_get_dense_monotonic_offsets_and_read_back_exactly(log):
 
 
 def test_a_range_read_with_dictionaries_holds_the_same_records(log):
-    """``dictionaries``: server, metric and the tags' names and values as each segment's dictionaries and indices,
-    every value as read plainly, across segments with different dictionaries and in an empty range."""
+    """``dictionaries``: topic, server, metric and the tags' names and values as each segment's dictionaries and
+    indices, every value as read plainly, across segments with different dictionaries and in an empty range."""
     log.ensure_topic("t", 1)
     tagged = records(2, server="db-02").set_column(4, "tags", pa.array([[("az", "b")], None], TAGS))
     log.append("t", 0, records(3, server="web-01"))
     log.append("t", 0, pa.concat_tables([tagged, records(2, server="web-01")]))
     plain = read_range(log, "t", 0, 1, 7)
     coded = read_range(log, "t", 0, 1, 7, dictionaries=True)
-    for name in ("server", "metric"):
+    for name in ("topic", "server", "metric"):
         assert coded.schema.field(name).type == DICTIONARY_STRING
+    assert [chunk.dictionary.to_pylist() for chunk in coded.column("topic").chunks] == [["t"], ["t"]]
     assert coded.schema.field("tags").type == pa.map_(DICTIONARY_STRING, DICTIONARY_STRING)
     assert [len(chunk.dictionary) for chunk in coded.column("server").chunks] == [1, 2]
     assert coded.cast(plain.schema).equals(plain)

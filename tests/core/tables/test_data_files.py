@@ -174,3 +174,66 @@ def test_every_lake_table_file_gets_the_statistics_of_its_rows(store, name) -> N
             rows = rows.filter(pc.equal(pc.cast(rows.column(column), pa.string()), value))
         assert json.loads(file.stats) == expected_stats(rows.drop_columns(partition_by))
     assert sum(json.loads(file.stats)["numRecords"] for file in written) == data.num_rows
+
+
+def coded_chunks(data: pa.Table, pieces: int = 2) -> pa.Table:
+    """``data`` in ``pieces`` chunks whose strings (``topic``, ``server``, ``metric``, the tags' names and values)
+    are dictionary-encoded as the speed layer reads them from log segments: each chunk with its own dictionaries,
+    each dictionary holding two strings no row uses, one sorting before every value and one after."""
+    size = -(-data.num_rows // pieces)
+    chunks = []
+    for start in range(0, data.num_rows, size):
+        chunk = data.slice(start, size)
+        for name in ("topic", "server", "metric"):
+            encoded = chunk.column(name).combine_chunks().dictionary_encode()
+            padded = pa.concat_arrays([encoded.dictionary, pa.array(["", "~unused"])])
+            chunk = chunk.set_column(
+                chunk.schema.get_field_index(name), name, pa.DictionaryArray.from_arrays(encoded.indices, padded)
+            )
+        tags = chunk.column("tags").combine_chunks()
+        coded = pa.MapArray.from_arrays(
+            tags.offsets, tags.keys.dictionary_encode(), tags.items.dictionary_encode(), mask=tags.is_null()
+        )
+        chunks.append(chunk.set_column(chunk.schema.get_field_index("tags"), "tags", coded))
+    return pa.concat_tables(chunks)
+
+
+@pytest.mark.parametrize("row_group_rows", [None, 100])
+def test_dictionary_encoded_strings_are_written_as_the_tables_strings_with_the_statistics_of_the_rows(
+    store, row_group_rows
+) -> None:
+    """The speed layer's bronze rows keep the segments' dictionaries: the files read back as the table's schema,
+    the same rows, and their Delta statistics are the rows' own (not the dictionaries' unused values); in one row
+    group, the dictionary columns have no Parquet statistics, in several each row group has Arrow's."""
+    schema = TABLES[Table.BRONZE_EVENTS].schema
+    data = pa.Table.from_pylist(bronze_rows(seed=11, count=600, first_offset=0), schema=schema)
+    coded = coded_chunks(data)
+    assert pa.types.is_dictionary(coded.schema.field("server").type) and coded.column("server").num_chunks == 2
+    assert coded.column("server").null_count > 0  # bronze_rows leaves some servers out
+    written = write_data_files(store, Table.BRONZE_EVENTS, coded, row_group_rows=row_group_rows)
+    assert len(written) == 2  # rows of two days
+    filesystem, _ = store.arrow_fs()
+    for file in written:
+        rows = data.filter(
+            pc.equal(pc.cast(data.column("event_date"), pa.string()), file.partition_values["event_date"])
+        )
+        rows = rows.drop_columns(["event_date"])
+        assert json.loads(file.stats) == expected_stats(rows)
+        path = f"{store.root}/tables/{Table.BRONZE_EVENTS}/{file.path}"
+        back = pq.read_table(path, filesystem=filesystem)
+        assert back.schema.equals(rows.schema) and back.equals(rows)
+        metadata = pq.read_metadata(path, filesystem=filesystem)
+        assert metadata.num_row_groups == (1 if row_group_rows is None else -(-rows.num_rows // row_group_rows))
+        column = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
+        for name in ("topic", "server", "metric", "tags.key_value.value"):
+            chunk = metadata.row_group(0).column(column[name])
+            assert "RLE_DICTIONARY" in chunk.encodings
+            if name != "tags.key_value.value":
+                assert chunk.is_stats_set == (row_group_rows is not None)
+
+
+def test_dictionary_encoded_columns_get_parquet_dictionaries_and_no_statistics() -> None:
+    schema = pa.schema([("server", pa.dictionary(pa.int32(), pa.string())), ("raw", pa.string()), ("n", pa.int64())])
+    options = write_options(schema)
+    assert options["use_dictionary"] == ["server"]  # raw: high cardinality
+    assert options["write_statistics"] == ["raw", "n"]
