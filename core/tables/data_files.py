@@ -48,6 +48,8 @@ def stat_value(value):
 
 
 MAX_STRING_STAT_CHARS = 256
+#: Rows of a Parquet row group when the caller sets none: pyarrow's default (``write_table``).
+DEFAULT_ROW_GROUP_ROWS = 1 << 20
 
 
 def footer_stats(metadata: pq.FileMetaData, schema: pa.Schema, rows: pa.Table | None = None) -> str:
@@ -221,10 +223,6 @@ def write_data_files(
             )
         )
     return written
-
-
-#: Rows of a Parquet row group when the caller sets none: pyarrow's default (``write_table``).
-DEFAULT_ROW_GROUP_ROWS = 1 << 20
 
 
 def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:
