@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from metrics_lake.core import keys
 from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.tables.data_files import MAX_STRING_STAT_CHARS, footer_stats, write_data_files
 from metrics_lake.lake_schemas.tables import TABLES, Table
@@ -212,14 +213,14 @@ def test_dictionary_encoded_strings_are_written_as_the_tables_strings_with_the_s
     assert coded.column("server").null_count > 0  # bronze_rows leaves some servers out
     written = write_data_files(store, Table.BRONZE_EVENTS, coded, row_group_rows=row_group_rows)
     assert len(written) == 2  # rows of two days
-    filesystem, _ = store.arrow_fs()
+    filesystem, base = store.arrow_fs()
     for file in written:
         rows = data.filter(
             pc.equal(pc.cast(data.column("event_date"), pa.string()), file.partition_values["event_date"])
         )
         rows = rows.drop_columns(["event_date"])
         assert json.loads(file.stats) == expected_stats(rows)
-        path = f"{store.root}/tables/{Table.BRONZE_EVENTS}/{file.path}"
+        path = f"{base}/{keys.table_key(Table.BRONZE_EVENTS, file.path)}"
         back = pq.read_table(path, filesystem=filesystem)
         assert back.schema.equals(rows.schema) and back.equals(rows)
         metadata = pq.read_metadata(path, filesystem=filesystem)
