@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from metrics_lake.core import keys
-from metrics_lake.core.parquet_layout import is_string, write_options
+from metrics_lake.core.parquet_layout import is_string, leaves, write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import table_layout
 from metrics_lake.lake_schemas.types import utc_time
@@ -207,7 +207,7 @@ def write_data_files(
         key = keys.table_key(name, relative)
         sink = pa.BufferOutputStream()
         # Arrow would record dictionary types in the file's Arrow schema, and readers would return them.
-        plain = not any(_has_dictionary(field.type) for field in body.schema)
+        plain = not any(_has_dictionary(field) for field in body.schema)
         pq.write_table(body, sink, row_group_size=row_group_rows, store_schema=plain, **write_options(body.schema))
         encoded = sink.getvalue()
         footer = pq.read_metadata(pa.BufferReader(encoded))
@@ -235,7 +235,7 @@ def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:
     )
     data = data.cast(target)
     for index, field in enumerate(target):
-        if _has_dictionary(field.type) and data.column(index).num_chunks > 1:
+        if _has_dictionary(field) and data.column(index).num_chunks > 1:
             data = data.set_column(index, field, data.column(index).combine_chunks())
     return data
 
@@ -252,7 +252,5 @@ def _coded(given: pa.DataType, wanted: pa.DataType) -> pa.DataType:
     return wanted
 
 
-def _has_dictionary(kind: pa.DataType) -> bool:
-    if pa.types.is_map(kind):
-        return _has_dictionary(kind.key_type) or _has_dictionary(kind.item_type)
-    return pa.types.is_dictionary(kind)
+def _has_dictionary(field: pa.Field) -> bool:
+    return any(pa.types.is_dictionary(kind) for _, kind in leaves(field))
