@@ -129,7 +129,8 @@ _EARLIER_DIGESTS = (_sha256_digest, _blake2b_digest)
 def _validate(chunk: bytes | bytearray, split: Callable[..., dict[int, pa.Table]] | None) -> _Validated:
     """A chunk's records (split by partition with ``split``, :meth:`Producer.split`, if given) and digest; runs on
     the validation threads."""
-    result = records_from_lines(chunk, use_threads=False)  # the chunks are validated side by side already
+    # The chunks are validated side by side already; records for a Producer come as its segments store them.
+    result = records_from_lines(chunk, use_threads=False, dictionaries=split is not None)
     records = split(result.rows, result.line_order) if split is not None else result.records
     return _Validated(chunk, result, records, chunk_digest(chunk))
 

@@ -7,7 +7,15 @@ import pyarrow as pa
 
 from metrics_lake.lake_schemas.types import TAGS, UTC_MS
 
-__all__ = ["DICTIONARY_STRING", "INVENTORY_RECORD", "LOG_RECORD", "LOG_ROW", "RECORD_SCHEMAS", "with_dictionaries"]
+__all__ = [
+    "CODED_LOG_RECORD",
+    "DICTIONARY_STRING",
+    "INVENTORY_RECORD",
+    "LOG_RECORD",
+    "LOG_ROW",
+    "RECORD_SCHEMAS",
+    "with_dictionaries",
+]
 
 #: One metric event as producers hand it to the log (before an offset exists).
 #: Valid events have ``reason`` null; rejected ones keep the ``raw`` payload and
@@ -85,3 +93,9 @@ def with_dictionaries(schema: pa.Schema) -> pa.Schema:
             kind = DICTIONARY_STRING
         schema = schema.set(index, schema.field(index).with_type(kind))
     return schema
+
+
+#: :data:`LOG_RECORD` with ``server``, ``metric`` and the tags' names and values dictionary-encoded: how the importer
+#: hands records to the producer (:func:`metrics_lake.lake_schemas.ndjson.records_from_lines`), and a segment
+#: stores them.
+CODED_LOG_RECORD = with_dictionaries(LOG_RECORD)

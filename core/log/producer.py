@@ -44,7 +44,7 @@ from metrics_lake.core.log.log import AppendResult, PartitionWriter, SegmentLog
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.lake_schemas.contract import to_log_records
 from metrics_lake.lake_schemas.errors import FencedError, InputError, SequenceConflictError, StorageError
-from metrics_lake.lake_schemas.log_records import LOG_RECORD
+from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +110,16 @@ def partition_for(key: str, partitions: int) -> int:
 
 
 def hash_partitions(keys: pa.Array | pa.ChunkedArray, partitions: int) -> np.ndarray:
-    """:func:`partition_for` of every value of the string array ``keys`` (no nulls), as an int32 array.
+    """:func:`partition_for` of every value of the string array ``keys`` (no nulls; plain or dictionary-encoded),
+    as an int32 array.
 
-    Hashes each distinct key once (Arrow's dictionary encoding), so the cost
-    follows the number of keys, not of rows.
+    Hashes each distinct key once (Arrow's dictionary encoding, or the
+    dictionary ``keys`` has), so the cost follows the number of keys, not of
+    rows.
     """
     if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    encoded = keys.dictionary_encode()
+        keys = keys.combine_chunks()  # dictionary chunks: one dictionary for all (Arrow unifies them)
+    encoded = keys if pa.types.is_dictionary(keys.type) else keys.dictionary_encode()
     per_key = np.array([partition_for(k, partitions) for k in encoded.dictionary.to_pylist()], dtype=np.int32)
     return per_key[encoded.indices.to_numpy(zero_copy_only=False)]
 
@@ -144,8 +146,16 @@ def group_by_partition(table: pa.Table, assignment: np.ndarray, order: np.ndarra
 
 
 def assign_partitions(records: pa.Table, partitions: int) -> np.ndarray:
-    """Partition number of every row of a :data:`LOG_RECORD` table (int32 array)."""
-    return hash_partitions(pc.coalesce(records.column("server"), records.column("raw"), pa.scalar("")), partitions)
+    """Partition number of every row of a :data:`LOG_RECORD` table, or one with a dictionary-encoded ``server``
+    (int32 array): by its server, or for a reject without one by its raw payload (or ``""``)."""
+    server = records.column("server")
+    if not server.null_count:  # the usual batch: no rejects, or rejects that name their server
+        return hash_partitions(server, partitions)
+    unnamed = np.flatnonzero(server.is_null().to_numpy(zero_copy_only=False))
+    assignment = hash_partitions(server.fill_null(""), partitions)  # a dictionary stays one: "" joins it
+    raw = records.column("raw").take(pa.array(unnamed))
+    assignment[unnamed] = hash_partitions(pc.fill_null(raw, ""), partitions)
+    return assignment
 
 
 @dataclass
@@ -277,8 +287,11 @@ class Producer:
         numbers, say), when ``records`` are not in it. Safe to call from any
         thread, for :meth:`send`: a caller that validates on several threads
         splits there too, so the thread that sends does not copy the rows.
+        Rows of :data:`CODED_LOG_RECORD` (the importer's) stay so: the
+        segment writer takes their dictionaries as they are.
         """
-        records = records.cast(LOG_RECORD) if not records.schema.equals(LOG_RECORD) else records
+        if not any(records.schema.equals(schema) for schema in (LOG_RECORD, CODED_LOG_RECORD)):
+            records = records.cast(LOG_RECORD)
         return group_by_partition(records, self.route(records), order)
 
     def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:

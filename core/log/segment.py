@@ -34,11 +34,13 @@ import pyarrow.parquet as pq
 
 from metrics_lake.core.parquet_layout import leaves, write_options
 from metrics_lake.lake_schemas.errors import IntegrityError
-from metrics_lake.lake_schemas.log_records import LOG_RECORD, RECORD_SCHEMAS
+from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD, RECORD_SCHEMAS
 
 SEGMENT_SUFFIX = ".parquet"
 OFFSET_DIGITS = 20  # enough for any int64 offset, so names sort numerically
 _META_KEY = b"lake.segment"
+#: The schemas :func:`encode_segment` takes.
+_WRITABLE = (*RECORD_SCHEMAS, CODED_LOG_RECORD)
 
 
 def segment_name(base_offset: int) -> str:
@@ -145,7 +147,7 @@ def encode_segment(
     parts: list[list[int]] | None = None,
     end_offset: int | None = None,
 ) -> tuple[bytes, SegmentInfo]:
-    """Serialise ``records`` (rows of one of :data:`RECORD_SCHEMAS`) as a segment.
+    """Serialise ``records`` (rows of one of :data:`RECORD_SCHEMAS`, or of :data:`CODED_LOG_RECORD`) as a segment.
 
     ``object_name`` and ``parts`` are for compacted segments (see
     :class:`SegmentInfo`); ``end_offset`` for a key-compacted one, whose
@@ -156,8 +158,13 @@ def encode_segment(
     """
     if records.num_rows == 0:
         raise ValueError("a segment must hold at least one record")  # programming error
-    if not any(records.schema.equals(schema, check_metadata=False) for schema in RECORD_SCHEMAS):
+    if not any(records.schema.equals(schema, check_metadata=False) for schema in _WRITABLE):
         raise ValueError(f"records match none of the log's record schemas:\n{records.schema}")  # programming error
+    coded = records.schema.equals(CODED_LOG_RECORD, check_metadata=False)
+    if coded:  # each column one dictionary: Arrow's Parquet writer writes chunks with differing ones as strings
+        for index, name in enumerate(records.column_names):
+            if name in ("server", "metric", "tags") and records.column(index).num_chunks > 1:
+                records = records.set_column(index, records.field(index), records.column(index).combine_chunks())
     ts = pc.min_max(records.column("ts").cast(pa.int64()))
     min_ts, max_ts = ts["min"].as_py(), ts["max"].as_py()
     info = SegmentInfo(
@@ -173,11 +180,16 @@ def encode_segment(
         object_name=object_name,
         parts=[list(part) for part in parts or []],
     )
-    meta = {_META_KEY: json.dumps(info.to_json()).encode()}
     sink = io.BytesIO()
     # No column statistics: a segment is always read whole (decode_segment), and computing min/max of every string
     # page was 2 % of an import's CPU; the index and the metadata above carry the time range.
-    pq.write_table(records.replace_schema_metadata(meta), sink, **write_options(records.schema, statistics=False))
+    # Dictionary-encoded records are written without their Arrow schema, so the segment is the same file either
+    # way: Parquet stores both as dictionary-encoded strings, and only that schema would tell them apart.
+    records = records.replace_schema_metadata(None)  # the footer's metadata is the segment's alone
+    options = write_options(records.schema, statistics=False)
+    with pq.ParquetWriter(sink, records.schema, store_schema=not coded, **options) as writer:
+        writer.write_table(records)
+        writer.add_key_value_metadata({_META_KEY: json.dumps(info.to_json()).encode()})
     data = sink.getvalue()
     return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)})
 

@@ -10,6 +10,7 @@ import pytest
 
 from metrics_lake.lake_schemas import ndjson
 from metrics_lake.lake_schemas.contract import MAX_RAW_BYTES, to_log_records
+from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD
 from metrics_lake.lake_schemas.ndjson import MAX_BRACKETS, records_from_lines
 from tests.lake_schemas.test_contract import INVALID
 
@@ -56,11 +57,14 @@ def normalise(table):
 
 
 def assert_same(lines: list[bytes]) -> None:
+    """Both ways of giving the rows (plain and dictionary-encoded strings) hold what the per-line validator gives."""
     data = b"\n".join(lines) + b"\n"
-    fast = records_from_lines(data, few_lines=0)  # Arrow however few the lines
-    expected = to_log_records([line for line in lines if line.strip()])
-    assert normalise(fast.records) == normalise(expected)
-    assert fast.lines == len(lines) and fast.blank == sum(1 for line in lines if not line.strip())
+    expected = normalise(to_log_records([line for line in lines if line.strip()]))
+    for dictionaries, schema in ((False, LOG_RECORD), (True, CODED_LOG_RECORD)):
+        fast = records_from_lines(data, few_lines=0, dictionaries=dictionaries)  # Arrow however few the lines
+        assert fast.records.schema == schema
+        assert normalise(fast.records) == expected
+        assert fast.lines == len(lines) and fast.blank == sum(1 for line in lines if not line.strip())
 
 
 def test_contract_cases_good_and_nasty_lines_match_the_per_line_validator():

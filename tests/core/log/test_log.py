@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
@@ -15,10 +16,11 @@ from metrics_lake.core.log.consumer import end_offsets, offsets_for_time, read_r
 from metrics_lake.core.log.index import PartitionIndex
 from metrics_lake.core.log.log import PartitionWriter, SegmentLog
 from metrics_lake.core.log.producer import Producer, assign_partitions, partition_for
-from metrics_lake.core.log.segment import encode_segment, parse_segment_name, segment_name
+from metrics_lake.core.log.segment import decode_segment, encode_segment, parse_segment_name, segment_name
 from metrics_lake.core.storage import LocalStore, ObjectExistsError
 from metrics_lake.lake_schemas.errors import TopicNotFoundError
-from metrics_lake.lake_schemas.log_records import DICTIONARY_STRING, LOG_RECORD
+from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, DICTIONARY_STRING, LOG_RECORD
+from metrics_lake.lake_schemas.ndjson import records_from_lines
 from metrics_lake.lake_schemas.types import TAGS
 
 
@@ -79,6 +81,55 @@ def test_a_range_read_with_dictionaries_holds_the_same_records(log):
     assert coded.column("tags").to_pylist() == [None, None, [("az", "b")], None, None, None]
     empty = read_range(log, "t", 0, 4, 4, dictionaries=True)
     assert empty.num_rows == 0 and empty.schema.equals(coded.schema)
+
+
+def coded_lines() -> tuple[pa.Table, pa.Table]:
+    """The same records plain and as the importer makes them (:data:`CODED_LOG_RECORD`, two chunks with differing
+    dictionaries): tags, a string time, rejects (they have no server), and a row with neither server nor raw."""
+    lines = [
+        b'{"ts": 1800000000000, "server": "web-01", "metric": "m.a", "value": 1, "tags": {"az": "b", "dc": "eu"}}',
+        b'{"ts": "2027-01-15T08:00:00Z", "server": "db-02", "metric": "m.b", "value": 2}',
+        b'{"ts": 1800000000001, "server": "web-01", "metric": "m.a", "value": "NaN"}',
+        b"not json",
+        b'{"ts": 1800000000002, "server": "web-03", "metric": "m.c", "value": 3, "tags": {"dc": "us"}}',
+    ]
+    halves = [b"\n".join(lines[:3]), b"\n".join(lines[3:])]
+    coded = [records_from_lines(half, few_lines=0, dictionaries=True).records for half in halves]
+    plain = pa.concat_tables([records_from_lines(half, few_lines=0).records for half in halves])
+    reject = plain.slice(0, 1).set_column(5, "raw", pa.nulls(1, pa.string())).set_column(6, "reason", pa.array(["x"]))
+    reject = reject.set_column(1, "server", pa.nulls(1, pa.string()))
+    return pa.concat_tables([plain, reject]), pa.concat_tables([*coded, reject.cast(CODED_LOG_RECORD)])
+
+
+def test_records_with_dictionaries_make_the_same_segment_and_partitions_as_plain_ones(log):
+    """The importer's dictionary-encoded records: the same partition per row (a row without a server goes by its
+    raw payload, or ""), split without being decoded, and a segment holding the same records, its strings in Parquet
+    dictionaries, without the Arrow schema that would be the only difference from the plain records' segment."""
+    plain, coded = coded_lines()
+    assert coded.column("server").num_chunks > 2 and coded.column("server").null_count == 3
+    assert assign_partitions(coded, 4).tolist() == assign_partitions(plain, 4).tolist()
+    assert assign_partitions(coded, 4)[-1] == partition_for("", 4)
+    producer = Producer(log, "t", partitions=4)
+    coded_parts, plain_parts = producer.split(coded), producer.split(plain)
+    assert coded_parts.keys() == plain_parts.keys() and len(coded_parts) > 1
+    for p, part in coded_parts.items():
+        assert part.schema == CODED_LOG_RECORD and part.cast(LOG_RECORD).equals(plain_parts[p])
+    producer.close()
+    plain_bytes, plain_info = encode_segment(plain, base_offset=7, appended_at=1)
+    coded_bytes, coded_info = encode_segment(coded, base_offset=7, appended_at=1)
+    assert coded_info.to_json() | {"size_bytes": 0} == plain_info.to_json() | {"size_bytes": 0}
+    assert decode_segment(pa.BufferReader(coded_bytes)).equals(plain)
+    assert decode_segment(pa.BufferReader(plain_bytes)).equals(plain)
+    read_plainly = pq.read_table(pa.BufferReader(coded_bytes)).replace_schema_metadata(None)
+    assert read_plainly.schema.equals(LOG_RECORD) and read_plainly.equals(plain)
+    footer = pq.ParquetFile(pa.BufferReader(coded_bytes)).metadata
+    assert (
+        b"ARROW:schema" not in footer.metadata
+        and b"ARROW:schema" in pq.read_metadata(pa.BufferReader(plain_bytes)).metadata
+    )
+    columns = {footer.schema.column(i).path: footer.row_group(0).column(i) for i in range(footer.num_columns)}
+    for path in ("server", "metric", "tags.key_value.key", "tags.key_value.value"):
+        assert "RLE_DICTIONARY" in columns[path].encodings, path
 
 
 def test_reading_outside_the_log_is_an_error_not_a_short_read(log):
