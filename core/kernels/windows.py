@@ -436,6 +436,22 @@ def finalize(states: pa.Table, window_seconds: int, updated_at: dt.datetime | No
     return pa.table(columns).select(METRIC_WINDOWS_1M.names).cast(METRIC_WINDOWS_1M)
 
 
+def _buckets_by_target(state_row: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The order (int64 positions) that puts exploded state buckets (``state_row``: each bucket's state, ascending)
+    in the order of their states' ``target`` rows, each state's buckets kept in key order.
+
+    The batch's buckets then come sorted by (target row, key), and are inserted into the held rows' buckets
+    without a sort: 7.6 M buckets over six batches cost 0.69 s of commit CPU sorted (a sort of a million buckets
+    in runs of 30), measured in process on the 12 M-event benchmark.
+    """
+    states = np.argsort(target, kind="stable")
+    per_state = np.bincount(state_row, minlength=len(target))
+    first = np.cumsum(per_state) - per_state  # each state's first bucket
+    lengths = per_state[states]
+    starts = np.cumsum(lengths) - lengths  # where each state's buckets go
+    return np.repeat(first[states] - starts, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 def merge_into_rows(
     rows: pa.Table, states: pa.Table, window_seconds: int, updated_at: dt.datetime | None = None
 ) -> pa.Table:
@@ -496,10 +512,11 @@ def merge_into_rows(
     high[target] = np.maximum(high[target], state("max"))
     held_row, held_keys, held_counts = sketch.explode(rows.column("sketch"))
     state_row, state_keys, state_counts = sketch.explode(states.column("sketch"))
+    pick = _buckets_by_target(state_row, target)
     row, keys, counts = sketch.merge_buckets(  # the held buckets are a sorted head the batch's are inserted into
-        np.concatenate([held_row, target[state_row]]),
-        np.concatenate([held_keys, state_keys]),
-        np.concatenate([held_counts, state_counts]),
+        np.concatenate([held_row, target[state_row[pick]]]),
+        np.concatenate([held_keys, state_keys[pick]]),
+        np.concatenate([held_counts, state_counts[pick]]),
     )
     estimates = sketch.quantiles(total, row, keys, counts, [q for _, q in QUANTILES], low=low, high=high)
     source = np.concatenate([np.arange(n, dtype=np.int64), np.zeros(len(new), np.int64)])

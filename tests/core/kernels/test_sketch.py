@@ -111,10 +111,11 @@ def test_merge_buckets_equals_a_dictionary_of_sums_whatever_the_order(seed):
     if seed % 2:  # a merged run first, of a random share of the pairs
         # Long runs too: the run-and-tail path takes a tail of at most a fifth.
         cut = int(n - rng.integers(0, n // 5 + 1)) if seed % 4 == 1 else int(rng.integers(0, n + 1))
-        run_row, run_keys, run_counts = sketch.merge_buckets(row[:cut], keys[:cut], counts[:cut])
-        row = np.concatenate([run_row, row[cut:]])
-        keys = np.concatenate([run_keys, keys[cut:]])
-        counts = np.concatenate([run_counts, counts[cut:]])
+        run = sketch.merge_buckets(row[:cut], keys[:cut], counts[:cut])
+        rest = (row[cut:], keys[cut:], counts[cut:])
+        if seed % 8 in (1, 3):  # a merged rest too: the upsert's batch buckets, in the order of their target rows
+            rest = sketch.merge_buckets(*rest)
+        row, keys, counts = (np.concatenate([a, b]) for a, b in zip(run, rest, strict=True))
     expected: dict[tuple[int, int], int] = {}
     for r, k, c in zip(row.tolist(), keys.tolist(), counts.tolist(), strict=True):
         expected[(r, k)] = expected.get((r, k), 0) + c
