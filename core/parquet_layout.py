@@ -29,9 +29,10 @@ DuckDB, Polars, Spark's vectorised reader).
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
-__all__ = ["HIGH_CARDINALITY", "is_string", "leaves", "write_options"]
+__all__ = ["HIGH_CARDINALITY", "compact_dictionaries", "is_string", "leaves", "write_options"]
 
 #: String columns whose values rarely repeat: no dictionary for them.
 HIGH_CARDINALITY = frozenset({"raw"})
@@ -81,3 +82,42 @@ def is_string(kind: pa.DataType) -> bool:
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def compact_dictionaries(column: pa.Array) -> pa.Array:
+    """``column`` with its dictionary (or its map's keys' and values' dictionaries) cut to the values its rows use,
+    in their order there; any other column as it is.
+
+    Arrow's Parquet writer writes a dictionary-encoded column's dictionary
+    whole, and its indices with as many bits as the dictionary's size needs:
+    the importer's records of one partition index the dictionary of their
+    whole chunk, every partition's servers (a segment of the 12 M-event
+    benchmark: 2,501 servers in its dictionary, 625 used, 3.4 % more bytes).
+    A map's entries beyond a sliced map's rows count as used (unread, not
+    wrong).
+    """
+    if pa.types.is_dictionary(column.type):
+        return _compact(column)
+    if pa.types.is_map(column.type) and any(
+        pa.types.is_dictionary(t) for t in (column.type.key_type, column.type.item_type)
+    ):
+        keys, items = column.keys, column.items  # the whole entries, which the offsets index
+        mask = column.is_null() if column.null_count else None
+        offsets = pa.array(column.offsets.to_numpy(zero_copy_only=False))  # a slice's, unsliced: Arrow wants so
+        rebuilt = pa.MapArray.from_arrays(offsets, _compact(keys), _compact(items), mask=mask)
+        return rebuilt.cast(column.type)  # the type's field names and nullability, as given
+    return column
+
+
+def _compact(array: pa.Array) -> pa.Array:
+    """A dictionary array with only the dictionary values its indices use (nulls stay null); others as they are."""
+    if not pa.types.is_dictionary(array.type):
+        return array
+    indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
+    mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+    used = np.bincount(indices if mask is None else indices[~mask], minlength=len(array.dictionary)) > 0
+    if used.all():
+        return array
+    remap = (np.cumsum(used) - 1).astype(array.type.index_type.to_pandas_dtype())
+    indices = pa.array(remap[indices], type=array.type.index_type, mask=mask)
+    return pa.DictionaryArray.from_arrays(indices, array.dictionary.filter(pa.array(used)))

@@ -114,6 +114,13 @@ def test_records_with_dictionaries_make_the_same_segment_and_partitions_as_plain
     assert coded_parts.keys() == plain_parts.keys() and len(coded_parts) > 1
     for p, part in coded_parts.items():
         assert part.schema == CODED_LOG_RECORD and part.cast(LOG_RECORD).equals(plain_parts[p])
+        # A partition's segment holds the servers of that partition in its dictionary, not all of its chunk's.
+        stored = decode_segment(
+            pa.BufferReader(encode_segment(part, base_offset=0, appended_at=1)[0]), CODED_LOG_RECORD
+        )
+        servers = {s for s in plain_parts[p].column("server").to_pylist() if s is not None}
+        assert sorted(stored.column("server").chunk(0).dictionary.to_pylist()) == sorted(servers)
+        assert stored.cast(LOG_RECORD).equals(plain_parts[p])
     producer.close()
     plain_bytes, plain_info = encode_segment(plain, base_offset=7, appended_at=1)
     coded_bytes, coded_info = encode_segment(coded, base_offset=7, appended_at=1)
