@@ -440,9 +440,10 @@ def _buckets_by_target(state_row: np.ndarray, target: np.ndarray) -> np.ndarray:
     """The order (int64 positions) that puts exploded state buckets (``state_row``: each bucket's state, ascending)
     in the order of their states' ``target`` rows, each state's buckets kept in key order.
 
-    The batch's buckets then come sorted by (target row, key), and are inserted into the held rows' buckets
-    without a sort: 7.6 M buckets over six batches cost 0.69 s of commit CPU sorted (a sort of a million buckets
-    in runs of 30), measured in process on the 12 M-event benchmark.
+    The batch's buckets then come sorted by (target row, key): with the held rows' buckets, two sorted runs,
+    which :func:`~metrics_lake.core.kernels.sketch.merge_buckets` merges in linear time, where the batch's own
+    order made a run of each state. A speed-layer upsert of the 12 M-event benchmark (25,000 held rows, 50,000
+    states, 1.3 M buckets): 102.5 -> 93.8 ms in process (min of 5).
     """
     states = np.argsort(target, kind="stable")
     per_state = np.bincount(state_row, minlength=len(target))

@@ -149,7 +149,7 @@ def assign_partitions(records: pa.Table, partitions: int) -> np.ndarray:
     """Partition number of every row of a :data:`LOG_RECORD` table, or one with a dictionary-encoded ``server``
     (int32 array): by its server, or for a reject without one by its raw payload (or ``""``)."""
     server = records.column("server")
-    if not server.null_count:  # the usual batch: no rejects, or rejects that name their server
+    if not server.null_count:  # the usual batch: every row names its server
         return hash_partitions(server, partitions)
     unnamed = np.flatnonzero(server.is_null().to_numpy(zero_copy_only=False))
     assignment = hash_partitions(server.fill_null(""), partitions)  # a dictionary stays one: "" joins it
