@@ -581,29 +581,39 @@ def _tags(column: pa.Array | None, ok: np.ndarray, kind: pa.DataType) -> pa.Arra
         # A null field is either a key that line lacks (fine) or an explicit null (rejected): the per-line
         # validator tells them apart, so such rows go there.
         ok &= ~(present & ~_valid(child))
-    coded = pa.types.is_dictionary(kind.item_type)
-    accepted = np.flatnonzero(ok)
-    rank = np.cumsum(ok) - 1  # a row's place among the accepted rows
-    rows, fields, items = [], [], []
-    for k, child in enumerate(children):
-        if pa.types.is_string(child.type):
-            where = np.flatnonzero(present & _valid(child) & ok)
-            rows.append(rank[where])
-            fields.append(np.full(len(where), k, dtype=np.int32))
-            item = child if len(where) == len(ok) else child.take(pa.array(where))
-            items.append(pc.dictionary_encode(item) if coded else item)
-    row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
-    field = np.concatenate(fields) if fields else np.zeros(0, np.int32)
-    item = pa.concat_arrays(items) if items else pa.array([], kind.item_type)  # one dictionary for all fields
-    if len(items) > 1:  # map entries row by row, in the order of the object's fields: the order they were joined in
-        order = np.argsort(row, kind="stable")  # sorted runs, one per field: timsort merges them
-        row, field, item = row[order], field[order], item.take(pa.array(order))
     names = pa.array([column.type.field(i).name for i in range(column.type.num_fields)], pa.string())
-    # The names of the object's fields are a dictionary already, which each entry's field number indexes.
-    keys = pa.DictionaryArray.from_arrays(pa.array(field), names) if coded else names.take(pa.array(field))
-    offsets = np.zeros(len(accepted) + 1, dtype=np.int32)
-    np.cumsum(np.bincount(row, minlength=len(accepted)), out=offsets[1:])
-    mask = pa.array(~present[accepted])
+    n, width = len(ok), len(children)
+    if width and ok.all() and present.all() and all(pa.types.is_string(c.type) and not c.null_count for c in children):
+        # The usual block: every line has the same tag names (an agent's tags are fixed), all accepted. A row's
+        # entries are then its object's fields in order, laid out directly: no ranks, counts or sort.
+        field = np.tile(np.arange(width, dtype=np.int32), n)
+        entry = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()  # row by row, field by field
+        item = children[0] if width == 1 else pa.concat_arrays(children).take(pa.array(entry))
+        offsets, mask = np.arange(n + 1, dtype=np.int32) * width, None
+    else:
+        accepted = np.flatnonzero(ok)
+        rank = np.cumsum(ok) - 1  # a row's place among the accepted rows
+        rows, fields, items = [], [], []
+        for k, child in enumerate(children):
+            if pa.types.is_string(child.type):
+                where = np.flatnonzero(present & _valid(child) & ok)
+                rows.append(rank[where])
+                fields.append(np.full(len(where), k, dtype=np.int32))
+                items.append(child if len(where) == len(ok) else child.take(pa.array(where)))
+        row = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        field = np.concatenate(fields) if fields else np.zeros(0, np.int32)
+        item = pa.concat_arrays(items) if items else pa.array([], pa.string())
+        if len(items) > 1:  # entries row by row, in the order of the object's fields: the order they were joined in
+            order = np.argsort(row, kind="stable")  # sorted runs, one per field: timsort merges them
+            row, field, item = row[order], field[order], item.take(pa.array(order))
+        offsets = np.zeros(len(accepted) + 1, dtype=np.int32)
+        np.cumsum(np.bincount(row, minlength=len(accepted)), out=offsets[1:])
+        mask = pa.array(~present[accepted])
+    if pa.types.is_dictionary(kind.item_type):
+        # The names of the object's fields are a dictionary already, which each entry's field number indexes.
+        keys, item = pa.DictionaryArray.from_arrays(pa.array(field), names), pc.dictionary_encode(item)
+    else:
+        keys = names.take(pa.array(field))
     return pa.MapArray.from_arrays(pa.array(offsets), keys, item, mask=mask).cast(kind)
 
 

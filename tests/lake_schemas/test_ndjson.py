@@ -72,6 +72,18 @@ def test_contract_cases_good_and_nasty_lines_match_the_per_line_validator():
     assert_same([line.encode("utf-8", "surrogatepass") for line in lines])
 
 
+@pytest.mark.parametrize("names", [("dc",), ("dc", "az"), ("dc", "az", "rack")])
+def test_blocks_whose_lines_all_carry_the_same_tag_names_match_the_per_line_validator(names):
+    """The usual block (every line the same tag names, in either order, all valid) is laid out without ranks or a
+    sort; its maps hold what the per-line validator gives."""
+    lines = []
+    for i in range(300):
+        tags = {name: f"{name}-{i % 7}" for name in (names if i % 2 else reversed(names))}
+        event = {"ts": 1763600000000 + i, "server": f"s{i % 5}", "metric": "m", "value": i, "tags": tags}
+        lines.append(json.dumps(event).encode())
+    assert_same(lines)
+
+
 def test_lines_are_split_on_newline_only_with_crlf_and_no_final_newline():
     data = (GOOD[0] + "\r\n\r\n" + GOOD[7] + "\n" + GOOD[1]).encode()
     result = records_from_lines(data)
