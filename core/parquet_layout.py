@@ -32,7 +32,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["HIGH_CARDINALITY", "compact_dictionaries", "is_string", "leaves", "write_options"]
+__all__ = [
+    "HIGH_CARDINALITY",
+    "compact_dictionaries",
+    "has_dictionary",
+    "is_string",
+    "leaves",
+    "used_values",
+    "write_options",
+]
 
 #: String columns whose values rarely repeat: no dictionary for them.
 HIGH_CARDINALITY = frozenset({"raw"})
@@ -84,6 +92,23 @@ def is_string(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
+def has_dictionary(field: pa.Field) -> bool:
+    """Whether any Parquet column of ``field`` (its own, or a map's keys or values) is dictionary-encoded."""
+    return any(pa.types.is_dictionary(kind) for _, kind in leaves(field))
+
+
+def used_values(array: pa.DictionaryArray) -> pa.Array:
+    """The values of ``array``'s dictionary that its rows use, in the dictionary's order (a dictionary may hold
+    more): a count of the indices, not a comparison per row."""
+    return array.dictionary.filter(pa.array(_used(array)))
+
+
+def _used(array: pa.DictionaryArray) -> np.ndarray:
+    """Per dictionary value (bool), whether a non-null row of ``array`` indexes it."""
+    indices = array.indices.drop_null().to_numpy(zero_copy_only=False)
+    return np.bincount(indices, minlength=len(array.dictionary)) > 0
+
+
 def compact_dictionaries(column: pa.Array) -> pa.Array:
     """``column`` with its dictionary (or its map's keys' and values' dictionaries) cut to the values its rows use,
     in their order there; any other column as it is.
@@ -113,11 +138,12 @@ def _compact(array: pa.Array) -> pa.Array:
     """A dictionary array with only the dictionary values its indices use (nulls stay null); others as they are."""
     if not pa.types.is_dictionary(array.type):
         return array
-    indices = array.indices.fill_null(0).to_numpy(zero_copy_only=False)
-    mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
-    used = np.bincount(indices if mask is None else indices[~mask], minlength=len(array.dictionary)) > 0
+    used = _used(array)
     if used.all():
         return array
     remap = (np.cumsum(used) - 1).astype(array.type.index_type.to_pandas_dtype())
-    indices = pa.array(remap[indices], type=array.type.index_type, mask=mask)
+    mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+    indices = pa.array(
+        remap[array.indices.fill_null(0).to_numpy(zero_copy_only=False)], array.type.index_type, mask=mask
+    )
     return pa.DictionaryArray.from_arrays(indices, array.dictionary.filter(pa.array(used)))

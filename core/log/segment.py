@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from metrics_lake.core.parquet_layout import compact_dictionaries, leaves, write_options
+from metrics_lake.core.parquet_layout import compact_dictionaries, has_dictionary, leaves, write_options
 from metrics_lake.lake_schemas.errors import IntegrityError
 from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD, RECORD_SCHEMAS
 
@@ -162,10 +162,10 @@ def encode_segment(
         raise ValueError(f"records match none of the log's record schemas:\n{records.schema}")  # programming error
     coded = records.schema.equals(CODED_LOG_RECORD, check_metadata=False)
     if coded:  # each column one dictionary: Arrow's Parquet writer writes chunks with differing ones as strings
-        for index, name in enumerate(records.column_names):
-            if name in ("server", "metric", "tags"):
+        for index, field in enumerate(records.schema):
+            if has_dictionary(field):
                 column = compact_dictionaries(records.column(index).combine_chunks())  # the used values only
-                records = records.set_column(index, records.field(index), column)
+                records = records.set_column(index, field, column)
     ts = pc.min_max(records.column("ts").cast(pa.int64()))
     min_ts, max_ts = ts["min"].as_py(), ts["max"].as_py()
     info = SegmentInfo(

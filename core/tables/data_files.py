@@ -14,14 +14,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
 from metrics_lake.core import keys
-from metrics_lake.core.parquet_layout import is_string, leaves, write_options
+from metrics_lake.core.parquet_layout import has_dictionary, is_string, used_values, write_options
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.delta import table_layout
 from metrics_lake.lake_schemas.types import utc_time
@@ -110,13 +109,10 @@ def dictionary_bounds(column: pa.Array | pa.ChunkedArray) -> tuple[str, str] | N
     """(min, max) of a dictionary-encoded string column as Delta statistics carry them: of the dictionary values
     its rows use (a dictionary may hold more), compared as Parquet and Arrow compare strings (by UTF-8 bytes, which
     is by code point); None without values or where a bound has more than :data:`MAX_STRING_STAT_CHARS`
-    characters. Costs a count of the indices, not a comparison per row."""
+    characters. Costs a count of the indices (:func:`~metrics_lake.core.parquet_layout.used_values`), not a
+    comparison per row."""
     chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
-    used = []
-    for chunk in chunks:
-        indices = chunk.indices.drop_null().to_numpy(zero_copy_only=False)
-        present = np.bincount(indices, minlength=len(chunk.dictionary)) > 0
-        used.append(chunk.dictionary.filter(pa.array(present)))
+    used = [used_values(chunk) for chunk in chunks]
     bounds = pc.min_max(pa.concat_arrays(used) if used else pa.array([], pa.string()))
     lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
     if lo is None or max(len(lo), len(hi)) > MAX_STRING_STAT_CHARS:
@@ -207,7 +203,7 @@ def write_data_files(
         key = keys.table_key(name, relative)
         sink = pa.BufferOutputStream()
         # Arrow would record dictionary types in the file's Arrow schema, and readers would return them.
-        plain = not any(_has_dictionary(field) for field in body.schema)
+        plain = not any(has_dictionary(field) for field in body.schema)
         pq.write_table(body, sink, row_group_size=row_group_rows, store_schema=plain, **write_options(body.schema))
         encoded = sink.getvalue()
         footer = pq.read_metadata(pa.BufferReader(encoded))
@@ -235,7 +231,7 @@ def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:
     )
     data = data.cast(target)
     for index, field in enumerate(target):
-        if _has_dictionary(field) and data.column(index).num_chunks > 1:
+        if has_dictionary(field) and data.column(index).num_chunks > 1:
             data = data.set_column(index, field, data.column(index).combine_chunks())
     return data
 
@@ -250,7 +246,3 @@ def _coded(given: pa.DataType, wanted: pa.DataType) -> pa.DataType:
             wanted.item_field.with_type(_coded(given.item_type, wanted.item_type)),
         )
     return wanted
-
-
-def _has_dictionary(field: pa.Field) -> bool:
-    return any(pa.types.is_dictionary(kind) for _, kind in leaves(field))
