@@ -583,13 +583,18 @@ def _tags(column: pa.Array | None, ok: np.ndarray, kind: pa.DataType) -> pa.Arra
         ok &= ~(present & ~_valid(child))
     names = pa.array([column.type.field(i).name for i in range(column.type.num_fields)], pa.string())
     n, width = len(ok), len(children)
-    if width and ok.all() and present.all() and all(pa.types.is_string(c.type) and not c.null_count for c in children):
-        # The usual block: every line has the same tag names (an agent's tags are fixed), all accepted. A row's
+    if width and all(pa.types.is_string(c.type) for c in children) and _all_fields(present, children, ok):
+        # The usual block: every accepted line has the same tag names (an agent's tags are fixed). A row's
         # entries are then its object's fields in order, laid out directly: no ranks, counts or sort.
-        field = np.tile(np.arange(width, dtype=np.int32), n)
-        entry = (np.arange(n)[:, None] + np.arange(width)[None, :] * n).ravel()  # row by row, field by field
-        item = children[0] if width == 1 else pa.concat_arrays(children).take(pa.array(entry))
-        offsets, mask = np.arange(n + 1, dtype=np.int32) * width, None
+        accepted = np.arange(n) if ok.all() else np.flatnonzero(ok)
+        m = len(accepted)
+        field = np.tile(np.arange(width, dtype=np.int32), m)
+        if width == 1:
+            item = children[0] if m == n else children[0].take(pa.array(accepted))
+        else:
+            entry = (accepted[:, None] + np.arange(width)[None, :] * n).ravel()  # row by row, field by field
+            item = pa.concat_arrays(children).take(pa.array(entry))
+        offsets, mask = np.arange(m + 1, dtype=np.int32) * width, None
     else:
         accepted = np.flatnonzero(ok)
         rank = np.cumsum(ok) - 1  # a row's place among the accepted rows
@@ -615,6 +620,16 @@ def _tags(column: pa.Array | None, ok: np.ndarray, kind: pa.DataType) -> pa.Arra
     else:
         keys = names.take(pa.array(field))
     return pa.MapArray.from_arrays(pa.array(offsets), keys, item, mask=mask).cast(kind)
+
+
+def _all_fields(present: np.ndarray, children: list[pa.Array], ok: np.ndarray) -> bool:
+    """Whether every row left in ``ok`` has tags with a value for every field (``present``: rows with tags)."""
+    if present.all() and not any(child.null_count for child in children):
+        return True
+    complete = present.copy()
+    for child in children:
+        complete &= _valid(child)
+    return bool(complete[ok].all())
 
 
 def _check(table: pa.Table, dictionaries: bool = False) -> tuple[np.ndarray, pa.Table]:

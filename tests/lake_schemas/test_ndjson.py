@@ -73,15 +73,25 @@ def test_contract_cases_good_and_nasty_lines_match_the_per_line_validator():
 
 
 @pytest.mark.parametrize("names", [("dc",), ("dc", "az"), ("dc", "az", "rack")])
-def test_blocks_whose_lines_all_carry_the_same_tag_names_match_the_per_line_validator(names):
-    """The usual block (every line the same tag names, in either order, all valid) is laid out without ranks or a
-    sort; its maps hold what the per-line validator gives."""
+@pytest.mark.parametrize("rejects", [False, True])
+def test_blocks_whose_lines_all_carry_the_same_tag_names_match_the_per_line_validator(monkeypatch, names, rejects):
+    """The usual block (every accepted line the same tag names, in either order) is laid out without ranks or a
+    sort, also when some lines are rejected (with or without tags); its maps hold what the per-line validator
+    gives."""
+    laid_out = []
+    real = ndjson._all_fields
+    monkeypatch.setattr(ndjson, "_all_fields", lambda *args: laid_out.append(real(*args)) or laid_out[-1])
     lines = []
     for i in range(300):
         tags = {name: f"{name}-{i % 7}" for name in (names if i % 2 else reversed(names))}
         event = {"ts": 1763600000000 + i, "server": f"s{i % 5}", "metric": "m", "value": i, "tags": tags}
+        if rejects and i % 10 == 3:
+            event["metric"] = "Not A Metric"
+        if rejects and i % 10 == 7:
+            del event["ts"], event["tags"]
         lines.append(json.dumps(event).encode())
     assert_same(lines)
+    assert laid_out and all(laid_out)
 
 
 def test_lines_are_split_on_newline_only_with_crlf_and_no_final_newline():
