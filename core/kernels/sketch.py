@@ -146,6 +146,9 @@ def implode(rows: int, row: np.ndarray, keys: np.ndarray, counts: np.ndarray) ->
 
 #: Bits that hold ``key + 2**(KEY_BITS - 1)`` in a packed (row, key) int64; every key fits (|key| < 2**21).
 KEY_BITS = 22
+#: From this many raw events on, merge_buckets tries packing their pairs into 32 bits (below, the key table costs
+#: more than the shorter sort saves).
+NARROW_PAIRS = 1 << 14
 
 
 def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -163,8 +166,14 @@ def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tupl
     """
     if len(keys) == 0:
         return row.astype(np.int64), keys.astype(np.int32), counts.astype(np.int64)
-    packed = (np.asarray(row, np.int64) << KEY_BITS) | (np.asarray(keys, np.int64) + (1 << (KEY_BITS - 1)))
     counts = np.asarray(counts, np.int64)
+    # Raw events (counts of one) come in any order, so they are sorted whole: in 32 bits if they fit. Merges of
+    # states come in sorted runs, which the sort merges in linear time, so packing would cost more than it saves.
+    narrow = _narrow(row, keys) if len(keys) >= NARROW_PAIRS and np.all(counts == 1) else None
+    if narrow is None:
+        packed = (np.asarray(row, np.int64) << KEY_BITS) | (np.asarray(keys, np.int64) + (1 << (KEY_BITS - 1)))
+    else:
+        packed = narrow[0]
     descents = np.flatnonzero(packed[1:] <= packed[:-1])
     if not len(descents):  # already merged (decoded sketches): a linear check instead of a sort
         return np.asarray(row, np.int64), np.asarray(keys, np.int32), counts
@@ -188,13 +197,43 @@ def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tupl
         merged[kept], merged[placed] = head_counts, tail_counts[new]
     else:
         pairs, merged = _sum_equal(packed, counts)
+    if narrow is not None:
+        _, distinct, key_bits = narrow
+        return (pairs >> key_bits).astype(np.int64), distinct[pairs & ((1 << key_bits) - 1)], merged
     unpacked_keys = (pairs & ((1 << KEY_BITS) - 1)) - (1 << (KEY_BITS - 1))
     return pairs >> KEY_BITS, unpacked_keys.astype(np.int32), merged
 
 
+def _narrow(row: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The pairs packed into uint32: ``(row << key_bits) | rank of the key among the distinct keys``, the distinct
+    keys (int32, ascending) and ``key_bits``; ``None`` if they need more than 32 bits.
+
+    Packed in the same order as the int64 packing (by row, then key), in half the bytes: numpy sorts 1 M uint32
+    in 31 ms against 51 ms for int64 (this machine). A table over the keys' span marks the keys present and gives
+    each its rank: pages of it no key falls in are never touched. Rows and ranks fit when a merge spans few
+    buckets, as metrics do: the benchmark's values (0 to 1.1 M) use about 1,300 keys, 11 bits, which leaves
+    21 bits, 2 M rows.
+    """
+    keys = np.asarray(keys, np.int32)
+    lowest, highest = int(np.min(keys)), int(np.max(keys))
+    if highest - lowest >= 1 << KEY_BITS:  # wider than any two bucket_keys
+        return None
+    at = keys - np.int32(lowest)
+    present = np.zeros(highest - lowest + 1, bool)
+    present[at] = True
+    distinct = np.flatnonzero(present)
+    key_bits = (len(distinct) - 1).bit_length()
+    if int(np.max(row)).bit_length() + key_bits > 32:
+        return None
+    rank = np.empty(len(present), np.uint32)
+    rank[distinct] = np.arange(len(distinct), dtype=np.uint32)
+    packed = (np.asarray(row).astype(np.uint32) << np.uint32(key_bits)) | rank[at]
+    return packed, (distinct + lowest).astype(np.int32), key_bits
+
+
 def _sum_equal(packed: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct values of ``packed`` (int64), sorted, with the sum of their ``counts`` (int64)."""
-    if np.all(counts == 1):  # one int64 per pair: numpy's SIMD sort and a count
+    """Distinct values of ``packed`` (int64 or uint32), sorted, with the sum of their ``counts`` (int64)."""
+    if np.all(counts == 1):  # one value per pair: numpy's SIMD sort and a count
         return np.unique(packed, return_counts=True)
     # Stable = timsort for int64: callers concatenate states that are each in key order, so the pairs come in a
     # few sorted runs, which timsort merges in linear time (merging 100,000 windows into themselves, whole

@@ -123,3 +123,39 @@ def test_merge_buckets_equals_a_dictionary_of_sums_whatever_the_order(seed):
     got = list(zip(merged_row.tolist(), merged_keys.tolist(), merged_counts.tolist(), strict=True))
     assert got == sorted((r, k, c) for (r, k), c in expected.items())
     assert merged_keys.dtype == np.int32 and merged_counts.dtype == np.int64
+
+
+@pytest.mark.parametrize("name", sorted(DISTRIBUTIONS))
+@pytest.mark.parametrize("rows", [1, 7, 1 << 20, 1 << 29])
+def test_raw_events_merge_the_same_packed_in_32_bits_or_not(monkeypatch, name, rows):
+    # Raw events (counts of one) are packed into uint32 when their rows and distinct keys fit: the result must be
+    # the int64 packing's. Rows up to 2**29 leave too few bits for some distributions' keys: the int64 way then.
+    rng = np.random.default_rng(len(name) * rows)
+    keys = sketch.bucket_keys(DISTRIBUTIONS[name](rng))
+    row = rng.integers(0, rows, len(keys))
+    counts = np.ones(len(keys), np.int64)
+    narrowed = []
+    real = sketch._narrow
+    monkeypatch.setattr(sketch, "_narrow", lambda *args: narrowed.append(real(*args)) or narrowed[-1])
+    monkeypatch.setattr(sketch, "NARROW_PAIRS", 1 << 40)
+    wide = sketch.merge_buckets(row, keys, counts)
+    assert narrowed == []
+    monkeypatch.setattr(sketch, "NARROW_PAIRS", 1)
+    narrow = sketch.merge_buckets(row, keys, counts)
+    distinct = len(np.unique(keys))
+    fits = (rows - 1).bit_length() + (distinct - 1).bit_length() <= 32
+    assert [n is not None for n in narrowed] == [fits]
+    for got, expected in zip(narrow, wide, strict=True):
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_keys_at_both_ends_of_their_range_pack_into_32_bits(monkeypatch):
+    # |key| < 2**21 (KEY_BITS): the table over the keys' span never needs more than 2**22 entries.
+    monkeypatch.setattr(sketch, "NARROW_PAIRS", 1)
+    keys = np.array([(1 << 21) - 1, 5, -(1 << 21) + 1, 5, 0], np.int32)
+    row = np.array([3, 0, 3, 0, 0], np.int64)
+    assert sketch._narrow(row, keys) is not None
+    merged = sketch.merge_buckets(row, keys, np.ones(5, np.int64))
+    assert [a.tolist() for a in merged] == [[0, 0, 3, 3], [0, 5, -(1 << 21) + 1, (1 << 21) - 1], [1, 2, 1, 1]]
+    assert sketch._narrow(row, np.array([-(1 << 21), (1 << 21)], np.int32)[[0, 1, 0, 1, 0]]) is None  # not keys
