@@ -162,7 +162,8 @@ def merge_buckets(row: np.ndarray, keys: np.ndarray, counts: np.ndarray) -> tupl
     (200,000 windows of 30 buckets plus one new bucket each: 0.09 s, against
     0.14 s sorting; with a longer tail the sort is faster: two sorted runs
     are merged by it in linear time). A rest that is merged already (sorted,
-    no pair twice) is inserted as it is.
+    no pair twice) is inserted as it is. Raw events (all counts one) are
+    sorted as uint32 pairs when their rows and keys fit (:func:`_narrow`).
     """
     if len(keys) == 0:
         return row.astype(np.int64), keys.astype(np.int32), counts.astype(np.int64)
@@ -211,7 +212,7 @@ def _narrow(row: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     Packed in the same order as the int64 packing (by row, then key), in half the bytes: numpy sorts 1 M uint32
     in 31 ms against 51 ms for int64 (this machine). A table over the keys' span marks the keys present and gives
     each its rank: pages of it no key falls in are never touched. Rows and ranks fit when a merge spans few
-    buckets, as metrics do: the benchmark's values (0 to 1.1 M) use about 1,300 keys, 11 bits, which leaves
+    buckets, as metrics do: 1 M events of the benchmark (values 0 to 1.1 M) use 1,582 keys, 11 bits, which leaves
     21 bits, 2 M rows.
     """
     keys = np.asarray(keys, np.int32)
