@@ -582,19 +582,11 @@ def _tags(column: pa.Array | None, ok: np.ndarray, kind: pa.DataType) -> pa.Arra
         # validator tells them apart, so such rows go there.
         ok &= ~(present & ~_valid(child))
     names = pa.array([column.type.field(i).name for i in range(column.type.num_fields)], pa.string())
-    n, width = len(ok), len(children)
-    if width and all(pa.types.is_string(c.type) for c in children) and _all_fields(present, children, ok):
-        # The usual block: every accepted line has the same tag names (an agent's tags are fixed). A row's
-        # entries are then its object's fields in order, laid out directly: no ranks, counts or sort.
-        accepted = np.arange(n) if ok.all() else np.flatnonzero(ok)
-        m = len(accepted)
-        field = np.tile(np.arange(width, dtype=np.int32), m)
-        if width == 1:
-            item = children[0] if m == n else children[0].take(pa.array(accepted))
-        else:
-            entry = (accepted[:, None] + np.arange(width)[None, :] * n).ravel()  # row by row, field by field
-            item = pa.concat_arrays(children).take(pa.array(entry))
-        offsets, mask = np.arange(m + 1, dtype=np.int32) * width, None
+    # After the checks above, an accepted row with tags has a string for every field: when every accepted row has
+    # tags (the usual block: an agent's tags are fixed), each carries every name.
+    if children and all(pa.types.is_string(c.type) for c in children) and present[ok].all():
+        field, item, offsets = _fields_in_order(children, ok)
+        mask = None
     else:
         accepted = np.flatnonzero(ok)
         rank = np.cumsum(ok) - 1  # a row's place among the accepted rows
@@ -622,14 +614,21 @@ def _tags(column: pa.Array | None, ok: np.ndarray, kind: pa.DataType) -> pa.Arra
     return pa.MapArray.from_arrays(pa.array(offsets), keys, item, mask=mask).cast(kind)
 
 
-def _all_fields(present: np.ndarray, children: list[pa.Array], ok: np.ndarray) -> bool:
-    """Whether every row left in ``ok`` has tags with a value for every field (``present``: rows with tags)."""
-    if present.all() and not any(child.null_count for child in children):
-        return True
-    complete = present.copy()
-    for child in children:
-        complete &= _valid(child)
-    return bool(complete[ok].all())
+def _fields_in_order(children: list[pa.Array], ok: np.ndarray) -> tuple[np.ndarray, pa.Array, np.ndarray]:
+    """The map entries of the rows left in ``ok``, each of which has a value for every one of ``children`` (the
+    tags' fields, strings): (each entry's field number (int32), its value, the rows' offsets (int32)).
+
+    A row's entries are its object's fields in order, laid out directly: no ranks, counts or sort.
+    """
+    n, width = len(ok), len(children)
+    accepted = np.arange(n) if ok.all() else np.flatnonzero(ok)
+    field = np.tile(np.arange(width, dtype=np.int32), len(accepted))
+    if width == 1:
+        item = children[0] if len(accepted) == n else children[0].take(pa.array(accepted))
+    else:
+        entry = (accepted[:, None] + np.arange(width)[None, :] * n).ravel()  # row by row, field by field
+        item = pa.concat_arrays(children).take(pa.array(entry))
+    return field, item, np.arange(len(accepted) + 1, dtype=np.int32) * width
 
 
 def _check(table: pa.Table, dictionaries: bool = False) -> tuple[np.ndarray, pa.Table]:
