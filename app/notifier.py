@@ -25,17 +25,33 @@ and ``rules/alerting.go``):
 
 ``startsAt`` is the alert's ``active_since`` (pending since; for absence,
 when the silence reached FOR), the same in every message of one alert, so
-Alertmanager merges them into one. Transitions of one alert are delivered in
-order, never two in one request; pending transitions and the nightly run's
-(past) ones are not sent. A relay that starts without a delivery record
-sends the current state: every firing alert, and alerts resolved within the
-last 15 minutes (Prometheus's ``resolvedRetention``).
+Alertmanager merges them into one. Of the transitions of one alert waiting
+in the outbox only the latest is sent (a catch-up that recorded a whole
+episode sends it resolved, with its ``endsAt``, as Prometheus does for an
+alert that resolved while it was down); pending transitions and the nightly
+run's (past) ones are not sent. A relay that starts without a delivery
+record sends the current state: every firing alert, and alerts resolved
+within the last 15 minutes (Prometheus's ``resolvedRetention``).
+
+**Several Alertmanagers** (``LAKE_ALERTMANAGER_URL`` a comma-separated list,
+Prometheus's model for a high-availability pair): one relay per
+Alertmanager, each in its own thread with its own delivery record
+(``notifications/alertmanager_<hash of its URL>.json``), so one that is down
+delays nothing for the others and gets what it missed when it returns.
+
+**Watchdog**: every round a relay also sends an always-firing alert
+``{alertname="Watchdog", severity="none"}`` (kube-prometheus's dead man's
+switch) valid for four resend intervals: while the lake's alerting path
+runs, Alertmanager holds it; a receiver that expects it to be notified
+regularly (README, Alerts) pages when it stops. It is not an ``alerts``
+row; only the delivery record notes when it was last sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import json
 import logging
 import threading
@@ -55,16 +71,34 @@ from metrics_lake.core.speed.alerting import AlertLog
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.lake_schemas.errors import AlertmanagerError, ConfigError, LakeError
 
-__all__ = ["RECEIVER", "AlertNotifier", "Delivery", "alert_payload", "notifying", "start_notifier"]
+__all__ = [
+    "WATCHDOG",
+    "AlertNotifier",
+    "Delivery",
+    "alert_payload",
+    "deliver_all",
+    "notifying",
+    "receiver_name",
+    "start_notifiers",
+    "watchdog_payload",
+]
 
 log = logging.getLogger(__name__)
 
-#: The receiver's name in ``notifications/<receiver>.json``.
-RECEIVER = "alertmanager"
+#: The always-firing alert's labels (kube-prometheus's ``Watchdog``).
+WATCHDOG = {"alertname": "Watchdog", "severity": "none"}
 #: Resolved alerts a relay without a delivery record still sends (Prometheus's resolvedRetention).
 RESOLVED_RETENTION_S = 15 * 60
 _FORMAT = 1
 _US = 1_000_000
+#: Alerts per POST: Alertmanager takes any number, but a catch-up of 10,000 servers is kept to a few requests.
+_ALERTS_PER_REQUEST = 5_000
+
+
+def receiver_name(url: str) -> str:
+    """The delivery record's name for the Alertmanager at ``url``: ``alertmanager_`` and 16 hex digits of its
+    SHA-256 (``notifications/<name>.json``)."""
+    return f"alertmanager_{hashlib.sha256(url.encode()).hexdigest()[:16]}"
 
 
 @dataclass(frozen=True)
@@ -78,6 +112,21 @@ class Delivery:
 
 def _iso(us: int) -> str:
     return dt.datetime.fromtimestamp(us / _US, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def watchdog_payload(*, started_s: float, now_s: float, resend_s: float, dashboard_url: str) -> dict:
+    """The ``Watchdog`` alert (module docstring) as Alertmanager API v2's ``postableAlert``: firing since
+    ``started_s``, valid for four resend intervals after ``now_s`` (epoch seconds)."""
+    return {
+        "labels": dict(WATCHDOG),
+        "annotations": {
+            "summary": "The lake's alerting path is alive: this alert always fires while `lake stream` or "
+            "`lake alerts notify` runs. Route it to a dead man's switch that pages when it stops.",
+        },
+        "startsAt": _iso(int(started_s * _US)),
+        "endsAt": _iso(int((now_s + 4 * resend_s) * _US)),
+        "generatorURL": f"{dashboard_url}/#alerts",
+    }
 
 
 def alert_payload(row: dict, *, now_s: float, resend_s: float, dashboard_url: str) -> dict:
@@ -104,17 +153,22 @@ def alert_payload(row: dict, *, now_s: float, resend_s: float, dashboard_url: st
 
 
 class AlertNotifier:
-    """Relays the lake's alerts to Alertmanager (module docstring); one per lake and Alertmanager.
+    """Relays the lake's alerts to one Alertmanager (module docstring); one per lake and Alertmanager.
 
-    ``clock``: epoch seconds (tests move it). Raises :class:`ConfigError`
-    when ``LAKE_ALERTMANAGER_URL`` is not set.
+    ``url``: the Alertmanager's base URL (default: the first of
+    ``LAKE_ALERTMANAGER_URL``); ``clock``: epoch seconds (tests move it).
+    Raises :class:`ConfigError` when no Alertmanager is given or configured.
     """
 
-    def __init__(self, settings: LakeSettings, store: Store | None = None, *, clock=time.time) -> None:
-        if settings.alertmanager_url is None:
+    def __init__(
+        self, settings: LakeSettings, store: Store | None = None, *, url: str | None = None, clock=time.time
+    ) -> None:
+        if url is None and not settings.alertmanager_urls:
             raise ConfigError("LAKE_ALERTMANAGER_URL is not set: say which Alertmanager gets the alerts")
         self.settings = settings
-        self.url = f"{settings.alertmanager_url}/api/v2/alerts"
+        self.base_url = url or settings.alertmanager_urls[0]
+        self.url = f"{self.base_url}/api/v2/alerts"
+        self.receiver = receiver_name(self.base_url)
         self.store = store or open_store(settings)
         self.alert_log = AlertLog(self.store)
         self.registry = Registry(self.store)
@@ -122,6 +176,8 @@ class AlertNotifier:
         self.session = requests.Session()
         self._delivered: set[str] | None = None
         self._last_sent: dict[str, float] = {}
+        self._started = clock()
+        self._watchdog_sent: float | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
 
@@ -129,7 +185,7 @@ class AlertNotifier:
 
     def _load(self, rows: pa.Table) -> set[str]:
         """The ids Alertmanager accepted: the stored record, or (none yet) all but the current state's."""
-        key = keys.notifications_key(RECEIVER)
+        key = keys.notifications_key(self.receiver)
         try:
             doc = json.loads(self.store.read(key))
             if doc.get("format") == _FORMAT:
@@ -151,8 +207,14 @@ class AlertNotifier:
         return set(rows.column("id").to_pylist()) - current
 
     def _save(self, ids: set[str]) -> None:
-        doc = {"format": _FORMAT, "receiver": RECEIVER, "url": self.settings.alertmanager_url, "delivered": sorted(ids)}
-        self.store.replace(keys.notifications_key(RECEIVER), json.dumps(doc).encode())
+        doc = {
+            "format": _FORMAT,
+            "receiver": self.receiver,
+            "url": self.base_url,
+            "delivered": sorted(ids),
+            "watchdog_sent_at": None if self._watchdog_sent is None else _iso(int(self._watchdog_sent * _US)),
+        }
+        self.store.replace(keys.notifications_key(self.receiver), json.dumps(doc).encode())
 
     # -- one round ----------------------------------------------------------------------------------------------
 
@@ -189,36 +251,38 @@ class AlertNotifier:
             for row in live.filter(wanted).to_pylist():
                 firing_rows[row["fingerprint"]] = row
         due = [firing_rows[key] for key in keys_due if key in firing_rows]
-        batches: list[list[dict]] = []
-        for row in outbox:  # in commit order; an alert's next transition goes in a later request
-            for batch in batches:
-                if all(r["fingerprint"] != row["fingerprint"] for r in batch):
-                    batch.append(row)
-                    break
-            else:
-                batches.append([row])
-        if due:
-            if batches:
-                batches[-1].extend(due)
-            else:
-                batches.append(due)
-        descriptions = {name: e.description for name, e in self.registry.current().rules.items()} if batches else {}
-        requests_made = 0
-        for batch in batches:
-            payload = [
-                alert_payload(
-                    {**r, "description": descriptions.get(r["rule"], "")},
-                    now_s=now,
-                    resend_s=resend,
-                    dashboard_url=self.settings.dashboard_url,
+        # Per alert only its latest transition waiting is sent (module docstring); the others count as delivered.
+        latest = {r["fingerprint"]: r for r in outbox}
+        rows_to_send = list(latest.values()) + due
+        descriptions = {}
+        if rows_to_send:
+            descriptions = {name: e.description for name, e in self.registry.current().rules.items()}
+        payload = [
+            alert_payload(
+                {**r, "description": descriptions.get(r["rule"], "")},
+                now_s=now,
+                resend_s=resend,
+                dashboard_url=self.settings.dashboard_url,
+            )
+            for r in rows_to_send
+        ]
+        watchdog_due = self._watchdog_sent is None or now - self._watchdog_sent >= resend
+        if watchdog_due:
+            payload.append(
+                watchdog_payload(
+                    started_s=self._started, now_s=now, resend_s=resend, dashboard_url=self.settings.dashboard_url
                 )
-                for r in batch
-            ]
-            self._post(payload)
+            )
+        requests_made = 0
+        for at in range(0, len(payload), _ALERTS_PER_REQUEST):
+            self._post(payload[at : at + _ALERTS_PER_REQUEST])
             requests_made += 1
-            for row in batch:
+        if watchdog_due:
+            self._watchdog_sent = now
+        if payload:
+            for row in rows_to_send:
                 self._last_sent[row["fingerprint"]] = now
-                self._delivered.add(row["id"])
+            self._delivered.update(r["id"] for r in outbox)
             self._delivered &= set(live.column("id").to_pylist())  # forget ids retention removed from the table
             self._save(self._delivered)
         return Delivery(len(outbox), len(due), requests_made)
@@ -227,10 +291,10 @@ class AlertNotifier:
         try:
             answer = self.session.post(self.url, json=payload, timeout=self.settings.alert_notify_timeout_seconds)
         except requests.RequestException as exc:
-            raise AlertmanagerError(f"Alertmanager at {self.settings.alertmanager_url} did not answer: {exc}") from None
+            raise AlertmanagerError(f"Alertmanager at {self.base_url} did not answer: {exc}") from None
         if answer.status_code != 200:
             raise AlertmanagerError(
-                f"Alertmanager at {self.settings.alertmanager_url} refused {len(payload)} alert(s): "
+                f"Alertmanager at {self.base_url} refused {len(payload)} alert(s): "
                 f"HTTP {answer.status_code} {answer.text[:200]}"
             )
 
@@ -254,7 +318,7 @@ class AlertNotifier:
             try:
                 done = self.deliver()
                 if failing:
-                    log.warning("Alertmanager at %s accepts alerts again", self.settings.alertmanager_url)
+                    log.warning("Alertmanager at %s accepts alerts again", self.base_url)
                 if done.delivered:
                     log.info("alerts: %d transition(s) delivered to Alertmanager", done.delivered)
                 elif done.resent:
@@ -269,37 +333,64 @@ class AlertNotifier:
             self._wake.clear()
 
 
-def start_notifier(settings: LakeSettings, store: Store | None = None) -> tuple[AlertNotifier, threading.Thread] | None:
-    """Run an :class:`AlertNotifier` in a daemon thread; returns ``(notifier, thread)`` (``notifier.stop()`` ends
-    it), or None when ``LAKE_ALERTMANAGER_URL`` is not set."""
-    if settings.alertmanager_url is None:
-        return None
-    notifier = AlertNotifier(settings, store)
-    thread = threading.Thread(target=notifier.run, name="alert-notifier", daemon=True)
-    thread.start()
-    return notifier, thread
+def start_notifiers(settings: LakeSettings, store: Store | None = None) -> list[tuple[AlertNotifier, threading.Thread]]:
+    """Run an :class:`AlertNotifier` per configured Alertmanager, each in a daemon thread; returns
+    ``(notifier, thread)`` pairs (``notifier.stop()`` ends one), none when ``LAKE_ALERTMANAGER_URL`` is not set."""
+    store = store or (open_store(settings) if settings.alertmanager_urls else None)
+    relays = []
+    for url in settings.alertmanager_urls:
+        notifier = AlertNotifier(settings, store, url=url)
+        thread = threading.Thread(target=notifier.run, name=f"alert-notifier[{url}]", daemon=True)
+        thread.start()
+        relays.append((notifier, thread))
+    return relays
+
+
+def deliver_all(settings: LakeSettings, store: Store | None = None) -> dict[str, Delivery]:
+    """One delivery round to every configured Alertmanager (``lake alerts notify --once``); by URL.
+
+    Raises :class:`AlertmanagerError` naming those that did not accept,
+    after trying every one (the others' deliveries stand).
+    """
+    store = store or open_store(settings)
+    done: dict[str, Delivery] = {}
+    failed: list[str] = []
+    for url in settings.alertmanager_urls:
+        try:
+            done[url] = AlertNotifier(settings, store, url=url).deliver()
+        except AlertmanagerError as exc:
+            failed.append(str(exc))
+    if failed:
+        raise AlertmanagerError("; ".join(failed))
+    return done
 
 
 @contextlib.contextmanager
 def notifying(settings: LakeSettings, store: Store | None = None) -> Iterator[Callable[[], None]]:
-    """Relay alerts to ``LAKE_ALERTMANAGER_URL`` in a thread for the duration of the block; yields ``wake()`` for the
-    caller to call after each micro-batch (a no-op when no Alertmanager is configured).
+    """Relay alerts to every ``LAKE_ALERTMANAGER_URL`` in threads for the duration of the block; yields ``wake()``
+    for the caller to call after each micro-batch (a no-op when no Alertmanager is configured).
 
-    On exit the thread stops and one last delivery is tried, so what the
-    block committed is sent before a one-shot command ends; if Alertmanager
-    does not take it, it stays in the outbox (logged) for the next run.
+    On exit the threads stop and one last delivery to each is tried, so what
+    the block committed is sent before a one-shot command ends; what an
+    Alertmanager does not take stays in its outbox (logged) for the next run.
     """
-    relay = start_notifier(settings, store)
-    if relay is None:
+    relays = start_notifiers(settings, store)
+    if not relays:
         yield lambda: None
         return
-    notifier, thread = relay
+
+    def wake() -> None:
+        for notifier, _ in relays:
+            notifier.wake()
+
     try:
-        yield notifier.wake
+        yield wake
     finally:
-        notifier.stop()
-        thread.join(timeout=settings.alert_notify_timeout_seconds + 5)
-        try:
-            notifier.deliver()
-        except (LakeError, OSError) as exc:
-            log.warning("%s; the alerts stay in the outbox for the next `lake stream` or `lake alerts notify`", exc)
+        for notifier, _ in relays:
+            notifier.stop()
+        for notifier, thread in relays:
+            thread.join(timeout=settings.alert_notify_timeout_seconds + 5)
+            try:
+                notifier.deliver()
+            except (LakeError, OSError) as exc:
+                log.warning("%s; the alerts stay in the outbox for the next `lake stream` or `lake alerts notify`", exc)

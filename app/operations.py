@@ -107,18 +107,18 @@ def evaluate_alert_days(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 
 def notify_alerts(settings: LakeSettings) -> dict:
-    """Deliver the alerts table's outbox to Alertmanager once (``lake alerts notify --once``).
+    """Deliver the alerts table's outbox to every configured Alertmanager once (``lake alerts notify --once``).
 
     Returns what was sent; ``{"skipped": ...}`` when ``LAKE_ALERTMANAGER_URL``
     is not set. Raises :class:`~metrics_lake.lake_schemas.errors.AlertmanagerError`
     when Alertmanager does not accept them (the task fails and is retried;
     the outbox keeps them).
     """
-    from metrics_lake.app.notifier import AlertNotifier
+    from metrics_lake.app.notifier import deliver_all
 
     if settings.alertmanager_url is None:
         return {"skipped": "LAKE_ALERTMANAGER_URL is not set"}
-    return asdict(AlertNotifier(settings).deliver())
+    return {url: asdict(done) for url, done in deliver_all(settings).items()}
 
 
 def compact_log(settings: LakeSettings) -> list[dict]:

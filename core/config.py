@@ -13,6 +13,7 @@ import getpass
 import os
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -210,8 +211,21 @@ class LakeSettings(BaseSettings):
     )
     alertmanager_url: str | None = Field(
         None,
-        description="Prometheus Alertmanager that `lake stream` (and `lake alerts notify`) posts firing and resolved "
-        "alerts to (API v2, e.g. http://127.0.0.1:9093); unset: alerts are only recorded in the alerts table.",
+        description="Prometheus Alertmanager(s) that `lake stream` (and `lake alerts notify`) posts firing and "
+        "resolved alerts to (API v2, e.g. http://127.0.0.1:9093); a comma-separated list for a high-availability "
+        "pair or cluster: every alert goes to each, Alertmanager deduplicates. Unset: alerts are only recorded in "
+        "the alerts table.",
+    )
+    alert_evaluation_interval_seconds: int = Field(
+        60,
+        ge=1,
+        description="Threshold rules are evaluated at every multiple of this many seconds (epoch-aligned) up to the "
+        "event clock, each step on the windows that ended by then (Prometheus's evaluation_interval).",
+    )
+    nodata_seconds: int = Field(
+        60,
+        ge=1,
+        description="The built-in LakeNoData alert fires when the lake received no record at all for this long.",
     )
     alert_evaluation_delay_seconds: float = Field(
         0.0,
@@ -263,7 +277,25 @@ class LakeSettings(BaseSettings):
             raise ConfigError("must be a local or shared file system path (Spark checkpoints use Hadoop's FileSystem)")
         return value
 
-    @field_validator("alertmanager_url", "dashboard_url")
+    @field_validator("alertmanager_url")
+    @classmethod
+    def _check_alertmanager_urls(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        urls = [u.strip().rstrip("/") for u in value.split(",")]
+        for url in urls:
+            if not _is_http_url(url):
+                raise ConfigError(f"{url!r} in the Alertmanager list is not an http:// or https:// URL with a host")
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"{value!r} names an Alertmanager twice")
+        return ",".join(urls)
+
+    @property
+    def alertmanager_urls(self) -> list[str]:
+        """The Alertmanagers alerts go to (``LAKE_ALERTMANAGER_URL`` split at commas); empty when unset."""
+        return [] if self.alertmanager_url is None else self.alertmanager_url.split(",")
+
+    @field_validator("dashboard_url")
     @classmethod
     def _check_http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
@@ -325,6 +357,16 @@ class LakeSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Environment overrides ``lake.toml``; explicit arguments override both."""
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+def _is_http_url(url: str) -> bool:
+    """Whether ``url`` is an http(s) URL with a host and, if given, a valid port."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def _secret_fields() -> set[str]:

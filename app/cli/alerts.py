@@ -25,7 +25,7 @@ from metrics_lake.app.cli.registry_edits import (
     print_history,
 )
 from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.errors import AlertRuleError
+from metrics_lake.lake_schemas.errors import AlertRuleError, ConfigError
 from metrics_lake.lake_schemas.operations import ALERTS
 from metrics_lake.lake_schemas.tables import Table
 
@@ -234,23 +234,23 @@ def notify(
     `lake stream` does this by itself; run this where the speed layer runs as scheduled batches (`--once` after
     each), or to drain the outbox after Alertmanager was down. Exits 2 if Alertmanager does not accept them.
     """
-    from metrics_lake.app.notifier import AlertNotifier
+    from metrics_lake.app.notifier import deliver_all, start_notifiers
 
     config = settings()
-    notifier = AlertNotifier(config)
+    if not config.alertmanager_urls:
+        raise ConfigError("LAKE_ALERTMANAGER_URL is not set: say which Alertmanager gets the alerts")
     if once:
-        done = notifier.deliver()
-        err.print(
-            f"delivered {done.delivered} transition(s), resent {done.resent} firing alert(s) to "
-            f"{config.alertmanager_url} in {done.requests} request(s)"
-        )
+        for url, done in deliver_all(config).items():
+            err.print(
+                f"delivered {done.delivered} transition(s), resent {done.resent} firing alert(s) to "
+                f"{url} in {done.requests} request(s)"
+            )
         return
     stop = stop_on_signals()
-    err.print(f"delivering alerts to {config.alertmanager_url} until Ctrl-C")
-    import threading
-
-    worker = threading.Thread(target=notifier.run, name="alert-notifier", daemon=True)
-    worker.start()
+    err.print(f"delivering alerts to {', '.join(config.alertmanager_urls)} until Ctrl-C")
+    relays = start_notifiers(config)
     stop.wait()
-    notifier.stop()
-    worker.join(timeout=10)
+    for notifier, _ in relays:
+        notifier.stop()
+    for _, worker in relays:
+        worker.join(timeout=10)

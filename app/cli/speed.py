@@ -72,7 +72,7 @@ def _run_speed_layer(spark, config, once: bool, stop, metrics_host: str, metrics
     from metrics_lake.spark.jobs.stream_metrics import run_stream
 
     mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
-    alerts = f"; alerts to {config.alertmanager_url}" if config.alertmanager_url else ""
+    alerts = f"; alerts to {', '.join(config.alertmanager_urls)}" if config.alertmanager_urls else ""
     err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
     metrics = SpeedMetrics()
     if metrics_port is not None:
@@ -88,7 +88,7 @@ def _run_speed_layer(spark, config, once: bool, stop, metrics_host: str, metrics
             metrics.observe(outcome)
             wake()
 
-        run_stream(spark, config, once=once, stop=stop, progress=progress)
+        run_stream(spark, config, once=once, stop=stop, progress=progress, alerted=wake)
 
 
 def replay(

@@ -37,11 +37,16 @@ set of :class:`ActiveAlert`, keyed by fingerprint; every change of it is one
 :class:`Transition`, a row of the ``alerts`` table, so the state of any
 evaluation can be rebuilt from the table (:func:`apply`).
 
-A series' **value at time T** (threshold rules): the query window that
-contains T with the earliest start (for a hopping query the one holding the
-most of the trailing data; for a tumbling one the window of T), else the
-newest window that ended at most one step before T; with neither, the series
-has no value and its condition does not hold (Prometheus's staleness).
+A series' **value at an evaluation step T** (threshold rules): its newest
+query window ending at or before T and after T minus the query's step
+(:class:`~metrics_lake.core.kernels.alert_steps.SeriesTimeline`); without
+one, the series has no value and its condition does not hold (Prometheus's
+staleness). Threshold rules are evaluated at every step of the evaluation
+interval (:mod:`metrics_lake.core.kernels.alert_steps`).
+
+**LakeNoData** (:func:`no_data_rule`): a built-in rule evaluated with the
+absence rules, firing when the lake received no record at all for
+``LAKE_NODATA_SECONDS``.
 
 Fingerprints are Alertmanager's: FNV-1a 64 over the labels sorted by name,
 each name and value followed by the byte 0xff (``prometheus/common``
@@ -68,6 +73,8 @@ from metrics_lake.lake_schemas.types import UTC_US, utc_dates
 
 __all__ = [
     "ABSENCE",
+    "NO_DATA",
+    "NO_DATA_RULE",
     "OPERATORS",
     "THRESHOLD",
     "ActiveAlert",
@@ -79,13 +86,15 @@ __all__ = [
     "evaluate",
     "fingerprint",
     "format_duration",
+    "no_data_rule",
     "parse_rule",
     "series_rows",
-    "series_values",
     "transitions_table",
 ]
 
-THRESHOLD, ABSENCE = "threshold", "absence"
+THRESHOLD, ABSENCE, NO_DATA = "threshold", "absence", "nodata"
+#: The built-in rule that fires when the lake received no record at all (:func:`no_data_rule`).
+NO_DATA_RULE = "LakeNoData"
 PENDING, FIRING, RESOLVED, INACTIVE = "pending", "firing", "resolved", "inactive"
 #: The comparison operators of threshold rules, as numpy ufuncs.
 OPERATORS = {
@@ -160,6 +169,25 @@ def format_duration(seconds: float) -> str:
     if seconds or not parts:
         parts.append(f"{seconds}s")
     return " ".join(parts)
+
+
+def no_data_rule(seconds: int, topic: str) -> AlertRule:
+    """The built-in ``LakeNoData`` rule: fires when no record at all was appended to ``topic`` for ``seconds``
+    (``LAKE_NODATA_SECONDS``), judged on the absence rules' clock; labels ``severity=critical`` and ``topic``.
+
+    A whole fleet, the network in front of it or the gateway going silent
+    is one alert (Prometheus's ``up == 0`` for the whole scrape pool); an
+    Alertmanager ``inhibit_rules`` entry muting per-server alerts while it
+    fires makes such an outage page once (README, Alerts).
+    """
+    return AlertRule(
+        NO_DATA_RULE,
+        f"NO DATA FOR {format_duration(seconds)}",
+        NO_DATA,
+        seconds,
+        (("severity", "critical"), ("topic", topic)),
+        description=f"No record reached topic {topic!r}: agents, the network or the gateway are down.",
+    )
 
 
 def _seconds(name: str, text: str, *, low: int, high: int, limit: str) -> int:
@@ -366,39 +394,6 @@ def series_rows(rows: pa.Table, query: StoredQuery, aggregate: str) -> pa.Table:
     return rows.filter(pc.and_(keep, pc.is_valid(servers) if query.per_server else pc.is_null(servers)))
 
 
-def series_values(rows: pa.Table, query: StoredQuery, aggregate: str, at_us: int) -> SeriesValues:
-    """Each series' value at ``at_us`` (module docstring) from ``query_results`` rows of ``query``.
-
-    ``rows`` has the columns ``query, server, window_start, window_end,
-    aggregate, value`` (other queries' rows are ignored). A ``PER SERVER``
-    query's series are its servers (its fleet rows are left out), any other
-    query's its one fleet row.
-    """
-    rows = series_rows(rows, query, aggregate)
-    if rows.num_rows == 0:
-        return SeriesValues.empty()
-    starts = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
-    ends = pc.cast(rows.column("window_end"), pa.int64()).to_numpy(zero_copy_only=False)
-    step_us = query.slide_s * _US
-    candidate = (starts <= at_us) & (ends > at_us - step_us)
-    if not candidate.any():
-        return SeriesValues.empty()
-    rows, starts, ends = rows.filter(pa.array(candidate)), starts[candidate], ends[candidate]
-    servers = pc.fill_null(rows.column("server"), "").to_numpy(zero_copy_only=False).astype(object)
-    codes = pc.dictionary_encode(pa.array(servers, pa.string())).indices.to_numpy(zero_copy_only=False)
-    containing = ends > at_us
-    # Windows holding T first (the one ending soonest), then the newest that ended: the first row per series wins.
-    order = np.lexsort((np.where(containing, ends, -ends), ~containing, codes))
-    first = order[np.unique(codes[order], return_index=True)[1]]
-    values = rows.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
-    return SeriesValues(
-        [s or None for s in servers[first]] if query.per_server else [None] * len(first),
-        values[first],
-        starts[first],
-        ends[first],
-    )
-
-
 def evaluate(
     rules: list[AlertRule],
     active: dict[str, ActiveAlert],
@@ -415,7 +410,7 @@ def evaluate(
     ``threshold_at_us``: the evaluation time of threshold rules (the event
     clock minus the evaluation delay; None: not yet known, they are not
     evaluated and keep their state); ``threshold_values``: per rule name,
-    its series' values at that time (:func:`series_values`);
+    its series' values at that time (:meth:`~metrics_lake.core.kernels.alert_steps.SeriesTimeline.at`);
     ``absence_at_us``: the evaluation time of absence rules (the lake's
     append clock); ``last_seen``: rows ``(server, metric, last_seen_at)``
     of the ``last_seen`` table; ``expected``: the servers the inventory
@@ -440,6 +435,8 @@ def evaluate(
             if threshold_at_us is not None:  # else no event clock yet: the rule keeps its state
                 series = threshold_values.get(rule.name, SeriesValues.empty())
                 transitions += _threshold(rule, series, mine, threshold_at_us)
+        elif absence_at_us is not None and rule.kind == NO_DATA:
+            transitions += _no_data(rule, last_seen, mine, absence_at_us)
         elif absence_at_us is not None:
             if silent_rows is None:  # grouped once for every absence rule
                 silent_rows = _by_metric(last_seen)
@@ -559,6 +556,34 @@ def _threshold(
                 )
             )
     return transitions
+
+
+def _no_data(rule: AlertRule, last_seen: pa.Table, mine: dict[str | None, ActiveAlert], at_us: int) -> list[Transition]:
+    """The built-in rule's transitions (:func:`no_data_rule`): firing once the newest append time in ``last_seen``
+    is ``FOR`` or more before ``at_us``; nothing before the first record."""
+    if last_seen.num_rows == 0:
+        return []
+    last = int(pc.max(pc.cast(last_seen.column("last_seen_at"), pa.int64())).as_py())
+    silence = (at_us - last) / _US
+    when = dt.datetime.fromtimestamp(last / _US, dt.UTC)
+    if at_us - last >= rule.for_s * _US:
+        return _holds(
+            rule,
+            None,
+            mine.get(None),
+            at_us,
+            state_for=lambda since: FIRING,
+            value=silence,
+            window=(last, None),
+            summary=lambda since: (
+                f"no record at all for {format_duration(silence)} (the last one appended {when:%Y-%m-%d %H:%M:%S}Z)"
+            ),
+            new_since=last + rule.for_s * _US,
+        )
+    previous = mine.get(None)
+    if previous is None:
+        return []
+    return [_resolved(rule, previous, at_us, silence, (last, None), f"records again (appended {when:%H:%M:%S}Z)")]
 
 
 def _by_metric(last_seen: pa.Table) -> dict[str, pa.Table]:

@@ -18,30 +18,45 @@ positions):
    after a crash, or after the checkpoint was lost, continues from what was
    committed and records no transition twice.
 
-**Clocks.** Threshold rules are evaluated at the stream's *event clock*
-(the watermark plus ``LAKE_WATERMARK_SECONDS``: the newest event time, as
-the windows table records it) minus ``LAKE_ALERT_EVALUATION_DELAY_SECONDS``;
-absence rules at the lake's *append clock*, so an agent whose clock is off
-neither looks silent nor makes others look so: the newest ``last_seen_at``,
-but no later than the append time up to which every partition has been read
-(a batch catching up on a backlog reads some partitions further than others,
-and a server whose records wait unread is not silent), never moving back
-(the alerts table records it). Both are read from committed tables, so a
-replayed batch evaluates at the time it did. When no record arrives at all,
-no batch runs and neither clock moves: a whole fleet going silent is the
-freshness check's to report (``/api/health``, ``lake quality``), as
-Prometheus's own ``up`` needs an outside watcher.
+**Clocks.** Threshold rules are evaluated at *evaluation steps*: every
+multiple of ``LAKE_ALERT_EVALUATION_INTERVAL_SECONDS`` after the last step
+evaluated (recorded in ``alerts`` with the transitions, :func:`threshold_clock_app_id`)
+up to the stream's *event clock* (the watermark plus ``LAKE_WATERMARK_SECONDS``:
+the newest event time, as the windows table records it) minus
+``LAKE_ALERT_EVALUATION_DELAY_SECONDS``, each step seeing only windows that
+ended by then (:mod:`metrics_lake.core.kernels.alert_steps`). The table is
+then a function of the log: a catch-up over an hour records the hour's
+transitions at their steps, as a batch per event would. The first steps of
+a new lake start at its oldest stored query window (at most the absence
+lookback back); a lake that evaluated alerts before steps existed starts at
+its event clock.
+
+Absence rules and the built-in ``LakeNoData`` are evaluated at the lake's
+*append clock*, so an agent whose clock is off neither looks silent nor
+makes others look so: the newest ``last_seen_at``, but no later than the
+append time up to which every partition has been read (a batch catching up
+on a backlog reads some partitions further than others, and a server whose
+records wait unread is not silent), never moving back (the alerts table
+records it, :func:`absence_clock_app_id`). When no record arrives at all,
+no batch runs; the stream then evaluates them *idle* (:func:`evaluate_idle`):
+once it has read every partition to its end, the clock advances to the wall
+time at which it saw that end, so a whole fleet (or the gateway) going
+silent fires every watched server's absence alert within ``FOR`` plus one
+trigger, and ``LakeNoData`` after ``LAKE_NODATA_SECONDS``. Both clocks are
+read from committed tables, so a replayed batch evaluates at the times it did.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Transaction
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.alert_rules import (
@@ -50,15 +65,23 @@ from metrics_lake.core.kernels.alert_rules import (
     THRESHOLD,
     ActiveAlert,
     AlertRule,
-    SeriesValues,
+    Transition,
     apply,
-    series_values,
+    evaluate,
+    no_data_rule,
+    transitions_table,
 )
+from metrics_lake.core.kernels.alert_steps import SeriesTimeline, advance, evaluate_steps, evaluation_steps
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.kernels.windows import dictionary_codes, reduce_at
-from metrics_lake.core.speed.progress import CONSUMER
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.speed.enrichment import expected_servers
+from metrics_lake.core.speed.progress import CONSUMER, table_positions, window_start_bounds
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.delta import ensure_table
+from metrics_lake.core.tables.commits import commit_changes, retry_on_conflict
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import LatestTables, ensure_table
 from metrics_lake.core.tables.snapshots import (
     DataFile,
     days_between,
@@ -72,19 +95,26 @@ from metrics_lake.lake_schemas.types import utc_dates
 __all__ = [
     "SEEN",
     "AlertLog",
+    "AlertEvaluation",
     "AlertOptions",
     "absence_clock_app_id",
     "absence_clock_ms",
     "append_clock_us",
+    "evaluate_alerts",
     "event_clock_us",
     "initial_last_seen",
     "read_last_seen",
+    "evaluate_idle",
     "seen_rows",
-    "threshold_values",
+    "shared_alert_log",
+    "threshold_clock_app_id",
+    "threshold_timelines",
     "updated_last_seen",
     "watched_app_id",
     "watched_metrics",
 ]
+
+log = logging.getLogger(__name__)
 
 _US = 1_000_000
 #: Below every time: "no row of this key" in :func:`_newest`'s tables.
@@ -95,16 +125,25 @@ SEEN = pa.schema([LAST_SEEN.field(n) for n in ("server", "metric", "last_seen_at
 
 @dataclass(frozen=True)
 class AlertOptions:
-    """How the speed layer evaluates alert rules: ``evaluation_delay_s`` behind the event clock (threshold rules),
-    ``absence_lookback_s`` for which a silent server stays expected (seconds; ``LAKE_ALERT_*`` settings)."""
+    """How the speed layer evaluates alert rules (seconds; the ``LAKE_ALERT_*`` and ``LAKE_NODATA_SECONDS``
+    settings): ``evaluation_delay_s`` behind the event clock and ``evaluation_interval_s`` between steps
+    (threshold rules), ``absence_lookback_s`` for which a silent server stays expected, ``nodata_s`` of no record
+    at all before ``LakeNoData`` fires."""
 
     evaluation_delay_s: float = 0.0
     absence_lookback_s: int = DAY_S
+    evaluation_interval_s: int = 60
+    nodata_s: int = 60
 
     @classmethod
     def from_settings(cls, settings: LakeSettings) -> AlertOptions:
         """The options ``settings`` configure."""
-        return cls(settings.alert_evaluation_delay_seconds, settings.alert_absence_lookback_seconds)
+        return cls(
+            settings.alert_evaluation_delay_seconds,
+            settings.alert_absence_lookback_seconds,
+            settings.alert_evaluation_interval_seconds,
+            settings.nodata_seconds,
+        )
 
 
 def watched_metrics(rules: list[AlertRule]) -> tuple[str, ...]:
@@ -270,30 +309,119 @@ def append_clock_us(last_seen: pa.Table) -> int | None:
     return int(pc.max(pc.cast(last_seen.column("last_seen_at"), pa.int64())).as_py())
 
 
-def threshold_values(
-    store: Store, query_results: DeltaTable, rules: list[AlertRule], queries: dict[str, StoredQuery], at_us: int
-) -> dict[str, SeriesValues]:
-    """Per threshold rule, its series' values at ``at_us`` (epoch µs), read from the ``query_results`` snapshot.
+def threshold_clock_app_id(topic: str) -> str:
+    """The ``txn`` appId under which ``alerts`` records the last evaluation step (epoch ms) of threshold rules."""
+    return f"{CONSUMER}/{topic}/threshold-clock"
 
-    Only the files whose ``window_start`` statistics reach the windows that
-    may hold ``at_us`` (one window and one step back) are read.
-    """
+
+def threshold_timelines(
+    store: Store,
+    query_results: DeltaTable,
+    rules: list[AlertRule],
+    queries: dict[str, StoredQuery],
+    first_us: int,
+    last_us: int,
+) -> dict[str, SeriesTimeline]:
+    """Per threshold rule, its series over the steps ``first_us..last_us`` (epoch µs), read from the
+    ``query_results`` snapshot: only files whose ``window_start`` statistics reach windows ending in
+    ``(first_us - step, last_us]``. Rules sharing a query and aggregate share one timeline."""
     chosen = [r for r in rules if r.kind == THRESHOLD and r.query in queries]
     if not chosen:
         return {}
     used = {r.query: queries[r.query] for r in chosen}
     reach = max(q.duration_s + q.slide_s for q in used.values()) * _US
-    files = windowed_files(
-        store, Table.QUERY_RESULTS, query_results, days_between(at_us - reach, at_us + reach), at_us - reach, at_us
-    )
+    lo, hi = first_us - reach, last_us
+    files = windowed_files(store, Table.QUERY_RESULTS, query_results, days_between(lo, hi + 1), lo, hi)
     columns = ["query", "server", "window_start", "window_end", "aggregate", "value"]
     rows = read_data_files(store, files, QUERY_RESULTS, columns)
     by_query = {name: rows.filter(pc.equal(rows.column("query"), name)) for name in used}
-    values: dict[tuple[str, str], SeriesValues] = {}  # rules sharing a query and aggregate share its series
+    timelines: dict[tuple[str, str], SeriesTimeline] = {}
     for r in chosen:
-        if (r.query, r.aggregate) not in values:
-            values[(r.query, r.aggregate)] = series_values(by_query[r.query], used[r.query], r.aggregate, at_us)
-    return {r.name: values[(r.query, r.aggregate)] for r in chosen}
+        if (r.query, r.aggregate) not in timelines:
+            timelines[(r.query, r.aggregate)] = SeriesTimeline(by_query[r.query], used[r.query], r.aggregate)
+    return {r.name: timelines[(r.query, r.aggregate)] for r in chosen}
+
+
+@dataclass
+class AlertEvaluation:
+    """What one evaluation decided: the ``transitions`` in order, the clocks to record with them (``txn``
+    actions of ``alerts``), and the active alerts after them (by fingerprint)."""
+
+    transitions: list[Transition]
+    clocks: list[Transaction]
+    active: dict[str, ActiveAlert] = field(default_factory=dict)
+
+
+def evaluate_alerts(
+    store: Store,
+    alerts: DeltaTable,
+    query_results: DeltaTable | None,
+    last_seen: pa.Table,
+    rules: list[AlertRule],
+    queries: list[StoredQuery],
+    active: dict[str, ActiveAlert],
+    *,
+    topic: str,
+    options: AlertOptions,
+    event_clock: int | None,
+    read_through_ms: int | None,
+    observed_end_ms: int | None = None,
+    expected: pa.Table | None = None,
+) -> AlertEvaluation:
+    """Evaluate every rule (module docstring, Clocks) from the state ``active`` the ``alerts`` snapshot leaves.
+
+    Threshold rules at each step up to ``event_clock`` (epoch µs: the event
+    clock minus the evaluation delay; None: none yet) over ``query_results``
+    (None: no threshold step, as when idle); then absence rules and
+    ``LakeNoData`` once at the append clock of ``last_seen`` (rows
+    :data:`SEEN`), capped at ``read_through_ms``, or, when the caller saw
+    every partition read to its end, at least ``observed_end_ms`` (epoch
+    ms). ``expected``: the inventory's servers, as for
+    :func:`~metrics_lake.core.kernels.alert_rules.evaluate`.
+    """
+    rules = [*rules, no_data_rule(options.nodata_s, topic)]
+    clocks: list[Transaction] = []
+    transitions: list[Transition] = []
+    if query_results is not None and event_clock is not None:
+        previous = alerts.transaction_version(threshold_clock_app_id(topic))
+        first = None
+        if previous is None:
+            if alerts.transaction_version(absence_clock_app_id(topic)) is None:  # a new lake: from its first window
+                first = window_start_bounds(query_results)[0]
+            first = max(first if first is not None else event_clock, event_clock - options.absence_lookback_s * _US)
+        steps = evaluation_steps(
+            None if previous is None else previous * 1000, first, event_clock, options.evaluation_interval_s
+        )
+        if len(steps):
+            by_name = {q.name: q for q in queries}
+            timelines = {}
+            if any(r.kind == THRESHOLD for r in rules):
+                timelines = threshold_timelines(store, query_results, rules, by_name, int(steps[0]), int(steps[-1]))
+            transitions, active = evaluate_steps(rules, active, steps, timelines)
+            clocks.append(Transaction(threshold_clock_app_id(topic), int(steps[-1]) // 1000))
+        elif previous is None:  # none due yet: record where the first one is, so the next batch starts there
+            step_us = options.evaluation_interval_s * _US
+            clocks.append(Transaction(threshold_clock_app_id(topic), (-(-first // step_us) - 1) * step_us // 1000))
+    clock_ms = absence_clock_ms(
+        append_clock_us(last_seen), read_through_ms, alerts.transaction_version(absence_clock_app_id(topic))
+    )
+    if observed_end_ms is not None and last_seen.num_rows:
+        clock_ms = observed_end_ms if clock_ms is None else max(clock_ms, observed_end_ms)
+    if clock_ms is not None:
+        absent = evaluate(
+            rules,
+            active,
+            threshold_at_us=None,
+            threshold_values={},
+            absence_at_us=clock_ms * 1000,
+            last_seen=last_seen,
+            lookback_s=options.absence_lookback_s,
+            expected=expected,
+        )
+        transitions += absent
+        active = advance(active, absent)
+        clocks.append(Transaction(absence_clock_app_id(topic), clock_ms))
+    return AlertEvaluation(transitions, clocks, active)
 
 
 class AlertLog:
@@ -334,6 +462,87 @@ class AlertLog:
         if not parts:
             return ALERTS.empty_table()
         return pa.concat_tables(parts).sort_by([("recorded_at", "ascending"), ("seq", "ascending")])
+
+
+_ALERT_LOGS: dict[str, AlertLog] = {}
+_ALERT_LOGS_LOCK = threading.Lock()
+
+
+def shared_alert_log(store: Store) -> AlertLog:
+    """The process's :class:`AlertLog` of ``store``'s lake, kept from one evaluation to the next (one per root)."""
+    with _ALERT_LOGS_LOCK:
+        return _ALERT_LOGS.setdefault(store.root, AlertLog(store))
+
+
+def forget_alert_logs() -> None:
+    """Drop the kept :class:`AlertLog` objects: the next evaluation reads ``alerts`` anew (as a new process would)."""
+    with _ALERT_LOGS_LOCK:
+        _ALERT_LOGS.clear()
+
+
+def evaluate_idle(
+    store: Store,
+    topic: str,
+    rules: list[AlertRule],
+    options: AlertOptions,
+    now_ms: int,
+    tables: LatestTables | None = None,
+) -> int:
+    """Evaluate absence rules and ``LakeNoData`` while no record arrives (module docstring, Clocks); returns the
+    transitions recorded.
+
+    Does nothing unless ``alerts`` holds every partition of ``topic`` up to
+    its end: the clock then advances to ``now_ms`` (epoch ms, taken by the
+    caller before it looked at the log's ends). Transitions are appended
+    with the clock they were evaluated at; an evaluation that changes
+    nothing commits nothing (no empty versions while a fleet is silent).
+    """
+    tables = tables or LatestTables()
+    ends = end_offsets(SegmentLog(store), topic)
+    if not ends:
+        return 0
+    held = table_positions(store, Table.ALERTS, topic, ends, tables)
+    if any((held[p] or 0) < end for p, end in ends.items()):
+        return 0  # records wait unread: the next batch evaluates with them
+    recorded = 0
+
+    def attempt() -> None:
+        nonlocal recorded
+        table = tables.latest(store, Table.ALERTS)
+        evaluation = evaluate_alerts(
+            store,
+            table,
+            None,
+            read_last_seen(store, tables.latest(store, Table.LAST_SEEN)),
+            rules,
+            [],
+            shared_alert_log(store).refresh(table),
+            topic=topic,
+            options=options,
+            event_clock=None,
+            read_through_ms=None,
+            observed_end_ms=now_ms,
+            expected=expected_servers(store),
+        )
+        if not evaluation.transitions:
+            recorded = 0
+            return
+        rows = transitions_table(evaluation.transitions, dt.datetime.now(dt.UTC))
+        commit_changes(
+            table,
+            Table.ALERTS,
+            write_data_files(store, Table.ALERTS, rows),
+            [],
+            transactions=evaluation.clocks,
+            operation="IDLE ALERTS",
+        )
+        recorded = rows.num_rows
+        log.info(
+            "alerts (no new records): %s", "; ".join(f"{t.state} {t.summary}" for t in evaluation.transitions[:20])
+        )
+
+    retry_on_conflict(attempt, Table.ALERTS)
+    return recorded
 
 
 def event_clock_us(watermark_ms: int | None, watermark_seconds: int, delay_seconds: float) -> int | None:

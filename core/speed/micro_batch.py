@@ -71,7 +71,7 @@ from deltalake import Transaction
 
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Inventory, write_servers_table
-from metrics_lake.core.kernels.alert_rules import THRESHOLD, AlertRule, evaluate, transitions_table
+from metrics_lake.core.kernels.alert_rules import AlertRule, transitions_table
 from metrics_lake.core.kernels.cardinality import CardinalityLimits, LimitState, refused_per_limit
 from metrics_lake.core.kernels.stored_queries import (
     StoredQuery,
@@ -95,16 +95,14 @@ from metrics_lake.core.log.producer import group_by_partition
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import (
     SEEN,
-    AlertLog,
     AlertOptions,
-    absence_clock_app_id,
-    absence_clock_ms,
     append_clock_us,
+    evaluate_alerts,
     event_clock_us,
     initial_last_seen,
     read_last_seen,
     seen_rows,
-    threshold_values,
+    shared_alert_log,
     updated_last_seen,
     watched_app_id,
     watched_metrics,
@@ -781,7 +779,7 @@ def commit_batch(
     rows[LAST_SEEN] = _upsert_last_seen(store, tables, plan, seen, rules, alerting.absence_lookback_s)
     timed(LAST_SEEN)
     clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
-    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting.absence_lookback_s)
+    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting)
     timed(ALERTS)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
@@ -837,59 +835,50 @@ def _upsert_last_seen(
     return written if _commit_with_positions(store, tables, plan, LAST_SEEN, commit) else 0
 
 
-_ALERT_LOGS: dict[str, AlertLog] = {}
-
-
 def _commit_alerts(
     store: Store,
     tables: LatestTables,
     plan: BatchPlan,
     rules: list[AlertRule],
     queries: list[StoredQuery],
-    threshold_at_us: int | None,
-    lookback_s: int,
+    event_clock: int | None,
+    options: AlertOptions,
 ) -> int:
-    """Evaluate every alert rule on the committed tables and append the transitions to ``alerts`` with the batch's
-    positions (:mod:`metrics_lake.core.speed.alerting`); returns the transitions recorded."""
-    alert_log = _ALERT_LOGS.get(store.root) or _ALERT_LOGS.setdefault(store.root, AlertLog(store))
+    """Evaluate every alert rule on the committed tables (threshold rules at each evaluation step up to
+    ``event_clock``, epoch µs) and append the transitions to ``alerts`` with the batch's positions and clocks
+    (:func:`~metrics_lake.core.speed.alerting.evaluate_alerts`); returns the transitions recorded."""
+    alert_log = shared_alert_log(store)
     recorded = 0
 
     def commit(table, advances: dict[int, int]) -> None:
         nonlocal recorded
         active = alert_log.refresh(table)  # what the committed transitions leave active: the state to go on from
-        values = {}
-        if threshold_at_us is not None and any(r.kind == THRESHOLD for r in rules):
-            by_name = {q.name: q for q in queries}
-            values = threshold_values(store, tables.latest(store, QUERIES), rules, by_name, threshold_at_us)
-        last_seen = read_last_seen(store, tables.latest(store, LAST_SEEN))
-        clock_ms = absence_clock_ms(
-            append_clock_us(last_seen),
-            plan.read_through_ms,
-            table.transaction_version(absence_clock_app_id(plan.topic)),
-        )
-        transitions = evaluate(
+        evaluation = evaluate_alerts(
+            store,
+            table,
+            tables.latest(store, QUERIES),
+            read_last_seen(store, tables.latest(store, LAST_SEEN)),
             rules,
+            queries,
             active,
-            threshold_at_us=threshold_at_us,
-            threshold_values=values,
-            absence_at_us=None if clock_ms is None else clock_ms * 1000,
-            last_seen=last_seen,
-            lookback_s=lookback_s,
+            topic=plan.topic,
+            options=options,
+            event_clock=event_clock,
+            read_through_ms=plan.read_through_ms,
             expected=expected_servers(store),
         )
-        rows = transitions_table(transitions, dt.datetime.now(dt.UTC))
-        clock = [] if clock_ms is None else [Transaction(absence_clock_app_id(plan.topic), clock_ms)]
+        rows = transitions_table(evaluation.transitions, dt.datetime.now(dt.UTC))
         commit_changes(
             table,
             ALERTS,
             write_data_files(store, ALERTS, rows),
             [],
-            transactions=offset_transactions(CONSUMER, plan.topic, advances) + clock,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + evaluation.clocks,
             operation="STREAMING ALERTS",
         )
         recorded = rows.num_rows
         if recorded:
-            log.info("alerts: %s", "; ".join(f"{t.state} {t.summary}" for t in transitions))
+            log.info("alerts: %s", "; ".join(f"{t.state} {t.summary}" for t in evaluation.transitions[:20]))
 
     return recorded if _commit_with_positions(store, tables, plan, ALERTS, commit) else 0
 

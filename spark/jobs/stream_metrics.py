@@ -43,7 +43,7 @@ from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.registry import Registry
-from metrics_lake.core.speed.alerting import AlertOptions
+from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.micro_batch import (
     BatchOutcome,
     BatchPlan,
@@ -66,6 +66,7 @@ __all__ = [
     "catch_up",
     "checkpoint_location",
     "discard_damaged_checkpoint",
+    "idle_alerts",
     "logged_ends",
     "prepare_lake",
     "run_batch",
@@ -306,6 +307,15 @@ def start_stream(
     )
 
 
+def idle_alerts(settings: LakeSettings, tables: LatestTables | None = None, store: Store | None = None) -> int:
+    """Evaluate absence rules and ``LakeNoData`` at the wall clock if every record has been read (no batch to run:
+    :func:`~metrics_lake.core.speed.alerting.evaluate_idle`); returns the transitions recorded."""
+    now_ms = int(time.time() * 1000)  # before the log's ends are read: the moment the end was observed at the latest
+    store = store or open_store(settings)
+    rules = Registry(store).current().alert_rules()
+    return evaluate_idle(store, settings.topic, rules, AlertOptions.from_settings(settings), now_ms, tables)
+
+
 def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:
     """Process what the log holds now, in micro-batches of at most ``settings.max_records_per_batch``; returns batches run.
 
@@ -327,6 +337,7 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
         if outcome is not None and progress is not None:
             progress(outcome)
         begin = ends
+    idle_alerts(settings, tables, store)  # caught up: silent servers are judged at the time the run ended
     return batches
 
 
@@ -337,6 +348,7 @@ def run_stream(
     once: bool,
     stop: threading.Event | None = None,
     progress: Callable[[BatchOutcome], None] | None = None,
+    alerted: Callable[[], None] | None = None,
 ) -> None:
     """Run the speed layer; with ``once``, until all available data is processed.
 
@@ -348,6 +360,12 @@ def run_stream(
     blocking py4j call could break the JVM gateway) or the query fails,
     raising ``pyspark.errors.StreamingQueryException``. Once ``stop`` is
     set, the batch in flight commits and no other starts (:class:`BatchGate`).
+
+    Between batches, at most once per trigger interval (and at least once
+    a second), the stream evaluates absence rules and ``LakeNoData`` idle
+    (:func:`idle_alerts`) through the same gate, so a log that gets no
+    record at all still fires them; ``alerted`` is called when that
+    recorded transitions (the alert relay's ``wake``).
     """
     if once:
         catch_up(spark, settings, progress)
@@ -355,10 +373,24 @@ def run_stream(
     stop = stop or threading.Event()
     gate = BatchGate(stop)
     query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress, gate=gate)
+    idle_tables = LatestTables()  # the idle evaluation's own: LatestTables is not for concurrent use
+    idle_store = open_store(settings)
+    every = max(settings.trigger_seconds, 1.0)
+    last_idle = time.monotonic()
+
+    def idle() -> None:
+        if idle_alerts(settings, idle_tables, idle_store) and alerted is not None:
+            alerted()
+
     try:
         # This query's termination: the session's awaitAnyTermination returns at once after any earlier query ended.
-        while not stop.is_set() and not query.awaitTermination(1.0):
-            pass
+        while not stop.is_set() and not query.awaitTermination(min(every, 1.0)):
+            if time.monotonic() - last_idle >= every:
+                last_idle = time.monotonic()
+                try:
+                    gate.run(idle)
+                except Exception:  # noqa: BLE001 - an idle evaluation that fails is retried at the next trigger
+                    log.warning("idle alert evaluation failed; retried at the next trigger", exc_info=True)
         if query.exception() is not None:
             raise query.exception()
     finally:

@@ -16,9 +16,9 @@ from metrics_lake.core.kernels.alert_rules import (
     fingerprint,
     format_duration,
     parse_rule,
-    series_values,
     transitions_table,
 )
+from metrics_lake.core.kernels.alert_steps import SeriesTimeline, evaluation_steps
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.lake_schemas.errors import AlertRuleError
 from metrics_lake.lake_schemas.tables import ALERTS
@@ -116,27 +116,38 @@ def _results(query, rows):
     )
 
 
-def test_a_series_value_at_t_is_the_window_holding_the_most_of_it_else_the_one_just_closed():
+def test_a_series_value_at_a_step_is_its_newest_window_that_ended_by_then_within_one_slide():
     hopping = parse_query("hop", "FROM * SELECT m WINDOW 5m EVERY 1m COMPUTE max PER SERVER")
     rows = _results(
         hopping,
         [
-            ("a", -240, 60, "max", 1),  # contains T0+30s and starts earliest: chosen
-            ("a", -180, 120, "max", 2),
-            ("a", 0, 300, "max", 3),
-            ("b", -360, -60, "max", 9),  # ended over a step before T: stale
-            ("c", -300, 0, "max", 5),  # ended within a step: still current
-            (None, -240, 60, "max", 7),  # the fleet row: not a per-server series
-            ("a", -240, 60, "avg", 8),  # another aggregate
+            ("a", -240, 60, "max", 1),  # still open at T0+30s: not seen
+            ("a", -300, 0, "max", 2),  # ended at T0, within a slide: chosen
+            ("a", -360, -60, "max", 3),  # older
+            ("b", -360, -60, "max", 9),  # ended over a slide before the step: stale
+            ("c", -270, 30, "max", 5),  # ends exactly at the step: seen
+            (None, -300, 0, "max", 7),  # the fleet row: not a per-server series
+            ("a", -300, 0, "avg", 8),  # another aggregate
         ],
     )
-    values = series_values(rows, hopping, "max", T0 + 30 * S)
-    assert dict(zip(values.servers, values.values.tolist(), strict=True)) == {"a": 1.0, "c": 5.0}
+    values = SeriesTimeline(rows, hopping, "max").at(T0 + 30 * S)
+    assert dict(zip(values.servers, values.values.tolist(), strict=True)) == {"a": 2.0, "c": 5.0}
+    assert SeriesTimeline(rows, hopping, "max").at(T0 - 10 * 60 * S).values.tolist() == []
     tumbling = parse_query("tum", "FROM * SELECT m WINDOW 5m COMPUTE avg")
-    fleet = series_values(
-        _results(tumbling, [(None, 0, 300, "avg", 4), (None, -300, 0, "avg", 3)]), tumbling, "avg", T0
-    )
+    fleet = SeriesTimeline(
+        _results(tumbling, [(None, 0, 300, "avg", 4), (None, -300, 0, "avg", 3)]), tumbling, "avg"
+    ).at(T0 + 300 * S)
     assert fleet.servers == [None] and fleet.values.tolist() == [4.0] and fleet.starts.tolist() == [T0]
+
+
+def test_evaluation_steps_are_epoch_aligned_multiples_after_the_previous_one_up_to_the_clock():
+    m = 60 * S
+    assert evaluation_steps(None, None, None, 60).tolist() == []
+    assert evaluation_steps(None, None, 10 * m + 5, 60).tolist() == [10 * m]  # no history: the clock's step
+    assert evaluation_steps(None, 7 * m + 1, 10 * m, 60).tolist() == [8 * m, 9 * m, 10 * m]
+    assert evaluation_steps(8 * m, 2 * m, 10 * m - 1, 60).tolist() == [9 * m]
+    assert evaluation_steps(10 * m, None, 10 * m + 59 * S, 60).tolist() == []
+    assert evaluation_steps(0, None, 30 * S, 15).tolist() == [15 * S, 30 * S]
 
 
 def _values(at_s, **servers) -> SeriesValues:

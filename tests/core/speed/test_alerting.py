@@ -15,7 +15,7 @@ from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed.alerting import SEEN, AlertLog, AlertOptions, seen_rows
+from metrics_lake.core.speed.alerting import SEEN, AlertLog, AlertOptions, forget_alert_logs, seen_rows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table
@@ -126,10 +126,12 @@ def test_a_per_server_threshold_fires_for_the_servers_over_it_computed_independe
     events = sim(6, 7, NOW_MS, seconds=120)
     produce(log, events)
     windows = expected_windows(events)
-    newest = max(start for metric, _, start in windows if metric == "host.cpu.utilization")
-    # The event clock is the newest event time (watermark + watermark_seconds); its window is the newest minute.
+    starts = sorted({start for metric, _, start in windows if metric == "host.cpu.utilization"})
+    # The event clock is the newest event time (watermark + watermark_seconds), in the newest minute: the last step
+    # evaluated is that minute's start, which sees the minute before, the newest window that has ended.
+    closed = starts[-2]
     maxima = {
-        server: w["max"] for (m, server, start), w in windows.items() if m == "host.cpu.utilization" and start == newest
+        server: w["max"] for (m, server, start), w in windows.items() if m == "host.cpu.utilization" and start == closed
     }
     line = sorted(maxima.values())[3]  # two servers above it
     rules = [parse_rule("hot", f"cpu_max.max > {line} LABELS team=ops")]
@@ -188,7 +190,7 @@ def test_a_crash_before_the_alerts_commit_is_caught_up_by_the_next_batch_once(st
     with pytest.raises(RuntimeError):
         batch(store, log, queries=[], rules=rules)
     monkeypatch.setattr(speed_layer, "_commit_alerts", real)
-    speed_layer._ALERT_LOGS.clear()  # a new process: the state comes from the table alone
+    forget_alert_logs()  # a new process: the state comes from the table alone
     outcome = batch(store, log, queries=[], rules=rules)
     assert outcome.rows[Table.BRONZE_EVENTS] == 0 and outcome.rows[Table.ALERTS] == 1
     assert batch(store, log, queries=[], rules=rules) is None
