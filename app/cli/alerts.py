@@ -9,6 +9,7 @@ Rules are evaluated by the speed layer after every micro-batch (a running
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -25,7 +26,7 @@ from metrics_lake.app.cli.registry_edits import (
     print_history,
 )
 from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.errors import AlertRuleError, ConfigError
+from metrics_lake.lake_schemas.errors import AlertRuleError, CheckFailedError, ConfigError
 from metrics_lake.lake_schemas.operations import ALERTS
 from metrics_lake.lake_schemas.tables import Table
 
@@ -223,6 +224,43 @@ def history(name: Annotated[str | None, typer.Argument(help="Only the edits of t
     from metrics_lake.core.registry import ALERT
 
     print_history(name, None if name is None else ALERT)
+
+
+@alerts_app.command("test")
+def test_rules(
+    files: Annotated[list[Path], typer.Argument(help="Test files (YAML): rules, input series, expected alerts.")],
+) -> None:
+    """Unit-test alert rules against input series, like `promtool test rules` (format: `lake alerts test --help`).
+
+    Each file holds the stored queries and rules under test, input series in Prometheus's expanding notation
+    (`values: "50 50 150x5 _x3"`) and the alerts expected at given evaluation times; they run through the speed
+    layer's own evaluation on a temporary lake. Prints a diff per failed expectation and exits 1 when any failed,
+    2 for a file that is not a valid test file.
+    """
+    from metrics_lake.app.alert_tests import run_test_file
+
+    config = settings()
+    failed = checked = 0
+    for path in files:
+        report = run_test_file(
+            path, default_interval_s=config.alert_evaluation_interval_seconds, nodata_s=config.nodata_seconds
+        )
+        checked += report.checked
+        for miss in report.mismatches:
+            failed += 1
+            out.print(f"FAILED {path}: {escape(miss.where)}", highlight=False)
+            out.print(f"  expected: {escape(_alert_list(miss.expected))}", highlight=False)
+            out.print(f"  got:      {escape(_alert_list(miss.got))}", highlight=False)
+        if not report.mismatches:
+            out.print(f"SUCCESS {path}: {report.checked} expectation(s) held", highlight=False)
+    if failed:
+        raise CheckFailedError(f"{failed} of {checked} alert expectation(s) failed")
+
+
+def _alert_list(alerts: list) -> str:
+    if not alerts:
+        return "no alert"
+    return "; ".join("{" + ", ".join(f"{k}={v}" for k, v in labels) + f"}} {state}" for labels, state in alerts)
 
 
 @alerts_app.command("notify")
