@@ -2,7 +2,8 @@
 
 ``start`` writes ``alertmanager.yml`` under ``data_dir`` (a route grouping by
 ``alertname`` and ``server``, with short waits so a demo sees notifications
-within seconds), runs ``prometheus-alertmanager`` bound to 127.0.0.1 with
+within seconds; the ``Watchdog`` routed apart; per-server alerts inhibited
+while ``LakeNoData`` fires: the README's Alerts section explains both), runs ``prometheus-alertmanager`` bound to 127.0.0.1 with
 clustering off and its data under ``data_dir``, and waits until
 ``/-/ready`` answers. ``stop`` and ``status`` use the PID file. With a
 ``webhook`` URL every notification (firing and resolved) is also POSTed
@@ -40,6 +41,9 @@ class LocalAlertmanager:
 
     ``group_wait_seconds``/``group_interval_seconds``: Alertmanager's route
     timers (its defaults are 30 s and 5 min; short ones suit a demo and tests).
+    ``watchdog_webhook``: where the always-firing ``Watchdog`` alert is
+    notified every minute (a dead man's switch); without one it goes to a
+    receiver that drops it, as kube-prometheus routes it by default.
     """
 
     data_dir: Path
@@ -47,6 +51,7 @@ class LocalAlertmanager:
     webhook: str | None = None
     group_wait_seconds: int = 1
     group_interval_seconds: int = 1
+    watchdog_webhook: str | None = None
 
     @property
     def url(self) -> str:
@@ -73,6 +78,9 @@ class LocalAlertmanager:
         receiver: dict = {"name": "lake"}
         if self.webhook:
             receiver["webhook_configs"] = [{"url": self.webhook, "send_resolved": True}]
+        watchdog: dict = {"name": "watchdog"}
+        if self.watchdog_webhook:
+            watchdog["webhook_configs"] = [{"url": self.watchdog_webhook, "send_resolved": False}]
         return {
             "route": {
                 "receiver": "lake",
@@ -80,8 +88,12 @@ class LocalAlertmanager:
                 "group_wait": f"{self.group_wait_seconds}s",
                 "group_interval": f"{self.group_interval_seconds}s",
                 "repeat_interval": "4h",
+                # The lake's always-firing alert, to a dead man's switch: notified again every minute while it fires.
+                "routes": [{"matchers": ['alertname="Watchdog"'], "receiver": "watchdog", "repeat_interval": "1m"}],
             },
-            "receivers": [receiver],
+            # While the whole lake gets no record, its per-server alerts are muted: an outage pages once.
+            "inhibit_rules": [{"source_matchers": ['alertname="LakeNoData"'], "target_matchers": ['server=~".+"']}],
+            "receivers": [receiver, watchdog],
         }
 
 

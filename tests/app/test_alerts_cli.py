@@ -89,7 +89,10 @@ def test_list_shows_firing_alerts_and_notify_once_delivers_them_to_alertmanager(
     try:
         delivered = lake("alerts", "notify", "--once", env_extra={"LAKE_ALERTMANAGER_URL": manager.url})
         assert "delivered 1 transition(s)" in delivered.stderr
-        (alert,) = requests.get(f"{manager.url}/api/v2/alerts", timeout=5).json()
+        listed = requests.get(f"{manager.url}/api/v2/alerts", timeout=5).json()
+        (watchdog,) = [a for a in listed if a["labels"]["alertname"] == "Watchdog"]
+        assert watchdog["labels"] == {"alertname": "Watchdog", "severity": "none"}
+        (alert,) = [a for a in listed if a["labels"]["alertname"] != "Watchdog"]
         assert alert["labels"] == {"alertname": "quiet", "server": "sim-0001", "severity": "info"}
         again = lake("alerts", "notify", "--once", env_extra={"LAKE_ALERTMANAGER_URL": manager.url})
         assert "delivered 0 transition(s)" in again.stderr  # the outbox remembers what Alertmanager accepted

@@ -26,9 +26,16 @@ def test_up_status_down(tmp_path):
     assert up.stdout.strip() == f"export LAKE_ALERTMANAGER_URL=http://127.0.0.1:{port}"  # eval "$(...)" works
     config = json.loads((tmp_path / "am" / "alertmanager.yml").read_text())
     assert config["receivers"] == [
-        {"name": "lake", "webhook_configs": [{"url": "http://127.0.0.1:9/notifications", "send_resolved": True}]}
+        {"name": "lake", "webhook_configs": [{"url": "http://127.0.0.1:9/notifications", "send_resolved": True}]},
+        {"name": "watchdog"},  # the lake's always-firing Watchdog: dropped unless a dead man's switch is given
     ]
     assert config["route"]["group_by"] == ["alertname", "server"]
+    assert config["route"]["routes"] == [
+        {"matchers": ['alertname="Watchdog"'], "receiver": "watchdog", "repeat_interval": "1m"}
+    ]
+    assert config["inhibit_rules"] == [
+        {"source_matchers": ['alertname="LakeNoData"'], "target_matchers": ['server=~".+"']}
+    ]
     try:
         status = lake("status", *where)
         assert status.returncode == 0 and "answers" in status.stderr and "0 alert(s) in Alertmanager" in status.stderr
