@@ -4,8 +4,8 @@ The ``alerts`` table is the outbox: the speed layer commits each transition
 there exactly once, in the same commit as its log positions
 (:mod:`metrics_lake.core.speed.alerting`), and :class:`AlertNotifier` relays
 what Alertmanager has not accepted yet. It keeps, under
-``notifications/alertmanager.json``, the ids of the transitions Alertmanager
-answered 200 to; a transition is removed from the outbox only then. So an
+``notifications/alertmanager_<hash>.json`` (:func:`receiver_name`), the ids
+of the transitions that Alertmanager answered 200 to; a transition is removed from the outbox only then. So an
 Alertmanager that is down, slow or refusing loses nothing: the relay retries
 with backoff (1 s doubling to 30 s) and never blocks the speed layer, which
 only wakes it after each micro-batch.

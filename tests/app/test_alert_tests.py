@@ -3,6 +3,11 @@ each kind of bad file is one line naming the file, line and field (exit 2)."""
 
 from __future__ import annotations
 
+import re
+import shlex
+import shutil
+import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -101,3 +106,39 @@ def test_a_missing_file_or_non_yaml_is_one_line(lake, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("rules: [\n")
     assert "broken.yaml:2: not YAML" in one_line(lake("alerts", "test", str(broken), expect=2))
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_section() -> str:
+    text = README.read_text()
+    return text.split("**Absence and the day everything goes dark.**", 1)[1].split("- **Agents under supervision**", 1)[
+        0
+    ]
+
+
+def test_the_readme_alert_test_block_and_command_run_verbatim(lake, tmp_path):
+    section = _readme_section()
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    (test_file,) = [textwrap.dedent(b) for b in blocks if "input_series:" in b]
+    path = tmp_path / "readme_test.yaml"
+    path.write_text(test_file)
+    assert lake("alerts", "test", str(path)).stdout.strip() == f"SUCCESS {path}: 1 expectation(s) held"
+    (command,) = re.findall(r"```\n\s*(python3 run\.py lake alerts test [^\n]+)\n\s*```", section)
+    args = shlex.split(command)[3:]  # after `python3 run.py lake`: the test's `lake` runs the same CLI
+    result = lake(*args[:-1], str(README.parent / args[-1]))
+    assert f"SUCCESS {README.parent / args[-1]}: 5 expectation(s) held" in result.stdout
+    assert "prints `SUCCESS docs/alert_rules_test.yaml: 5 expectation(s) held`" in " ".join(section.split())
+
+
+def test_the_readme_alertmanager_blocks_pass_amtool_check_config(tmp_path):
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool comes with Debian's prometheus-alertmanager (.ci/run installs it)"
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)```", _readme_section(), re.DOTALL)]
+    inhibit, watchdog = (b for b in blocks if "input_series:" not in b)
+    config = tmp_path / "alertmanager.yml"
+    config.write_text(watchdog + inhibit)
+    result = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and "1 inhibit rules" in result.stdout and "2 receivers" in result.stdout
