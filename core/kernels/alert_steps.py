@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.kernels.alert_rules import (
+    OPERATORS,
     RESOLVED,
     THRESHOLD,
     ActiveAlert,
@@ -81,6 +82,27 @@ class SeriesTimeline:
         encoded = pc.dictionary_encode(pc.fill_null(rows.column("server"), "")).combine_chunks()
         self.codes = encoded.indices.to_numpy(zero_copy_only=False)[order]
         self.names = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
+        self._range_at: int | None = None
+        self._range: tuple[float, float] | None = None
+
+    def may_hold(self, rule: AlertRule, at_us: int) -> bool:
+        """Whether any window step ``at_us`` may read meets ``rule``'s condition: a quick test against the window
+        values' range in that step (cached per step), exact for every operator but ``==`` and ``!=``, where it only
+        says whether there is any window at all."""
+        if self._range_at != at_us:
+            lo = int(np.searchsorted(self.ends, at_us - self.slide_us, side="right"))
+            hi = int(np.searchsorted(self.ends, at_us, side="right"))
+            values = self.values[lo:hi]
+            self._range = (float(values.min()), float(values.max())) if len(values) else None
+            self._range_at = at_us
+        if self._range is None:
+            return False
+        low, high = self._range
+        if rule.op in (">", ">="):
+            return bool(OPERATORS[rule.op](high, rule.threshold))
+        if rule.op in ("<", "<="):
+            return bool(OPERATORS[rule.op](low, rule.threshold))
+        return True
 
     def at(self, at_us: int) -> SeriesValues:
         """Each series' value at step ``at_us`` (epoch µs): its newest window ending in ``(at_us - slide, at_us]``."""
@@ -129,25 +151,35 @@ def evaluate_steps(
     resolve). Absence rules are not evaluated here (they run on the append
     clock), but alerts of rules no longer in ``rules`` are resolved at the
     first step, as :func:`~metrics_lake.core.kernels.alert_rules.evaluate` does.
-    Timelines shared by rules of the same query and aggregate are looked up
-    once per step.
+    A rule with no active alert whose condition holds for no window of a
+    step is skipped at that step (nothing can change for it): over a
+    backlog most rules are quiet most of the time.
     """
     transitions: list[Transition] = []
     threshold = [r for r in rules if r.kind == THRESHOLD]
-    for step in steps:
+    others = [r for r in rules if r.kind != THRESHOLD]
+    for i, step in enumerate(steps):
         at = int(step)
         seen: dict[int, SeriesValues] = {}
-        values = {}
+        values: dict[str, SeriesValues] = {}
+        with_alerts = {a.rule for a in active.values()}
+        due = []
         for rule in threshold:
             timeline = timelines.get(rule.name)
             if timeline is None:
+                due.append(rule)
                 continue
+            if rule.name not in with_alerts and not timeline.may_hold(rule, at):
+                continue
+            due.append(rule)
             key = id(timeline)
             if key not in seen:
                 seen[key] = timeline.at(at)
             values[rule.name] = seen[key]
+        # The first step also resolves the alerts of removed rules: it gets every rule.
+        chosen = rules if i == 0 else [*due, *others]
         done = evaluate(
-            rules, active, threshold_at_us=at, threshold_values=values, absence_at_us=None, last_seen=_NO_ROWS
+            chosen, active, threshold_at_us=at, threshold_values=values, absence_at_us=None, last_seen=_NO_ROWS
         )
         transitions += done
         active = advance(active, done)
