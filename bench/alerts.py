@@ -16,7 +16,19 @@ The issue's four figures, each printed beside its peer from the same run:
    servers x 10 metrics) committed with and without 1,000 rules (900
    threshold rules on 10 per-server queries, 100 absence rules), in process,
    so the difference is the alert step's cost per batch: what the rules add
-   to every batch, hence at most what they add to the windows lag.
+   to every batch, hence at most what they add to the windows lag;
+5. **a 30-minute backlog in one batch**: 10,000 servers x 10 metrics, one
+   event a series a minute, with and without the 1,000 rules: the alerts
+   stage evaluates every one of the backlog's 30 evaluation steps;
+6. **the whole fleet goes dark**: after the probes the load stops entirely
+   (no record reaches the log): latency = when Alertmanager lists each
+   still-beating server's absence alert, minus its last heartbeat, minus
+   FOR; and ``LakeNoData``, minus ``LAKE_NODATA_SECONDS``.
+
+Threshold latency is also given from the end of the 1-minute window holding
+the crossing: threshold rules are evaluated at evaluation steps on windows
+that have ended (``LAKE_ALERT_EVALUATION_INTERVAL_SECONDS``, 60 s here), so a
+crossing waits for its window to close.
 
 Runners for 1-3: **lake** (``lake stream --trigger 1``, Spark local[2], with
 its alert relay) and **peer: no Spark** (the same speed layer,
@@ -38,6 +50,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import requests
 from common import LAKE, lake_env, scratch_dir
 from deltalake import DeltaTable
@@ -52,6 +65,7 @@ from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer, producer_for
 from metrics_lake.core.registry import ALERT, QUERY, Change, Registry
+from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.infra.alertmanager import LocalAlertmanager, start, stop
@@ -64,6 +78,9 @@ SPIKE_QUERY = "FROM spike-* SELECT bench.spike WINDOW 1m COMPUTE max PER SERVER"
 SPIKE_RULE = "spike.max > 500"
 QUIET_FOR_S = 10
 QUIET_RULE = f"ABSENT bench.heartbeat FROM quiet-* FOR {QUIET_FOR_S}s"
+NODATA_S = 20
+CYCLE_S = 30  # seconds of simulated load generated once and repeated
+DARK = 5  # heartbeating servers still beating when the whole fleet goes dark
 
 
 def free_port() -> int:
@@ -78,8 +95,9 @@ class Load:
     def __init__(self, settings, rate: int, seconds: int, quiet: int) -> None:
         servers = max(rate // METRICS_PER_SERVER, 1)
         self.simulator = FleetSimulator(
-            servers=servers, metrics=METRICS_PER_SERVER, seconds=seconds, seed=1, start_ms=int(time.time() * 1000)
+            servers=servers, metrics=METRICS_PER_SERVER, seconds=CYCLE_S, seed=1, start_ms=int(time.time() * 1000)
         )
+        self.cycles = -(-seconds // CYCLE_S)
         self.settings = settings
         self.quiet = {f"quiet-{i}": None for i in range(quiet)}  # server -> time of its last heartbeat once silenced
         self.last_beat: dict[str, float] = {}
@@ -102,10 +120,16 @@ class Load:
 
     def run(self) -> None:
         """Produce until the simulator's seconds are done or :attr:`stop` is set (the load's own thread)."""
+        # The simulator's first CYCLE_S seconds, sent again and again with times moved on: the load can last as long
+        # as the probes need without materialising every second of it up front.
         batches = list(self.simulator.second_batches())
         with producer_for(self.settings, linger_ms=250) as producer:
             started = self.started = time.monotonic()
-            for offset, batch in batches:
+            for cycle, (offset, batch) in ((c, b) for c in range(self.cycles) for b in batches):
+                offset += cycle * CYCLE_S
+                if cycle:
+                    ts = pc.add(batch.column("ts").cast(pa.int64()), cycle * CYCLE_S * 1000)
+                    batch = batch.set_column(0, "ts", ts.cast(batch.schema.field("ts").type))
                 if self.stop.wait(max(0.0, started + offset - time.monotonic())):
                     break
                 now = time.time()
@@ -174,7 +198,13 @@ def latencies(values: list[float]) -> str:
 def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
     """Targets 1-3 with ``runner`` ("lake" or "peer") on a fresh lake and a fresh Alertmanager."""
     work = scratch_dir(f"lake-alerts-{runner}-")
-    env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250", LAKE_WATERMARK_SECONDS="10")
+    env = lake_env(
+        work,
+        LAKE_TRIGGER_SECONDS="1",
+        LAKE_SEGMENT_ROLL_MS="250",
+        LAKE_WATERMARK_SECONDS="10",
+        LAKE_NODATA_SECONDS=str(NODATA_S),
+    )
     manager = LocalAlertmanager(work / "alertmanager", free_port())
     start(manager, log=lambda _: None)
     env["LAKE_ALERTMANAGER_URL"] = manager.url
@@ -183,6 +213,7 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         checkpoint_dir=env["LAKE_CHECKPOINT_DIR"],
         watermark_seconds=10,
         alertmanager_url=manager.url,
+        nodata_seconds=NODATA_S,
     )
     store = LocalStore(settings.root)
     SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
@@ -193,9 +224,9 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         + [Change("put", "quiet", QUIET_RULE, kind=ALERT)]
     )
     duration = 40 + crossings * 2 + silences * 2 + QUIET_FOR_S
-    load = Load(settings, rate, duration, silences)
+    load = Load(settings, rate, duration + 600, silences + DARK)  # stopped by the dark phase, long before its end
     watch = AlertmanagerWatch(manager.url)
-    stream, stop_peer = None, threading.Event()
+    stream, stop_peer, notifier = None, threading.Event(), None
     if runner == "lake":
         stream = subprocess.Popen([LAKE, "stream"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     else:
@@ -206,10 +237,15 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         def loop() -> None:
             while not stop_peer.is_set():
                 started = time.monotonic()
-                run_batch_in_process(
+                outcome = run_batch_in_process(
                     store, settings.topic, end_offsets(SegmentLog(store), settings.topic), watermark_seconds=10,
-                    clock_skew_seconds=300,
+                    clock_skew_seconds=300, alerting=AlertOptions.from_settings(settings),
                 )  # fmt: skip
+                if outcome is None:  # nothing new: the same idle evaluation as the stream's
+                    evaluate_idle(
+                        store, settings.topic, registry.current().alert_rules(), AlertOptions.from_settings(settings),
+                        int(time.time() * 1000),
+                    )  # fmt: skip
                 notifier.wake()
                 stop_peer.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 
@@ -238,29 +274,64 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         for i in range(silences):
             load.silence(f"quiet-{i}")
             time.sleep(2)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 150  # a crossing waits for its window to end, then for the next step
         wanted = [("spike", f"spike-{i:03d}") for i in range(crossings)] + [
             ("quiet", f"quiet-{i}") for i in range(silences)
         ]
         while time.monotonic() < deadline and not all(k in watch.first_seen for k in wanted):
             time.sleep(0.2)
-    finally:
+        # 6. the whole fleet goes dark: no record at all from now on
         rate = load.rate()
+        load.stop.set()
+        producer.join(60)
+        dark_at = time.time()
+        dark = [("quiet", f"quiet-{i}") for i in range(silences, silences + DARK)] + [("LakeNoData", None)]
+        deadline = time.monotonic() + NODATA_S + 60
+        while time.monotonic() < deadline and not all(k in watch.first_seen for k in dark):
+            time.sleep(0.2)
+    finally:
         load.stop.set()
         producer.join(60)
         watch.stop.set()
         stop_peer.set()
+        if notifier is not None:
+            notifier.stop()
         if stream is not None:
             stream.terminate()
             stream.wait(60)
         stop(manager, log=lambda _: None)
     spikes = [watch.first_seen[("spike", s)] - at for s, at in load.sent_at.items() if ("spike", s) in watch.first_seen]
+    after_window = [
+        watch.first_seen[("spike", s)] - (at // 60 + 1) * 60
+        for s, at in load.sent_at.items()
+        if ("spike", s) in watch.first_seen
+    ]
+    last_beats = [load.last_beat[s] for _, s in dark if s is not None and s in load.last_beat]
+    dark_absence = [
+        watch.first_seen[("quiet", s)] - load.last_beat[s] - QUIET_FOR_S
+        for _, s in dark
+        if s is not None and ("quiet", s) in watch.first_seen and s in load.last_beat
+    ]
+    last_record = max(last_beats, default=dark_at)
+    nodata = (
+        [watch.first_seen[("LakeNoData", None)] - last_record - NODATA_S]
+        if ("LakeNoData", None) in watch.first_seen
+        else []
+    )
     quiet = [
         watch.first_seen[("quiet", s)] - silenced - QUIET_FOR_S
         for s, silenced in load.quiet.items()
         if silenced is not None and ("quiet", s) in watch.first_seen
     ]
-    return {"query": query, "threshold": spikes, "absence": quiet, "produced": rate}
+    return {
+        "query": query,
+        "threshold": spikes,
+        "after_window": after_window,
+        "absence": quiet,
+        "dark_absence": dark_absence,
+        "nodata": nodata,
+        "produced": rate,
+    }
 
 
 def rules_cost(servers: int = 10_000, metrics: int = 10, rules: int = 1000) -> dict:
@@ -390,10 +461,13 @@ def main() -> None:
                 f"   query added -> first live row: {r['query']['batches']} micro-batches, {r['query']['seconds']:.1f} s"
             )
             print(f"   threshold crossed -> at Alertmanager: {latencies(r['threshold'])}")
+            print(f"   its 1-minute window ended -> at Alertmanager: {latencies(r['after_window'])}")
             print(
                 f"   silent server -> at Alertmanager, minus FOR ({QUIET_FOR_S} s): {latencies(r['absence'])}",
                 flush=True,
             )
+            print(f"   whole fleet dark -> absence at Alertmanager, minus FOR: {latencies(r['dark_absence'])}")
+            print(f"   whole fleet dark -> LakeNoData at Alertmanager, minus {NODATA_S} s: {latencies(r['nodata'])}")
     cost = rules_cost()
     for label, c in cost.items():
         per = ", ".join(f"{s:.2f}" for s in c["seconds"])
