@@ -160,6 +160,30 @@ class LakeSettings(BaseSettings):
         description="VACUUM deletes data files unreferenced for this long; time travel reaches back this far "
         "(Delta's default delta.deletedFileRetentionDuration, 7 days). Keep it above the longest query or stream batch.",
     )
+    compaction_interval_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="`lake stream` merges the small files its batches leave at most this often, between batches "
+        "(continuous compaction; 0: never, leave it to `lake compact`).",
+    )
+    compaction_target_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=1024,
+        description="Continuous compaction's file size: files this large are done; smaller ones are merged by size "
+        "tier.",
+    )
+    compaction_min_files: int = Field(
+        8,
+        ge=2,
+        description="Continuous compaction merges a day's files of one size tier once this many have gathered "
+        "(the tiers' size factor too): a day keeps fewer than 3x this many small files.",
+    )
+    vacuum_interval_seconds: float = Field(
+        3600.0,
+        ge=0,
+        description="`lake stream` vacuums its tables this often (files unreferenced for "
+        "LAKE_VACUUM_RETENTION_HOURS); 0: never, leave it to `lake retention`.",
+    )
     segment_delete_delay_seconds: float = Field(
         300.0, ge=0, description="Log segments replaced by compaction or retention are deleted after this delay."
     )

@@ -42,6 +42,11 @@ from pathlib import Path
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.maintenance.continuous_compaction import (
+    CompactionPolicy,
+    CompactionRound,
+    compact_speed_tables,
+)
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.micro_batch import (
@@ -54,17 +59,19 @@ from metrics_lake.core.speed.micro_batch import (
     process_partition,
 )
 from metrics_lake.core.speed.open_windows import OpenWindows
-from metrics_lake.core.speed.progress import starting_offsets
+from metrics_lake.core.speed.progress import starting_offsets, watermark_app_id
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.core.tables.delta import LatestTables, ensure_table
 from metrics_lake.lake_schemas.errors import TopicNotFoundError
-from metrics_lake.lake_schemas.tables import TABLES
+from metrics_lake.lake_schemas.tables import TABLES, Table
 from metrics_lake.spark.datasources.log_source import limit_offsets
 
 __all__ = [
     "BatchGate",
     "catch_up",
     "checkpoint_location",
+    "compact",
+    "compaction_policy",
     "discard_damaged_checkpoint",
     "idle_alerts",
     "logged_ends",
@@ -316,6 +323,30 @@ def idle_alerts(settings: LakeSettings, tables: LatestTables | None = None, stor
     return evaluate_idle(store, settings.topic, rules, AlertOptions.from_settings(settings), now_ms, tables)
 
 
+def compaction_policy(settings: LakeSettings) -> CompactionPolicy:
+    """The continuous compaction policy ``settings`` configure (``LAKE_COMPACTION_*``, ``LAKE_VACUUM_RETENTION_HOURS``)."""
+    return CompactionPolicy(
+        settings.compaction_target_bytes, settings.compaction_min_files, settings.vacuum_retention_hours
+    )
+
+
+def compact(
+    settings: LakeSettings, *, vacuum: bool = False, tables: LatestTables | None = None, store: Store | None = None
+) -> CompactionRound:
+    """One round of continuous compaction of the speed tables (and VACUUM with ``vacuum``), closed windows being
+    those before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`)."""
+    store = store or open_store(settings)
+    tables = tables or LatestTables()
+    watermark_ms = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(settings.topic))
+    return compact_speed_tables(
+        store,
+        compaction_policy(settings),
+        sealed_before_us=None if watermark_ms is None else watermark_ms * 1000,
+        vacuum=vacuum,
+        tables=tables,
+    )
+
+
 def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:
     """Process what the log holds now, in micro-batches of at most ``settings.max_records_per_batch``; returns batches run.
 
@@ -338,6 +369,8 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
             progress(outcome)
         begin = ends
     idle_alerts(settings, tables, store)  # caught up: silent servers are judged at the time the run ended
+    if settings.compaction_interval_seconds > 0:
+        compact(settings, tables=tables, store=store)
     return batches
 
 
@@ -373,14 +406,22 @@ def run_stream(
     stop = stop or threading.Event()
     gate = BatchGate(stop)
     query = start_stream(spark, settings, trigger_seconds=settings.trigger_seconds, progress=progress, gate=gate)
-    idle_tables = LatestTables()  # the idle evaluation's own: LatestTables is not for concurrent use
+    idle_tables = LatestTables()  # the idle work's own: LatestTables is not for concurrent use
     idle_store = open_store(settings)
     every = max(settings.trigger_seconds, 1.0)
-    last_idle = time.monotonic()
+    last_idle = last_compaction = last_vacuum = time.monotonic()
 
     def idle() -> None:
+        nonlocal last_compaction, last_vacuum
         if idle_alerts(settings, idle_tables, idle_store) and alerted is not None:
             alerted()
+        now = time.monotonic()
+        if settings.compaction_interval_seconds and now - last_compaction >= settings.compaction_interval_seconds:
+            vacuum = bool(settings.vacuum_interval_seconds) and now - last_vacuum >= settings.vacuum_interval_seconds
+            compact(settings, vacuum=vacuum, tables=idle_tables, store=idle_store)
+            last_compaction = time.monotonic()
+            if vacuum:
+                last_vacuum = last_compaction
 
     try:
         # This query's termination: the session's awaitAnyTermination returns at once after any earlier query ended.
@@ -389,8 +430,10 @@ def run_stream(
                 last_idle = time.monotonic()
                 try:
                     gate.run(idle)
-                except Exception:  # noqa: BLE001 - an idle evaluation that fails is retried at the next trigger
-                    log.warning("idle alert evaluation failed; retried at the next trigger", exc_info=True)
+                except Exception:  # noqa: BLE001 - idle work that fails is retried at the next trigger
+                    log.warning(
+                        "idle alert evaluation or compaction failed; retried at the next trigger", exc_info=True
+                    )
         if query.exception() is not None:
             raise query.exception()
     finally:

@@ -1,0 +1,235 @@
+"""Continuous compaction of the speed layer's tables: small files merged between micro-batches, by size tier.
+
+A stream at one batch a second adds files to every table it writes, each
+batch: a bronze file per partition, a sealed windows and query-results file
+per day, an ``alerts`` file when a rule changes state. Left alone they pile up
+(about 260,000 bronze files a day), and every reader lists and plans them.
+The stream therefore merges them as it runs (:func:`compact_speed_tables`,
+called between batches at most every ``LAKE_COMPACTION_INTERVAL_SECONDS``,
+in the same process and through the same gate as the batches, so it never
+races them):
+
+- Per table and day partition, the files a compaction may touch are sorted
+  into *size tiers* of factor ``F = LAKE_COMPACTION_MIN_FILES``: tier 0 below
+  ``target / F²``, tier 1 below ``target / F``, tier 2 below ``target``
+  (``LAKE_COMPACTION_TARGET_BYTES``); files at or above the target are done.
+  A tier holding ``F`` files or more is merged into one new file (a size
+  tiered policy as in Cassandra's STCS and Mimir's compactor levels): each
+  byte is rewritten at most three times, and a partition keeps fewer than
+  ``3·F`` small files plus its full-size ones, however many batches wrote it.
+- Windowed tables (``metric_windows_1m``, ``query_results``): only files whose
+  windows all ended by the watermark (statistics ``max.window_end``), the
+  ones the speed layer never rewrites again. Open-window files are the
+  stream's own to rewrite.
+- ``last_seen`` is rewritten whole by every batch (one active file): nothing
+  to merge; its removed files go with VACUUM.
+
+Each merge is one Delta commit with ``dataChange=false`` (rows and their
+positions unchanged; time travel keeps working until VACUUM). It holds the
+table's maintenance lease, tried without waiting: while the nightly
+recompute, a backfill or ``lake compact`` holds it, the table is left for the
+next round (those writers and this one never interleave: delta-rs 1.6 does
+not fail a commit that removes a file a concurrent rewrite removed,
+:func:`metrics_lake.core.leases.maintenance_lease`). A commit that loses a
+race to another commit re-plans on the new snapshot. Killed at any moment,
+a merge leaves the table as it was (the commit is atomic; files written but
+not committed are invisible and removed by VACUUM), and the next round
+finds the same small files.
+
+Every ``LAKE_VACUUM_INTERVAL_SECONDS`` the same step vacuums the speed
+tables (files unreferenced for ``LAKE_VACUUM_RETENTION_HOURS``). Delta
+checkpoints are written every ``delta.checkpointInterval`` commits and the
+transaction log is cleaned per ``delta.logRetentionDuration`` by delta-rs's
+post-commit hook (:data:`metrics_lake.core.tables.delta.TABLE_PROPERTIES`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from metrics_lake.core.leases import maintenance_lease
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.commits import commit_changes, remove_action, retry_on_conflict
+from metrics_lake.core.tables.data_files import write_data_files
+from metrics_lake.core.tables.delta import LatestTables
+from metrics_lake.core.tables.snapshots import DataFile, read_data_files, snapshot_files
+from metrics_lake.lake_schemas.errors import LeaseHeldError
+from metrics_lake.lake_schemas.tables import TABLES, Table
+
+__all__ = [
+    "COMPACTED_TABLES",
+    "CompactionPolicy",
+    "CompactionRound",
+    "compact_speed_tables",
+    "merge_groups",
+    "size_tier",
+]
+
+log = logging.getLogger(__name__)
+
+#: The speed layer's tables whose small files are merged, and whether only their closed windows may be.
+COMPACTED_TABLES = {
+    Table.BRONZE_EVENTS: False,
+    Table.QUARANTINE_EVENTS: False,
+    Table.METRIC_WINDOWS_1M: True,
+    Table.QUERY_RESULTS: True,
+    Table.ALERTS: False,
+}
+#: The tables vacuumed by the same step (``last_seen`` sheds a file per batch).
+VACUUMED_TABLES = (*COMPACTED_TABLES, Table.LAST_SEEN)
+_TIERS = 3
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When files are merged (module docstring): ``target_bytes`` (bytes) and the tier factor ``min_files``;
+    ``vacuum_hours``: how long unreferenced files are kept (0: this step never vacuums)."""
+
+    target_bytes: int = 64 * 1024 * 1024
+    min_files: int = 8
+    vacuum_hours: int = 168
+
+
+@dataclass
+class CompactionRound:
+    """One round over the speed tables: per table, files merged away and files written; tables skipped because
+    another maintenance held them; files vacuumed; seconds."""
+
+    merged: dict[str, int] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    vacuumed: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def size_tier(size_bytes: int, policy: CompactionPolicy) -> int | None:
+    """A file's size tier (module docstring): 0, 1 or 2; None at or above the target (never merged again)."""
+    if size_bytes >= policy.target_bytes:
+        return None
+    for tier in range(_TIERS - 1, 0, -1):
+        if size_bytes >= policy.target_bytes // policy.min_files ** (_TIERS - tier):
+            return tier
+    return 0
+
+
+def merge_groups(
+    table: DeltaTable, files: list[DataFile], policy: CompactionPolicy, *, sealed_before_us: int | None
+) -> list[list[DataFile]]:
+    """The groups of ``files`` (``table``'s active files) to merge, each into one file: per partition and size
+    tier, every tier holding ``policy.min_files`` files or more (module docstring).
+
+    ``sealed_before_us``: for windowed tables, only files whose windows all
+    end at or before it (epoch µs) are candidates; None: every file.
+    """
+    closed = None
+    if sealed_before_us is not None:
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows == 0 or "max.window_end" not in actions.column_names:
+            return []
+        paths = actions.column("path").to_pylist()
+        ends = pc.cast(actions.column("max.window_end"), pa.int64()).to_pylist()
+        closed = {p for p, end in zip(paths, ends, strict=True) if end is not None and end <= sealed_before_us}
+    tiers: dict[tuple, list[DataFile]] = {}
+    for data_file in files:
+        if closed is not None and data_file.relative not in closed:
+            continue
+        tier = size_tier(data_file.size, policy)
+        if tier is None:
+            continue
+        key = (tuple(sorted(dict(data_file.partition_values).items())), tier)
+        tiers.setdefault(key, []).append(data_file)
+    return [
+        group for _, group in sorted(tiers.items(), key=lambda item: str(item[0])) if len(group) >= policy.min_files
+    ]
+
+
+def _due(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy, sealed_before_us: int | None):
+    """The merge groups of ``name``'s latest snapshot, and that snapshot."""
+    table = tables.latest(store, name)
+    return merge_groups(table, snapshot_files(store, name, table), policy, sealed_before_us=sealed_before_us), table
+
+
+def _merge(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy, sealed_before_us: int | None):
+    """Merge every due group of ``name`` in one commit; returns (files merged away, files written)."""
+
+    def attempt() -> tuple[int, int]:
+        groups, table = _due(store, tables, name, policy, sealed_before_us)
+        if not groups:
+            return 0, 0
+        adds, removes = [], []
+        for group in groups:
+            rows = read_data_files(store, group, TABLES[name].schema)
+            adds += write_data_files(store, name, rows, prefix="compacted-")
+            removes += [remove_action(f, data_change=False) for f in group]
+        commit_changes(
+            table, name, adds, removes, transactions=[], operation="CONTINUOUS COMPACTION", data_change=False
+        )
+        return len(removes), len(adds)
+
+    return retry_on_conflict(attempt, f"{name} continuous compaction")
+
+
+def compact_speed_tables(
+    store: Store,
+    policy: CompactionPolicy,
+    *,
+    sealed_before_us: int | None,
+    vacuum: bool = False,
+    tables: LatestTables | None = None,
+) -> CompactionRound:
+    """One round of continuous compaction over the speed tables (module docstring); with ``vacuum``, VACUUM them too.
+
+    ``sealed_before_us``: the watermark (epoch µs), below which windows are
+    closed; None: no window is closed yet (windowed tables are left alone).
+    Tables whose maintenance lease another writer holds are skipped
+    (:attr:`CompactionRound.skipped`). Raises what the store or a commit
+    raises after its retries (``CommitFailedError``).
+    """
+    started = time.monotonic()
+    tables = tables or LatestTables()
+    outcome = CompactionRound()
+    for name, windowed in COMPACTED_TABLES.items():
+        if windowed and sealed_before_us is None:
+            continue
+        sealed = sealed_before_us if windowed else None
+        if not _due(store, tables, name, policy, sealed)[0]:
+            continue  # nothing to merge: no lease taken (a store write) for nothing
+        try:
+            with maintenance_lease(store, name, wait_s=0):  # then planned again under the lease
+                merged, written = _merge(store, tables, name, policy, sealed)
+        except LeaseHeldError:
+            outcome.skipped.append(name)
+            continue
+        if merged:
+            outcome.merged[name], outcome.written[name] = merged, written
+    if vacuum and policy.vacuum_hours:
+        for name in VACUUMED_TABLES:
+            try:
+                with maintenance_lease(store, name, wait_s=0):
+                    table = tables.latest(store, name)
+                    deleted = table.vacuum(
+                        retention_hours=policy.vacuum_hours, dry_run=False, enforce_retention_duration=False, full=True
+                    )
+            except LeaseHeldError:
+                outcome.skipped.append(name)
+                continue
+            if deleted:
+                outcome.vacuumed[name] = len(deleted)
+    outcome.seconds = time.monotonic() - started
+    if outcome.merged or outcome.vacuumed:
+        log.info(
+            "compaction: %s%s in %.2f s",
+            ", ".join(f"{n} {outcome.merged[n]} -> {outcome.written[n]} files" for n in outcome.merged)
+            or "nothing merged",
+            "; vacuumed " + ", ".join(f"{n} {c} files" for n, c in outcome.vacuumed.items())
+            if outcome.vacuumed
+            else "",
+            outcome.seconds,
+        )
+    return outcome

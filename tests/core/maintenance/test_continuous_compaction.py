@@ -1,0 +1,114 @@
+"""Continuous compaction: size tiers, and a stream compacting between batches keeps every table exact (the same rows
+as a twin lake never compacted) with a bounded number of files per day."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.kernels.stored_queries import parse_query
+from metrics_lake.core.log.consumer import end_offsets
+from metrics_lake.core.log.log import SegmentLog
+from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.maintenance.continuous_compaction import (
+    CompactionPolicy,
+    compact_speed_tables,
+    size_tier,
+)
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
+from metrics_lake.core.speed.open_windows import OpenWindows
+from metrics_lake.core.speed.progress import watermark_app_id
+from metrics_lake.core.storage import LocalStore
+from metrics_lake.core.tables.delta import LatestTables, open_table
+from metrics_lake.core.tables.snapshots import snapshot_files
+from metrics_lake.lake_schemas.tables import Table
+
+TOPIC = "metrics"
+QUERIES = [parse_query("cpu_2m", "FROM * SELECT host.cpu.utilization WINDOW 2m EVERY 1m COMPUTE max, avg PER SERVER")]
+
+
+def test_size_tiers_are_powers_of_the_min_files_below_the_target():
+    policy = CompactionPolicy(target_bytes=64_000, min_files=4)
+    assert [size_tier(s, policy) for s in (1, 3_999, 4_000, 15_999, 16_000, 63_999, 64_000, 10**9)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+        None,
+        None,
+    ]
+
+
+def rows(store, name: str, columns: list[str]) -> list[tuple]:
+    table = open_table(store, name).to_pyarrow_table(columns=columns)
+    table = table.select(columns)
+    return sorted(
+        (tuple(r.values()) for r in table.to_pylist()), key=lambda r: tuple("" if v is None else v for v in r)
+    )
+
+
+def run_lake(root, *, compact_every: int | None, batches: int = 48) -> tuple[LocalStore, list[int]]:
+    """``batches`` one-second batches of 12 servers; with ``compact_every``, a compaction round after every that
+    many batches (as the stream runs it between batches). Returns the store and files per day after each round."""
+    store = LocalStore(str(root))
+    log = SegmentLog(store)
+    sim = FleetSimulator(servers=12, metrics=3, seconds=1, seed=3, start_ms=0).generate()
+    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - batches * 1000 - 120_000
+    open_windows, tables = OpenWindows(), LatestTables()
+    policy = CompactionPolicy(target_bytes=4 * 1024 * 1024, min_files=3, vacuum_hours=0)
+    counts = []
+    with Producer(log, TOPIC, partitions=2, linger_ms=0) as producer:
+        for i in range(batches):
+            ts = pc.add(
+                pc.subtract(sim.column("ts").cast(pa.int64()), sim.column("ts").cast(pa.int64())), start_ms + i * 1000
+            )
+            producer.send(sim.set_column(0, "ts", ts.cast(sim.schema.field("ts").type)))
+            producer.flush()
+            run_batch_in_process(
+                store,
+                TOPIC,
+                end_offsets(log, TOPIC),
+                watermark_seconds=10,
+                clock_skew_seconds=300,
+                queries=QUERIES,
+                rules=[],
+                open_windows=open_windows,
+                tables=tables,
+            )
+            if compact_every and (i + 1) % compact_every == 0:
+                watermark = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(TOPIC))
+                compact_speed_tables(store, policy, sealed_before_us=watermark * 1000, tables=LatestTables())
+                counts.append(
+                    max(
+                        len(snapshot_files(store, name, open_table(store, name)))
+                        for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
+                    )
+                )
+    return store, counts
+
+
+def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounded(tmp_path):
+    plain, _ = run_lake(tmp_path / "plain", compact_every=None)
+    compacted, counts = run_lake(tmp_path / "compacted", compact_every=4)
+    bronze = ["server", "metric", "ts", "value"]
+    windows = ["metric", "server", "window_start", "count", "sum", "min", "max"]
+    results = ["query", "server", "window_start", "aggregate", "value"]
+    for name, columns in (
+        (Table.BRONZE_EVENTS, bronze),
+        (Table.METRIC_WINDOWS_1M, windows),
+        (Table.QUERY_RESULTS, results),
+    ):
+        want = rows(plain, name, columns)
+        assert want and rows(compacted, name, columns) == want, name
+    plain_bronze = len(snapshot_files(plain, Table.BRONZE_EVENTS, open_table(plain, Table.BRONZE_EVENTS)))
+    assert plain_bronze >= 48  # a file per batch and partition, uncompacted
+    # A day keeps fewer than 3 x min_files small files per tier, plus the open windows' own files.
+    assert max(counts) <= 3 * 3 * 2 + 4, counts
+    for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS):
+        history = open_table(compacted, name).history()
+        assert any(h.get("lake.operation") == "CONTINUOUS COMPACTION" for h in history), name
