@@ -53,19 +53,19 @@ def rows(store, name: str, columns: list[str]) -> list[tuple]:
 
 
 def run_lake(root, *, compact_every: int | None, batches: int = 48) -> tuple[LocalStore, list[int]]:
-    """``batches`` one-second batches of 12 servers; with ``compact_every``, a compaction round after every that
+    """``batches`` batches of 12 servers, one second of events each, 10 s apart; with ``compact_every``, a compaction round after every that
     many batches (as the stream runs it between batches). Returns the store and files per day after each round."""
     store = LocalStore(str(root))
     log = SegmentLog(store)
     sim = FleetSimulator(servers=12, metrics=3, seconds=1, seed=3, start_ms=0).generate()
-    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - batches * 1000 - 120_000
+    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - batches * 10_000 - 120_000
     open_windows, tables = OpenWindows(), LatestTables()
     policy = CompactionPolicy(target_bytes=4 * 1024 * 1024, min_files=3, vacuum_hours=0)
     counts = []
     with Producer(log, TOPIC, partitions=2, linger_ms=0) as producer:
         for i in range(batches):
             ts = pc.add(
-                pc.subtract(sim.column("ts").cast(pa.int64()), sim.column("ts").cast(pa.int64())), start_ms + i * 1000
+                pc.subtract(sim.column("ts").cast(pa.int64()), sim.column("ts").cast(pa.int64())), start_ms + i * 10_000
             )
             producer.send(sim.set_column(0, "ts", ts.cast(sim.schema.field("ts").type)))
             producer.flush()
