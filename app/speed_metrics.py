@@ -5,22 +5,75 @@
 stream's progress callback with a
 :class:`~metrics_lake.core.speed.micro_batch.BatchOutcome`, so a replayed batch
 that committed nothing counts nothing.
+
+For a stream that runs for months, gauges read at each scrape say whether
+anything grows that should not: the process's own (``process_*``:
+``process_resident_memory_bytes`` and the rest of prometheus_client's
+process collector), and the lake's (:class:`LakeStateCollector`): active data
+files and Delta version per speed table (``lake_table_active_files``,
+``lake_table_version``) and segments per log partition
+(``lake_log_segments``). Alert on them as on any other metric (e.g. files
+growing for an hour while continuous compaction is on).
 """
 
 from __future__ import annotations
 
+import threading
+
 import prometheus_client as prom
+from prometheus_client.core import GaugeMetricFamily
 
+from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.micro_batch import BatchOutcome
+from metrics_lake.core.speed.progress import POSITION_TABLES
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.delta import LatestTables
+from metrics_lake.core.tables.snapshots import snapshot_files
+from metrics_lake.lake_schemas.errors import TopicNotFoundError
 
-__all__ = ["SpeedMetrics"]
+__all__ = ["LakeStateCollector", "SpeedMetrics"]
+
+
+class LakeStateCollector:
+    """A prometheus_client collector of the lake's size, read at each scrape (module docstring): per speed table its
+    active files and version, per partition of ``topic`` its log segments."""
+
+    def __init__(self, store: Store, topic: str) -> None:
+        self.store, self.topic = store, topic
+        self._tables = LatestTables()
+        self._lock = threading.Lock()  # scrapes may overlap; LatestTables is not for concurrent use
+
+    def collect(self):
+        """The gauges, as ``prometheus_client`` asks for them."""
+        files = GaugeMetricFamily("lake_table_active_files", "Active data files of a speed table.", labels=["table"])
+        versions = GaugeMetricFamily("lake_table_version", "Delta version of a speed table.", labels=["table"])
+        segments = GaugeMetricFamily(
+            "lake_log_segments", "Segments of a log partition of the stream's topic.", labels=["partition"]
+        )
+        with self._lock:
+            for name in POSITION_TABLES:
+                table = self._tables.latest(self.store, name)
+                files.add_metric([str(name)], len(snapshot_files(self.store, name, table)))
+                versions.add_metric([str(name)], table.version())
+        log = SegmentLog(self.store)
+        try:
+            partitions = log.partitions(self.topic)
+        except TopicNotFoundError:
+            partitions = 0  # no record yet
+        for partition in range(partitions):
+            segments.add_metric([str(partition)], len(log.index(self.topic, partition).segments))
+        yield from (files, versions, segments)
 
 
 class SpeedMetrics:
-    """The speed layer's counters; :meth:`observe` a batch, :meth:`serve` them over HTTP."""
+    """The speed layer's counters; :meth:`observe` a batch, :meth:`serve` them over HTTP. With ``store`` and
+    ``topic``, also the process's and the lake's gauges (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None, topic: str | None = None) -> None:
         self.registry = prom.CollectorRegistry()
+        prom.ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds, CPU seconds
+        if store is not None and topic is not None:
+            self.registry.register(LakeStateCollector(store, topic))
         self.batches = prom.Counter("lake_stream_batches", "Committed micro-batches.", registry=self.registry)
         self.records = prom.Counter("lake_stream_records_read", "Log records read.", registry=self.registry)
         self.rows = prom.Counter("lake_stream_rows", "Rows committed per table.", ["table"], registry=self.registry)

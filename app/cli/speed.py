@@ -74,7 +74,7 @@ def _run_speed_layer(spark, config, once: bool, stop, metrics_host: str, metrics
     mode = "until all available data is processed" if once else f"every {config.trigger_seconds:g} s until Ctrl-C"
     alerts = f"; alerts to {', '.join(config.alertmanager_urls)}" if config.alertmanager_urls else ""
     err.print(f"speed layer for topic {config.topic!r} ({mode}){alerts}", highlight=False)
-    metrics = SpeedMetrics()
+    metrics = SpeedMetrics(open_store(config), config.topic)
     if metrics_port is not None:
         try:
             server, _ = metrics.serve(metrics_host, metrics_port)

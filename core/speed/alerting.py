@@ -108,6 +108,7 @@ __all__ = [
     "evaluate_idle",
     "seen_rows",
     "shared_alert_log",
+    "steps_app_id",
     "threshold_clock_app_id",
     "threshold_timelines",
     "updated_last_seen",
@@ -310,6 +311,11 @@ def append_clock_us(last_seen: pa.Table) -> int | None:
     return int(pc.max(pc.cast(last_seen.column("last_seen_at"), pa.int64())).as_py())
 
 
+def steps_app_id(topic: str) -> str:
+    """The ``txn`` appId with which ``alerts`` records that it evaluates threshold rules at evaluation steps."""
+    return f"{CONSUMER}/{topic}/threshold-steps"
+
+
 def threshold_clock_app_id(topic: str) -> str:
     """The ``txn`` appId under which ``alerts`` records the last evaluation step (epoch ms) of threshold rules."""
     return f"{CONSUMER}/{topic}/threshold-clock"
@@ -389,11 +395,17 @@ def evaluate_alerts(
     rules = [*rules, no_data_rule(options.nodata_s, topic)]
     clocks: list[Transaction] = []
     transitions: list[Transition] = []
+    # A lake whose alerts evaluated before evaluation steps existed has an absence clock and no steps marker: its
+    # steps start at its event clock. Any other starts at its oldest stored query window.
+    upgraded = False
+    if alerts.transaction_version(steps_app_id(topic)) is None:
+        upgraded = alerts.transaction_version(absence_clock_app_id(topic)) is not None
+        clocks.append(Transaction(steps_app_id(topic), 1))
     if query_results is not None and event_clock is not None:
         previous = alerts.transaction_version(threshold_clock_app_id(topic))
         first = None
         if previous is None:
-            if alerts.transaction_version(absence_clock_app_id(topic)) is None:  # a new lake: from its first window
+            if not upgraded:
                 first = window_start_bounds(query_results)[0]
             first = max(first if first is not None else event_clock, event_clock - options.absence_lookback_s * _US)
         steps = evaluation_steps(

@@ -227,7 +227,9 @@ class BatchPlan:
     ``pins``: which inventory version events are joined with from which
     offsets (:mod:`metrics_lake.core.speed.enrichment`); ``limits``: the
     cardinality limits an hour without a state starts with
-    (:mod:`metrics_lake.core.speed.cardinality`).
+    (:mod:`metrics_lake.core.speed.cardinality`); ``unread``: the partitions
+    the batch leaves records in (their events bound the threshold rules'
+    evaluation steps: :func:`step_clock_ms`).
     """
 
     topic: str
@@ -239,6 +241,7 @@ class BatchPlan:
     read_through_ms: int | None = None
     pins: tuple[Pin, ...] = ()
     limits: CardinalityLimits = CardinalityLimits()
+    unread: tuple[int, ...] = ()
 
     @property
     def records(self) -> int:
@@ -269,7 +272,8 @@ class ChunkResult:
     append and event time per server, and per series of a watched metric,
     of the events ``last_seen`` has not yet seen (:data:`~metrics_lake.core.speed.alerting.SEEN`);
     ``refused_by``: events of the chunk new to quarantine for a cardinality limit, per limit name;
-    ``limit_states``: on a partition's last chunk, the partition's limit states (hour → state) as of its end.
+    ``limit_states``: on a partition's last chunk, the partition's limit states (hour → state) as of its end;
+    ``partition``: the log partition the chunk is of.
     """
 
     files: list[WrittenFile] = field(default_factory=list)
@@ -280,6 +284,7 @@ class ChunkResult:
     seen: pa.Table = field(default_factory=SEEN.empty_table)
     refused_by: dict[str, int] = field(default_factory=dict)
     limit_states: dict[int, dict[int, LimitState]] = field(default_factory=dict)
+    partition: int | None = None
 
 
 @dataclass(frozen=True)
@@ -367,8 +372,18 @@ def plan_batch(
     read_through = min((at for at in behind if at is not None), default=None)
     unread = {p: max(marks[name][p] for name in SPEED_TABLES) for p in ends}
     pins = pin_inventory(store, CONSUMER, topic, unread, Inventory(store).end_offset())
+    unread_partitions = tuple(p for p, end in sorted(ends.items()) if end < indexes[p].next_offset)
     return BatchPlan(
-        topic, dict(ends), marks, watermark, tuple(chunks), watched, read_through, pins, limits or CardinalityLimits()
+        topic,
+        dict(ends),
+        marks,
+        watermark,
+        tuple(chunks),
+        watched,
+        read_through,
+        pins,
+        limits or CardinalityLimits(),
+        unread_partitions,
     )
 
 
@@ -385,6 +400,8 @@ def process_partition(store: Store, plan: BatchPlan, partition: int, *, clock_sk
     gate = LimitGate(store, CONSUMER, plan.topic, partition, plan.limits)
     chunks = plan.partition_chunks().get(partition, [])
     results = [process_chunk(store, plan, chunk, clock_skew_seconds=clock_skew_seconds, gate=gate) for chunk in chunks]
+    for result in results:
+        result.partition = partition
     if results:
         results[-1].limit_states = {partition: dict(gate.states)}
     if len(results) > 1:  # chunks are in offset order: merge_states keeps the newest labels (the last row's)
@@ -779,7 +796,10 @@ def commit_batch(
     rows[LAST_SEEN] = _upsert_last_seen(store, tables, plan, seen, rules, alerting.absence_lookback_s)
     timed(LAST_SEEN)
     clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
-    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting)
+    steps_to = step_clock_ms(plan, results)
+    if clock is not None and steps_to is not None:
+        clock = min(clock, int((steps_to - alerting.evaluation_delay_s * 1000) * 1000))
+    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, None if steps_to is None else clock, alerting)
     timed(ALERTS)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
@@ -801,6 +821,23 @@ def commit_batch(
         seconds=time.monotonic() - started,
         stages=stages,
     )
+
+
+def step_clock_ms(plan: BatchPlan, results: list[ChunkResult]) -> int | None:
+    """How far threshold rules may step after this batch (epoch ms): unbounded (the event clock decides) when it
+    reads every partition to its end; else the oldest of the newest event times it read in the partitions it leaves
+    records in (a window is final only once every partition's events before its end are read: a batch catching up
+    unevenly must not evaluate a window another partition still adds to); None when it read nothing of one of
+    those (no step this batch: a later one reads on)."""
+    if not plan.unread:
+        return 2**62
+    newest: dict[int, int] = {}
+    for r in results:
+        if r.partition is not None and r.event_time_max_ms is not None:
+            newest[r.partition] = max(newest.get(r.partition, r.event_time_max_ms), r.event_time_max_ms)
+    if any(p not in newest for p in plan.unread):
+        return None
+    return min(newest[p] for p in plan.unread)
 
 
 def _upsert_last_seen(

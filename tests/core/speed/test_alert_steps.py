@@ -19,7 +19,7 @@ from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.log.producer import Producer, partition_for
 from metrics_lake.core.speed.alerting import AlertOptions, forget_alert_logs
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.delta import open_table
@@ -42,9 +42,10 @@ WATCHED = {"hot", "busy", "idle"}
 
 def random_stream(seed: int) -> list[dict]:
     """Events of 3 servers over about 7 minutes, in time order, with high and low stretches."""
+    assert partition_for("s0", 2) == partition_for("s1", 2) != partition_for("s4", 2)
     rng = random.Random(seed)
     events, t = [], BASE_MS + rng.randrange(0, 30_000)
-    level = {f"s{i}": rng.choice([10.0, 50.0, 150.0]) for i in range(3)}
+    level = {s: rng.choice([10.0, 50.0, 150.0]) for s in ("s0", "s1", "s4")}  # s4 goes to the other of 2 partitions
     while t < BASE_MS + 7 * M:
         server = rng.choice(sorted(level))
         if rng.random() < 0.15:
@@ -54,19 +55,38 @@ def random_stream(seed: int) -> list[dict]:
     return events
 
 
-def run(root, events: list[dict], cuts: list[int]) -> list[tuple]:
-    """The live transitions of the watched rules after processing ``events`` in batches ending at ``cuts``."""
+def run(root, events: list[dict], cuts: list[int] | None, partitions: int = 1, rng=None) -> list[tuple]:
+    """The live transitions of the watched rules after processing ``events`` in batches ending at ``cuts`` (one
+    partition); with ``partitions`` and ``rng`` instead, batches that advance the partitions unevenly at random
+    (one partition often read to its end while another has not started)."""
     store = LocalStore(str(root))
     log = SegmentLog(store)
-    with Producer(log, TOPIC, partitions=1) as producer:
+    with Producer(log, TOPIC, partitions=partitions) as producer:
         producer.send_payloads(events)
-    assert end_offsets(log, TOPIC) == {0: len(events)}
+    ends = end_offsets(log, TOPIC)
+    assert sum(ends.values()) == len(events) and all(ends.values())
+    if cuts is not None:
+        batches = [{0: cut} for cut in cuts]
+    else:  # each batch moves one partition ahead of the others by up to 50 s of event time (the watermark is 60 s)
+        times = {q: [e["ts"] for e in events if partition_for(e["server"], partitions) == q] for q in ends}
+        at, batches = dict.fromkeys(ends, 0), []
+
+        def limit(p: int) -> int:  # how far partition p may run ahead of the others' next unread event
+            return min([times[q][at[q]] for q in ends if q != p and at[q] < ends[q]], default=2**62) + 50_000
+
+        while at != ends:
+            p = rng.choice([q for q in ends if at[q] < ends[q] and times[q][at[q]] <= limit(q)])
+            step, most = at[p], rng.choice([1, 3, 50])
+            while step < ends[p] and step - at[p] < most and times[p][step] <= limit(p):
+                step += 1
+            at = {**at, p: step}
+            batches.append(dict(at))
     forget_alert_logs()
-    for cut in cuts:
+    for batch_ends in batches:
         speed_layer.run_batch_in_process(
             store,
             TOPIC,
-            {0: cut},
+            batch_ends,
             watermark_seconds=60,
             clock_skew_seconds=300,
             queries=QUERIES,
@@ -145,6 +165,9 @@ def test_alerts_are_the_same_for_any_batching_and_equal_a_step_by_step_reference
     for name, cuts in splits.items():
         got = run(tmp_path / name.replace(" ", "_"), events, cuts)
         assert got == want, name
+    # Two partitions read unevenly (within the watermark, so the windows are the same): a window is only evaluated
+    # once every partition's events before its end are in.
+    assert run(tmp_path / "uneven", events, None, partitions=2, rng=random.Random(seed)) == want
 
 
 def test_a_one_batch_catch_up_fires_an_episode_that_holds_for_its_for(tmp_path):

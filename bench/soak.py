@@ -1,0 +1,252 @@
+"""Soak: the lake's long-running processes together for a long time, with continuous compaction, checked every few
+minutes for growth.
+
+Runs on a fresh local lake, all on this machine:
+
+- ``lake gateway`` (default options), with agents posting the simulator's
+  events through it as JSON at ``--rate`` events/s (in this process, one
+  request a second per 10,000 events, the timestamps the wall clock's);
+- ``lake stream --trigger 1 --metrics-port P`` (Spark local[2]), compacting
+  its tables continuously (``LAKE_COMPACTION_*`` defaults);
+- ``lake dashboard``, whose first stored query's panel is fetched every 10 s.
+
+Every ``--report-minutes`` it prints a row: minutes run, RSS of the gateway,
+the stream (its driver, and the whole tree: JVM and Python workers) and the
+dashboard, active files per speed table (the stream's ``/metrics``), the
+windows lag p99 of the period (seconds since the moment the log held as many
+records as ``metric_windows_1m`` does, sampled every 2 s), the dashboard
+panel's latency and a warm analyst query's (the last 15 minutes of
+``metric_windows_1m`` aggregated per metric, with deltalake and pyarrow in
+this process: the same snapshot every reader sees). At the end the agents
+stop, the stream catches up, and bronze must hold every acknowledged event
+exactly once (positions unique, count equal).
+
+The issue's targets compare each figure with its value at minute 10: RSS
+within +10 %, files per table per day bounded, lag and query latency within
++10 %. Run: ``python bench/soak.py [--rate 40000] [--minutes 120]
+[--report-minutes 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import requests
+from common import LAKE, free_port, lake_env, mib, scratch_dir
+from deltalake import DeltaTable
+
+from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core import keys
+from metrics_lake.core.speed.progress import CONSUMER
+from metrics_lake.core.tables.commits import committed_offsets
+from metrics_lake.lake_schemas.tables import Table
+
+METRICS_PER_SERVER = 10
+CYCLE_S = 60  # seconds of simulated load generated once, sent again with times moved on
+TABLES = (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS, Table.LAST_SEEN, Table.ALERTS)
+
+
+def wait_url(url: str, timeout: float = 180) -> None:
+    """Until ``url`` answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+class Agents:
+    """Posts ``rate`` events/s to the gateway, in real time; counts what the gateway acknowledged."""
+
+    def __init__(self, url: str, rate: int) -> None:
+        servers = max(rate // METRICS_PER_SERVER, 1)
+        table = FleetSimulator(
+            servers=servers, metrics=METRICS_PER_SERVER, seconds=CYCLE_S, seed=7, start_ms=0
+        ).generate()
+        self.url = f"{url}/v1/events"
+        seconds = pc.divide(table.column("ts").cast(pa.int64()), 1000).cast(pa.int64()).to_numpy()
+        rows = table.select(["server", "metric", "value"]).to_pylist()
+        self.per_second: list[list[dict]] = [[] for _ in range(CYCLE_S)]
+        for second, row in zip(seconds, rows, strict=True):
+            self.per_second[int(second) % CYCLE_S].append(row)
+        self.acked = 0
+        self.failed = 0
+        self.timeline: list[tuple[float, int]] = []  # (monotonic, events acknowledged so far)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        """Post each second's events (in requests of 10,000) until :attr:`stop`."""
+        session = requests.Session()
+        started = time.monotonic()
+        second = 0
+        while not self.stop.wait(max(0.0, started + second - time.monotonic())):
+            now_ms = int(time.time() * 1000)
+            events = [{**row, "ts": now_ms} for row in self.per_second[second % CYCLE_S]]
+            for at in range(0, len(events), 10_000):
+                body = json.dumps(events[at : at + 10_000])
+                try:
+                    answer = session.post(self.url, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+                    if answer.status_code == 200:
+                        self.acked += len(events[at : at + 10_000])
+                    else:
+                        self.failed += 1
+                except requests.RequestException:
+                    self.failed += 1
+            self.timeline.append((time.monotonic(), self.acked))
+            second += 1
+
+
+def windows_records(root, partitions: int) -> int:
+    """Records ``metric_windows_1m`` holds: the sum of its committed positions."""
+    path = root / keys.table_prefix(Table.METRIC_WINDOWS_1M)
+    if not (path / "_delta_log").exists():
+        return 0
+    marks = committed_offsets(DeltaTable(str(path)), CONSUMER, "metrics", range(partitions))
+    return sum(m or 0 for m in marks.values())
+
+
+def analyst_query(root) -> float:
+    """Seconds of a warm analyst query: the last 15 minutes of windows, per metric, on the latest snapshot."""
+    started = time.perf_counter()
+    table = DeltaTable(str(root / keys.table_prefix(Table.METRIC_WINDOWS_1M)))
+    since = pa.scalar(int((time.time() - 900) * 1_000_000), pa.timestamp("us", "UTC"))
+    data = table.to_pyarrow_dataset().to_table(
+        columns=["metric", "count", "max"], filter=pc.field("window_start") >= since
+    )
+    data.group_by("metric").aggregate([("count", "sum"), ("max", "max")])
+    return time.perf_counter() - started
+
+
+def rss(pid: int, tree: bool = False) -> int:
+    """Resident bytes of ``pid`` (and its descendants with ``tree``); 0 if gone."""
+    try:
+        process = psutil.Process(pid)
+        members = [process, *process.children(recursive=True)] if tree else [process]
+        return sum(m.memory_info().rss for m in members if m.is_running())
+    except psutil.Error:
+        return 0
+
+
+def active_files(metrics_url: str) -> dict[str, int]:
+    """``lake_table_active_files`` per table, from the stream's ``/metrics``."""
+    text = requests.get(metrics_url, timeout=5).text
+    return {
+        m[1]: int(float(m[2])) for m in re.finditer(r'^lake_table_active_files\{table="(\w+)"\} (\S+)$', text, re.M)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=40_000)
+    parser.add_argument("--minutes", type=float, default=120)
+    parser.add_argument("--report-minutes", type=float, default=5)
+    args = parser.parse_args()
+    work = scratch_dir("lake-soak-")
+    gateway_port, stream_port, dashboard_port = free_port(), free_port(), free_port()
+    env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SHUFFLE_PARTITIONS="2")
+    root = work / "lakehouse"
+    logs = {name: open(work / f"{name}.log", "wb") for name in ("gateway", "stream", "dashboard")}  # noqa: SIM115
+    gateway = subprocess.Popen(
+        [LAKE, "gateway", "--port", str(gateway_port)], env=env, stdout=logs["gateway"], stderr=subprocess.STDOUT
+    )
+    wait_url(f"http://127.0.0.1:{gateway_port}/healthz")
+    agents = Agents(f"http://127.0.0.1:{gateway_port}", args.rate)
+    agents.thread.start()
+    stream = subprocess.Popen(
+        [LAKE, "stream", "--metrics-port", str(stream_port)],
+        env=env,
+        stdout=logs["stream"],
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    dashboard = subprocess.Popen(
+        [LAKE, "dashboard", "--port", str(dashboard_port)], env=env, stdout=logs["dashboard"], stderr=subprocess.STDOUT
+    )
+    metrics_url = f"http://127.0.0.1:{stream_port}/metrics"
+    wait_url(metrics_url)
+    dash = f"http://127.0.0.1:{dashboard_port}"
+    wait_url(f"{dash}/api/health")
+    panel = f"{dash}/api/queries/{requests.get(f'{dash}/api/queries', timeout=10).json()['queries'][0]['name']}/series"
+    started = time.monotonic()
+    lags: list[float] = []
+    panel_seconds: list[float] = []
+    next_panel = next_report = started
+    print(
+        f"{'min':>5} {'gateway':>9} {'driver':>9} {'stream tree':>12} {'dashboard':>10} "
+        + " ".join(f"{t[:12]:>12}" for t in TABLES)
+        + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11}",
+        flush=True,
+    )
+    try:
+        while time.monotonic() - started < args.minutes * 60:
+            time.sleep(2)
+            now = time.monotonic()
+            counted = windows_records(root, 4)
+            times = [t for t, _ in agents.timeline]
+            counts = [c for _, c in agents.timeline]
+            reached = int(np.searchsorted(counts, counted, side="right"))
+            lags.append(0.0 if reached >= len(times) else now - times[reached])
+            if now >= next_panel:
+                t0 = time.perf_counter()
+                requests.get(panel, timeout=60)
+                panel_seconds.append(time.perf_counter() - t0)
+                next_panel = now + 10
+            if now >= next_report + args.report_minutes * 60:
+                next_report = now
+                files = active_files(metrics_url)
+                minutes = (now - started) / 60
+                rate = agents.acked / max(now - started, 1e-9)
+                print(
+                    f"{minutes:>5.0f} {mib(rss(gateway.pid)):>9} {mib(rss(stream.pid)):>9} "
+                    f"{mib(rss(stream.pid, tree=True)):>12} {mib(rss(dashboard.pid)):>10} "
+                    + " ".join(f"{files.get(str(t), 0):>12,}" for t in TABLES)
+                    + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
+                    f" {rate:>11,.0f}",
+                    flush=True,
+                )
+                lags, panel_seconds = [], []
+    finally:
+        agents.stop.set()
+        agents.thread.join(60)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and windows_records(root, 4) < agents.acked:
+            time.sleep(1)
+        stream.send_signal(signal.SIGTERM)
+        stream.wait(120)
+        for process in (gateway, dashboard):
+            process.terminate()
+            process.wait(60)
+        for handle in logs.values():
+            handle.close()
+    bronze = DeltaTable(str(root / keys.table_prefix(Table.BRONZE_EVENTS))).to_pyarrow_table(
+        columns=["partition", "offset"]
+    )
+    positions = Counter(zip(bronze.column("partition").to_pylist(), bronze.column("offset").to_pylist(), strict=True))
+    twice = sum(1 for n in positions.values() if n > 1)
+    print(
+        f"bronze: {bronze.num_rows:,} rows, {len(positions):,} positions, {twice} twice; "
+        f"acknowledged {agents.acked:,} events ({agents.failed} failed requests): "
+        + ("EXACT" if twice == 0 and bronze.num_rows == agents.acked else "NOT EXACT")
+    )
+    print(f"logs under {work} ({', '.join(sorted(logs))}.log); pid {os.getpid()}")
+
+
+if __name__ == "__main__":
+    main()
