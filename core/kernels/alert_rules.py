@@ -412,12 +412,13 @@ def evaluate(
 ) -> list[Transition]:
     """Evaluate ``rules`` once; returns the transitions from ``active`` (by fingerprint, :func:`apply` builds it).
 
-    ``threshold_at_us``: the evaluation time of threshold rules (the event
-    clock minus the evaluation delay; None: not yet known, they are not
-    evaluated and keep their state); ``threshold_values``: per rule name,
+    ``threshold_at_us``: the evaluation time of threshold rules (an
+    evaluation step, :mod:`metrics_lake.core.kernels.alert_steps`; None: they
+    are not evaluated and keep their state); ``threshold_values``: per rule name,
     its series' values at that time (:meth:`~metrics_lake.core.kernels.alert_steps.SeriesTimeline.at`);
     ``absence_at_us``: the evaluation time of absence rules (the lake's
-    append clock); ``last_seen``: rows ``(server, metric, last_seen_at)``
+    append clock; absence rules and ``LakeNoData`` are evaluated only with
+    it); ``last_seen``: rows ``(server, metric, last_seen_at)``
     of the ``last_seen`` table; ``expected``: the servers the inventory
     holds (``server``, ``since`` epoch µs: when its record was appended),
     which absence rules expect to report whether or not ``last_seen`` knows

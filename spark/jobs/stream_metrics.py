@@ -413,11 +413,14 @@ def run_stream(
     raising ``pyspark.errors.StreamingQueryException``. Once ``stop`` is
     set, the batch in flight commits and no other starts (:class:`BatchGate`).
 
-    Between batches, at most once per trigger interval (and at least once
-    a second), the stream evaluates absence rules and ``LakeNoData`` idle
-    (:func:`idle_alerts`) through the same gate, so a log that gets no
-    record at all still fires them; ``alerted`` is called when that
-    recorded transitions (the alert relay's ``wake``).
+    Between batches, once per trigger interval (at least a second), the
+    stream does its idle work through the same gate: it evaluates absence
+    rules and ``LakeNoData`` (:func:`idle_alerts`), so a log that gets no
+    record at all still fires them (``alerted`` is called when that recorded
+    transitions: the alert relay's ``wake``), and every
+    ``LAKE_COMPACTION_INTERVAL_SECONDS`` a compaction round (:func:`compact`;
+    with VACUUM every ``LAKE_VACUUM_INTERVAL_SECONDS``). An idle step that
+    fails is logged and tried again at the next trigger.
     """
     if once:
         catch_up(spark, settings, progress)
