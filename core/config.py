@@ -31,7 +31,7 @@ __all__ = ["LakeSettings", "default_author", "load_settings"]
 
 
 class LakeSettings(BaseSettings):
-    """Configuration for every lake command (see DESIGN.md §4, Configuration)."""
+    """Configuration for every lake command (README, Configuration): one ``LAKE_*`` variable per field."""
 
     model_config = SettingsConfigDict(env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True)
 

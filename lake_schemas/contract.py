@@ -1,4 +1,4 @@
-"""The event contract (DESIGN.md §4) and its validator.
+"""The event contract (README, Event contract) and its validator.
 
 One event is a JSON object::
 
