@@ -9,7 +9,8 @@ called between batches at most every ``LAKE_COMPACTION_INTERVAL_SECONDS``,
 in the same process and through the same gate as the batches, so it never
 races them):
 
-- Per table and day partition, the files a compaction may touch are sorted
+- Per table and day partition of its newest two days (older days are left to
+  the nightly ``lake compact``), the files a compaction may touch are sorted
   into *size tiers* of factor ``F = LAKE_COMPACTION_MIN_FILES``: tier 0 below
   ``target / F²``, tier 1 below ``target / F``, tier 2 below ``target``
   (``LAKE_COMPACTION_TARGET_BYTES``); files at or above the target are done.
@@ -27,7 +28,7 @@ races them):
 Each merge is one Delta commit with ``dataChange=false`` (rows and their
 positions unchanged; time travel keeps working until VACUUM). It holds the
 table's maintenance lease, tried without waiting: while the nightly
-recompute, a backfill or ``lake compact`` holds it, the table is left for the
+recompute, a backfill, retention or ``lake compact`` holds it, the table is left for the
 next round (those writers and this one never interleave: delta-rs 1.6 does
 not fail a commit that removes a file a concurrent rewrite removed,
 :func:`metrics_lake.core.leases.maintenance_lease`). A commit that loses a
@@ -45,6 +46,7 @@ post-commit hook (:data:`metrics_lake.core.tables.delta.TABLE_PROPERTIES`).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
@@ -84,6 +86,8 @@ COMPACTED_TABLES = {
 #: The tables vacuumed by the same step (``last_seen`` sheds a file per batch).
 VACUUMED_TABLES = (*COMPACTED_TABLES, Table.LAST_SEEN)
 _TIERS = 3
+#: Days merged: the table's newest day and the one before. Older days are left to `lake compact` (nightly).
+RECENT_DAYS = 2
 
 
 @dataclass(frozen=True)
@@ -120,13 +124,21 @@ def size_tier(size_bytes: int, policy: CompactionPolicy) -> int | None:
 
 
 def merge_groups(
-    table: DeltaTable, files: list[DataFile], policy: CompactionPolicy, *, sealed_before_us: int | None
+    table: DeltaTable,
+    files: list[DataFile],
+    policy: CompactionPolicy,
+    *,
+    sealed_before_us: int | None,
+    day_column: str | None = None,
+    since_day: str | None = None,
 ) -> list[list[DataFile]]:
     """The groups of ``files`` (``table``'s active files) to merge, each into one file: per partition and size
     tier, every tier holding ``policy.min_files`` files or more (module docstring).
 
     ``sealed_before_us``: for windowed tables, only files whose windows all
     end at or before it (epoch µs) are candidates; None: every file.
+    ``day_column``/``since_day``: only partitions of that day (ISO date) or
+    later; the older days are retention's and ``lake compact``'s.
     """
     closed = None
     if sealed_before_us is not None:
@@ -139,6 +151,9 @@ def merge_groups(
     tiers: dict[tuple, list[DataFile]] = {}
     for data_file in files:
         if closed is not None and data_file.relative not in closed:
+            continue
+        day = dict(data_file.partition_values).get(day_column) if day_column else None
+        if since_day is not None and day is not None and day < since_day:
             continue
         tier = size_tier(data_file.size, policy)
         if tier is None:
@@ -153,7 +168,19 @@ def merge_groups(
 def _due(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy, sealed_before_us: int | None):
     """The merge groups of ``name``'s latest snapshot, and that snapshot."""
     table = tables.latest(store, name)
-    return merge_groups(table, snapshot_files(store, name, table), policy, sealed_before_us=sealed_before_us), table
+    files = snapshot_files(store, name, table)
+    day_column = TABLES[name].day_column
+    days = [d for f in files if (d := dict(f.partition_values).get(day_column)) is not None] if day_column else []
+    since = (dt.date.fromisoformat(max(days)) - dt.timedelta(days=RECENT_DAYS - 1)).isoformat() if days else None
+    groups = merge_groups(
+        table,
+        files,
+        policy,
+        sealed_before_us=sealed_before_us,
+        day_column=day_column,
+        since_day=since,
+    )
+    return groups, table
 
 
 def _merge(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy, sealed_before_us: int | None):

@@ -35,6 +35,7 @@ from deltalake import Transaction
 
 from metrics_lake.core.kernels.stored_queries import StoredQuery, query_rows, query_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
+from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.speed.progress import (
     backfill_revision_app_id,
     backfilled_through_app_id,
@@ -169,7 +170,10 @@ def _rewrite(
 
     Only files holding a replaced row are rewritten (their other rows kept).
     Retried on a fresh snapshot when a concurrent commit (the speed layer,
-    compaction) wins.
+    compaction) wins. Holds the table's maintenance lease: the stream's
+    continuous compaction merges the same closed windows' files, and delta-rs
+    would let both commits remove one file
+    (:func:`~metrics_lake.core.leases.maintenance_lease`).
     """
 
     def attempt() -> int:
@@ -195,4 +199,5 @@ def _rewrite(
         )
         return dropped
 
-    return retry_on_conflict(attempt, _RESULTS)
+    with maintenance_lease(store, _RESULTS):
+        return retry_on_conflict(attempt, _RESULTS)

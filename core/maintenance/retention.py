@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.segment_retention import PartitionRetention, apply_log_retention, plan_log_retention
 from metrics_lake.core.storage import Store
@@ -170,10 +171,11 @@ def apply_retention(settings: LakeSettings, store: Store, now: dt.datetime) -> R
         if expired.files:
             predicate = f"{expired.column} < '{expired.cutoff.isoformat()}'"
             commit = CommitProperties(custom_metadata={"lake.operation": "RETENTION"})
-            retry_on_conflict(
-                lambda p=predicate, c=commit, t=expired.table: open_table(store, t).delete(p, commit_properties=c),
-                f"{expired.table} retention delete",
-            )
+            with maintenance_lease(store, expired.table):  # never beside a compaction removing the same files
+                retry_on_conflict(
+                    lambda p=predicate, c=commit, t=expired.table: open_table(store, t).delete(p, commit_properties=c),
+                    f"{expired.table} retention delete",
+                )
     for table in sorted(list_tables(store)):
         plan.vacuum.append(_vacuum(store, table, vacuum_hours(settings, table), dry_run=False))
         delta = open_table(store, table)
