@@ -89,7 +89,7 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.speed.alerting import AlertOptions, forget_alert_logs
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import LocalStore
-from metrics_lake.core.tables.delta import open_table
+from metrics_lake.core.tables.delta import table_dataset
 from metrics_lake.lake_schemas.errors import InputError, LakeError
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.lake_schemas.types import UTC_US
@@ -168,7 +168,7 @@ def _duration_s(text, source: _File, node: dict, where: str) -> float:
 def expand_values(text: str) -> list[float | None]:
     """Prometheus's expanding notation (module docstring) as a list of values, None for a missing one.
 
-    Raises ``ValueError`` naming the first token that is not notation.
+    Raises :class:`InputError` naming the first token that is not notation.
     """
     values: list[float | None] = []
     for token in str(text).split():
@@ -183,7 +183,7 @@ def expand_values(text: str) -> list[float | None]:
         elif re.fullmatch(_NUMBER, token):
             values.append(float(token))
         else:
-            raise ValueError(f"{token!r} is not a number, _, a+bxn, a-bxn, axn or _xn")
+            raise InputError(f"{token!r} is not a number, _, a+bxn, a-bxn, axn or _xn")
     return values
 
 
@@ -271,7 +271,7 @@ def _group_series(group: dict, source: _File, where: str) -> list[_Series]:
             raise source.error(item, f"{at}.server", f"{CLOCK_SERVER} is the test harness's own server")
         try:
             values = expand_values(item["values"])
-        except ValueError as exc:
+        except InputError as exc:
             raise source.error(item, f"{at}.values", str(exc)) from None
         if not values:
             raise source.error(item, f"{at}.values", "no value")
@@ -368,7 +368,7 @@ def _threshold_transitions(events: list[dict], end_us: int, defs: _Definitions) 
             rules=rules,
             alerting=AlertOptions(evaluation_interval_s=defs.interval_s, absence_lookback_s=DAY_S * 3650),
         )
-        rows = open_table(store, Table.ALERTS).to_pyarrow_table()
+        rows = table_dataset(store, Table.ALERTS).to_table()
         forget_alert_logs()
     rows = rows.filter(pc.is_in(rows.column("rule"), pa.array([r.name for r in rules], pa.string())))
     return rows.sort_by([("recorded_at", "ascending"), ("seq", "ascending")])

@@ -103,13 +103,12 @@ class CompactionPolicy:
 @dataclass
 class CompactionRound:
     """One round over the speed tables: per table, files merged away and files written; tables skipped because
-    another maintenance held them; files vacuumed; log segments merged away (the stream's round adds them); seconds."""
+    another maintenance held them; files vacuumed; seconds."""
 
     merged: dict[str, int] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     vacuumed: dict[str, int] = field(default_factory=dict)
-    log_segments_merged: int = 0
     seconds: float = 0.0
 
 

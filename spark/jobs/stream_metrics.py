@@ -42,7 +42,6 @@ from pathlib import Path
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.log.segment_compaction import compact_topic
 from metrics_lake.core.maintenance.continuous_compaction import (
     CompactionPolicy,
     CompactionRound,
@@ -334,36 +333,21 @@ def compaction_policy(settings: LakeSettings) -> CompactionPolicy:
 def compact(
     settings: LakeSettings, *, vacuum: bool = False, tables: LatestTables | None = None, store: Store | None = None
 ) -> CompactionRound:
-    """One round of continuous compaction: the speed tables (and VACUUM with ``vacuum``), closed windows being those
-    before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`),
-    then the topic's small log segments (:func:`~metrics_lake.core.log.segment_compaction.compact_topic`)."""
+    """One round of continuous compaction of the speed tables (and VACUUM with ``vacuum``), closed windows being those
+    before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`).
+
+    The log's segments are not the stream's to merge: it may only read ``log/`` (``lake compact --log-only`` and
+    the compaction DAG do, with write access there)."""
     store = store or open_store(settings)
     tables = tables or LatestTables()
     watermark_ms = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(settings.topic))
-    outcome = compact_speed_tables(
+    return compact_speed_tables(
         store,
         compaction_policy(settings),
         sealed_before_us=None if watermark_ms is None else watermark_ms * 1000,
         vacuum=vacuum,
         tables=tables,
     )
-    # The log's small segments too: a partition's index (read, and rewritten on every append) and the objects under
-    # it stay bounded. Safe beside the producers and this stream (core/log/segment_compaction.py).
-    log_ = SegmentLog(store)
-    try:
-        merged = compact_topic(
-            log_,
-            settings.topic,
-            target_bytes=settings.log_compaction_target_bytes,
-            delete_delay_ms=int(settings.segment_delete_delay_seconds * 1000),
-        )
-    except TopicNotFoundError:
-        merged = []
-    runs = sum(p.runs for p in merged)
-    if runs:
-        outcome.log_segments_merged = sum(p.segments_before - p.segments_after for p in merged)
-        log.info("compaction: %d log segments merged in %d runs", outcome.log_segments_merged, runs)
-    return outcome
 
 
 def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:
