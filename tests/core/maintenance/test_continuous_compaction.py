@@ -52,13 +52,13 @@ def rows(store, name: str, columns: list[str]) -> list[tuple]:
     )
 
 
-def run_lake(root, *, compact_every: int | None, batches: int = 48) -> tuple[LocalStore, list[int]]:
-    """``batches`` batches of 12 servers, one second of events each, 10 s apart; with ``compact_every``, a compaction round after every that
-    many batches (as the stream runs it between batches). Returns the store and files per day after each round."""
+def run_lake(root, start_ms: int, *, compact_every: int | None, batches: int = 48) -> tuple[LocalStore, list[int]]:
+    """``batches`` batches of 12 servers, one second of events each, 10 s apart from ``start_ms``; with
+    ``compact_every``, a compaction round after every that many batches (as the stream runs it between batches).
+    Returns the store and files per day after each round."""
     store = LocalStore(str(root))
     log = SegmentLog(store)
     sim = FleetSimulator(servers=12, metrics=3, seconds=1, seed=3, start_ms=0).generate()
-    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - batches * 10_000 - 120_000
     open_windows, tables = OpenWindows(), LatestTables()
     policy = CompactionPolicy(target_bytes=4 * 1024 * 1024, min_files=3, vacuum_hours=0)
     counts = []
@@ -93,8 +93,10 @@ def run_lake(root, *, compact_every: int | None, batches: int = 48) -> tuple[Loc
 
 
 def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounded(tmp_path):
-    plain, _ = run_lake(tmp_path / "plain", compact_every=None)
-    compacted, counts = run_lake(tmp_path / "compacted", compact_every=4)
+    # One start for both lakes: computed in each, two runs straddling a minute would hold different events.
+    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 48 * 10_000 - 120_000
+    plain, _ = run_lake(tmp_path / "plain", start_ms, compact_every=None)
+    compacted, counts = run_lake(tmp_path / "compacted", start_ms, compact_every=4)
     bronze = ["server", "metric", "ts", "value"]
     windows = ["metric", "server", "window_start", "count", "sum", "min", "max"]
     results = ["query", "server", "window_start", "aggregate", "value"]
