@@ -156,12 +156,21 @@ class AlertNotifier:
     """Relays the lake's alerts to one Alertmanager (module docstring); one per lake and Alertmanager.
 
     ``url``: the Alertmanager's base URL (default: the first of
-    ``LAKE_ALERTMANAGER_URL``); ``clock``: epoch seconds (tests move it).
-    Raises :class:`ConfigError` when no Alertmanager is given or configured.
+    ``LAKE_ALERTMANAGER_URL``); ``alert_log``: the ``alerts`` table as read
+    so far, shared by the relays of several Alertmanagers (it is thread-safe:
+    the table is read once for all of them; default: one of its own);
+    ``clock``: epoch seconds (tests move it). Raises :class:`ConfigError`
+    when no Alertmanager is given or configured.
     """
 
     def __init__(
-        self, settings: LakeSettings, store: Store | None = None, *, url: str | None = None, clock=time.time
+        self,
+        settings: LakeSettings,
+        store: Store | None = None,
+        *,
+        url: str | None = None,
+        alert_log: AlertLog | None = None,
+        clock=time.time,
     ) -> None:
         if url is None and not settings.alertmanager_urls:
             raise ConfigError("LAKE_ALERTMANAGER_URL is not set: say which Alertmanager gets the alerts")
@@ -170,7 +179,7 @@ class AlertNotifier:
         self.url = f"{self.base_url}/api/v2/alerts"
         self.receiver = receiver_name(self.base_url)
         self.store = store or open_store(settings)
-        self.alert_log = AlertLog(self.store)
+        self.alert_log = alert_log or AlertLog(self.store)
         self.registry = Registry(self.store)
         self.clock = clock
         self.session = requests.Session()
@@ -336,10 +345,13 @@ class AlertNotifier:
 def start_notifiers(settings: LakeSettings, store: Store | None = None) -> list[tuple[AlertNotifier, threading.Thread]]:
     """Run an :class:`AlertNotifier` per configured Alertmanager, each in a daemon thread; returns
     ``(notifier, thread)`` pairs (``notifier.stop()`` ends one), none when ``LAKE_ALERTMANAGER_URL`` is not set."""
-    store = store or (open_store(settings) if settings.alertmanager_urls else None)
+    if not settings.alertmanager_urls:
+        return []
+    store = store or open_store(settings)
+    alert_log = AlertLog(store)
     relays = []
     for url in settings.alertmanager_urls:
-        notifier = AlertNotifier(settings, store, url=url)
+        notifier = AlertNotifier(settings, store, url=url, alert_log=alert_log)
         thread = threading.Thread(target=notifier.run, name=f"alert-notifier[{url}]", daemon=True)
         thread.start()
         relays.append((notifier, thread))
@@ -353,11 +365,12 @@ def deliver_all(settings: LakeSettings, store: Store | None = None) -> dict[str,
     after trying every one (the others' deliveries stand).
     """
     store = store or open_store(settings)
+    alert_log = AlertLog(store)
     done: dict[str, Delivery] = {}
     failed: list[str] = []
     for url in settings.alertmanager_urls:
         try:
-            done[url] = AlertNotifier(settings, store, url=url).deliver()
+            done[url] = AlertNotifier(settings, store, url=url, alert_log=alert_log).deliver()
         except AlertmanagerError as exc:
             failed.append(str(exc))
     if failed:

@@ -90,8 +90,7 @@ class SeriesTimeline:
         values' range in that step (cached per step), exact for every operator but ``==`` and ``!=``, where it only
         says whether there is any window at all."""
         if self._range_at != at_us:
-            lo = int(np.searchsorted(self.ends, at_us - self.slide_us, side="right"))
-            hi = int(np.searchsorted(self.ends, at_us, side="right"))
+            lo, hi = self._step_rows(at_us)
             values = self.values[lo:hi]
             self._range = (float(values.min()), float(values.max())) if len(values) else None
             self._range_at = at_us
@@ -104,10 +103,14 @@ class SeriesTimeline:
             return bool(OPERATORS[rule.op](low, rule.threshold))
         return True
 
+    def _step_rows(self, at_us: int) -> tuple[int, int]:
+        """The rows (``lo:hi``, in end order) of the windows step ``at_us`` may read: ending in ``(at_us - slide, at_us]``."""
+        lo = int(np.searchsorted(self.ends, at_us - self.slide_us, side="right"))
+        return lo, int(np.searchsorted(self.ends, at_us, side="right"))
+
     def at(self, at_us: int) -> SeriesValues:
         """Each series' value at step ``at_us`` (epoch µs): its newest window ending in ``(at_us - slide, at_us]``."""
-        lo = int(np.searchsorted(self.ends, at_us - self.slide_us, side="right"))
-        hi = int(np.searchsorted(self.ends, at_us, side="right"))
+        lo, hi = self._step_rows(at_us)
         if lo >= hi:
             return SeriesValues.empty()
         codes = self.codes[lo:hi]

@@ -137,7 +137,7 @@ def merge_groups(
     ``sealed_before_us``: for windowed tables, only files whose windows all
     end at or before it (epoch µs) are candidates; None: every file.
     ``day_column``/``since_day``: only partitions of that day (ISO date) or
-    later; the older days are retention's and ``lake compact``'s.
+    later; the older days are the nightly ``lake compact``'s.
     """
     closed = None
     if sealed_before_us is not None:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -71,7 +71,7 @@ from metrics_lake.core.kernels.alert_rules import (
     no_data_rule,
     transitions_table,
 )
-from metrics_lake.core.kernels.alert_steps import SeriesTimeline, advance, evaluate_steps, evaluation_steps
+from metrics_lake.core.kernels.alert_steps import SeriesTimeline, evaluate_steps, evaluation_steps
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.kernels.windows import dictionary_codes, reduce_at
 from metrics_lake.core.log.consumer import end_offsets
@@ -357,12 +357,11 @@ def threshold_timelines(
 
 @dataclass
 class AlertEvaluation:
-    """What one evaluation decided: the ``transitions`` in order, the clocks to record with them (``txn``
-    actions of ``alerts``), and the active alerts after them (by fingerprint)."""
+    """What one evaluation decided: the ``transitions`` in order, and the clocks to record with them (``txn``
+    actions of ``alerts``)."""
 
     transitions: list[Transition]
     clocks: list[Transaction]
-    active: dict[str, ActiveAlert] = field(default_factory=dict)
 
 
 def evaluate_alerts(
@@ -438,9 +437,8 @@ def evaluate_alerts(
             expected=expected,
         )
         transitions += absent
-        active = advance(active, absent)
         clocks.append(Transaction(absence_clock_app_id(topic), clock_ms))
-    return AlertEvaluation(transitions, clocks, active)
+    return AlertEvaluation(transitions, clocks)
 
 
 class AlertLog:

@@ -229,7 +229,7 @@ class BatchPlan:
     cardinality limits an hour without a state starts with
     (:mod:`metrics_lake.core.speed.cardinality`); ``unread``: the partitions
     the batch leaves records in (their events bound the threshold rules'
-    evaluation steps: :func:`step_clock_ms`).
+    evaluation steps: :func:`threshold_clock_us`).
     """
 
     topic: str
@@ -368,11 +368,11 @@ def plan_batch(
     watermark = tables.latest(store, WINDOWS).transaction_version(watermark_app_id(topic))
     if watched is None:
         watched = watched_metrics(Registry(store).current().alert_rules())
-    behind = [indexes[p].appended_at(end - 1) for p, end in ends.items() if 0 < end < indexes[p].next_offset]
+    unread_partitions = tuple(p for p, end in sorted(ends.items()) if end < indexes[p].next_offset)
+    behind = [indexes[p].appended_at(ends[p] - 1) for p in unread_partitions if ends[p] > 0]
     read_through = min((at for at in behind if at is not None), default=None)
     unread = {p: max(marks[name][p] for name in SPEED_TABLES) for p in ends}
     pins = pin_inventory(store, CONSUMER, topic, unread, Inventory(store).end_offset())
-    unread_partitions = tuple(p for p, end in sorted(ends.items()) if end < indexes[p].next_offset)
     return BatchPlan(
         topic,
         dict(ends),
@@ -795,11 +795,8 @@ def commit_batch(
     seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
     rows[LAST_SEEN] = _upsert_last_seen(store, tables, plan, seen, rules, alerting.absence_lookback_s)
     timed(LAST_SEEN)
-    clock = event_clock_us(watermark, watermark_seconds, alerting.evaluation_delay_s)
-    steps_to = step_clock_ms(plan, results)
-    if clock is not None and steps_to is not None:
-        clock = min(clock, int((steps_to - alerting.evaluation_delay_s * 1000) * 1000))
-    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, None if steps_to is None else clock, alerting)
+    clock = threshold_clock_us(plan, results, watermark, watermark_seconds, alerting.evaluation_delay_s)
+    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting)
     timed(ALERTS)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
@@ -823,21 +820,27 @@ def commit_batch(
     )
 
 
-def step_clock_ms(plan: BatchPlan, results: list[ChunkResult]) -> int | None:
-    """How far threshold rules may step after this batch (epoch ms): unbounded (the event clock decides) when it
-    reads every partition to its end; else the oldest of the newest event times it read in the partitions it leaves
-    records in (a window is final only once every partition's events before its end are read: a batch catching up
-    unevenly must not evaluate a window another partition still adds to); None when it read nothing of one of
-    those (no step this batch: a later one reads on)."""
-    if not plan.unread:
-        return 2**62
+def threshold_clock_us(
+    plan: BatchPlan, results: list[ChunkResult], watermark_ms: int | None, watermark_seconds: int, delay_s: float
+) -> int | None:
+    """How far threshold rules may step after this batch (epoch µs; None: no step this batch).
+
+    The event clock minus the delay (:func:`~metrics_lake.core.speed.alerting.event_clock_us`) when the batch
+    reads every partition to its end. Else no later than the oldest of the newest event times it read in the
+    partitions it leaves records in: a window is final only once every partition's events before its end are
+    read, and a batch catching up unevenly must not evaluate a window another partition still adds to. None when
+    it read nothing of one of those (a later batch reads on).
+    """
+    clock = event_clock_us(watermark_ms, watermark_seconds, delay_s)
+    if clock is None or not plan.unread:
+        return clock
     newest: dict[int, int] = {}
     for r in results:
         if r.partition is not None and r.event_time_max_ms is not None:
             newest[r.partition] = max(newest.get(r.partition, r.event_time_max_ms), r.event_time_max_ms)
     if any(p not in newest for p in plan.unread):
         return None
-    return min(newest[p] for p in plan.unread)
+    return min(clock, int((min(newest[p] for p in plan.unread) - delay_s * 1000) * 1000))
 
 
 def _upsert_last_seen(
