@@ -204,7 +204,9 @@ MAINTENANCE_LEASE_TTL_MS = 15 * 60 * 1000
 
 
 @contextlib.contextmanager
-def maintenance_lease(store: Store, name: str, *, wait_s: float = 900.0) -> Iterator[Callable[[], None]]:
+def maintenance_lease(
+    store: Store, name: str, *, wait_s: float = 900.0, ttl_ms: int = MAINTENANCE_LEASE_TTL_MS
+) -> Iterator[Callable[[], None]]:
     """Hold table ``name``'s maintenance lease for the block; yields a function that renews it.
 
     Compaction and day replacements rewrite a table's files. delta-rs 1.6
@@ -217,7 +219,11 @@ def maintenance_lease(store: Store, name: str, *, wait_s: float = 900.0) -> Iter
     the speed layer instead never rewrites what compaction may touch (see
     :func:`metrics_lake.core.speed.progress.first_open_day`). Waits up to
     ``wait_s`` for another holder, then raises
-    :class:`~metrics_lake.lake_schemas.errors.LeaseHeldError`.
+    :class:`~metrics_lake.lake_schemas.errors.LeaseHeldError`. The lease
+    lasts ``ttl_ms`` from each renewal: a holder killed mid-way frees the
+    table after it; the renew function raises
+    :class:`~metrics_lake.lake_schemas.errors.FencedError` once another
+    writer has taken the lease over (commit nothing then).
     """
     owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     lease = acquire_lease_at(
@@ -225,14 +231,14 @@ def maintenance_lease(store: Store, name: str, *, wait_s: float = 900.0) -> Iter
         keys.table_lease_key(name),
         f"table {name}",
         owner,
-        ttl_ms=MAINTENANCE_LEASE_TTL_MS,
+        ttl_ms=ttl_ms,
         wait_s=wait_s,
         hint="Another compaction or day rewrite of this table is running; wait for it or for its lease to expire.",
     )
     held = [lease]
 
     def renew() -> None:
-        held[0] = renew_lease(store, held[0], MAINTENANCE_LEASE_TTL_MS)
+        held[0] = renew_lease(store, held[0], ttl_ms)
 
     try:
         yield renew

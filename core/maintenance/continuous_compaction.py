@@ -27,7 +27,10 @@ races them):
 
 Each merge is one Delta commit with ``dataChange=false`` (rows and their
 positions unchanged; time travel keeps working until VACUUM). It holds the
-table's maintenance lease, tried without waiting: while the nightly
+table's maintenance lease for :data:`LEASE_TTL_MS` (renewed before each
+group is written and before the commit, so a stream killed mid-merge frees
+the table within that time, where the nightly's leases last 15 minutes),
+tried without waiting: while the nightly
 recompute, a backfill, retention or ``lake compact`` holds it, the table is left for the
 next round (those writers and this one never interleave: delta-rs 1.6 does
 not fail a commit that removes a file a concurrent rewrite removed,
@@ -49,6 +52,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -66,6 +70,7 @@ from metrics_lake.lake_schemas.tables import TABLES, Table
 
 __all__ = [
     "COMPACTED_TABLES",
+    "LEASE_TTL_MS",
     "CompactionPolicy",
     "CompactionRound",
     "compact_speed_tables",
@@ -88,6 +93,9 @@ VACUUMED_TABLES = (*COMPACTED_TABLES, Table.LAST_SEEN)
 _TIERS = 3
 #: Days merged: the table's newest day and the one before. Older days are left to `lake compact` (nightly).
 RECENT_DAYS = 2
+#: The maintenance lease's lifetime between renewals (ms): a merge group (at most ``min_files`` files below the
+#: target size) is written well within it.
+LEASE_TTL_MS = 30_000
 
 
 @dataclass(frozen=True)
@@ -182,8 +190,18 @@ def _due(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy
     return groups, table
 
 
-def _merge(store: Store, tables: LatestTables, name: str, policy: CompactionPolicy, sealed_before_us: int | None):
-    """Merge every due group of ``name`` in one commit; returns (files merged away, files written)."""
+def _merge(
+    store: Store,
+    tables: LatestTables,
+    name: str,
+    policy: CompactionPolicy,
+    sealed_before_us: int | None,
+    renew: Callable[[], None],
+):
+    """Merge every due group of ``name`` in one commit; returns (files merged away, files written).
+
+    ``renew`` renews the maintenance lease before each group and before the commit (raising ``FencedError``, and
+    committing nothing, if another writer took it over)."""
 
     def attempt() -> tuple[int, int]:
         groups, table = _due(store, tables, name, policy, sealed_before_us)
@@ -191,9 +209,11 @@ def _merge(store: Store, tables: LatestTables, name: str, policy: CompactionPoli
             return 0, 0
         adds, removes = [], []
         for group in groups:
+            renew()
             rows = read_data_files(store, group, TABLES[name].schema)
             adds += write_data_files(store, name, rows, prefix="compacted-")
             removes += [remove_action(f, data_change=False) for f in group]
+        renew()
         commit_changes(
             table, name, adds, removes, transactions=[], operation="CONTINUOUS COMPACTION", data_change=False
         )
@@ -228,8 +248,8 @@ def compact_speed_tables(
         if not _due(store, tables, name, policy, sealed)[0]:
             continue  # nothing to merge: no lease taken (a store write) for nothing
         try:
-            with maintenance_lease(store, name, wait_s=0):  # then planned again under the lease
-                merged, written = _merge(store, tables, name, policy, sealed)
+            with maintenance_lease(store, name, wait_s=0, ttl_ms=LEASE_TTL_MS) as renew:  # planned again under it
+                merged, written = _merge(store, tables, name, policy, sealed, renew)
         except LeaseHeldError:
             outcome.skipped.append(name)
             continue
@@ -238,7 +258,7 @@ def compact_speed_tables(
     if vacuum and policy.vacuum_hours:
         for name in VACUUMED_TABLES:
             try:
-                with maintenance_lease(store, name, wait_s=0):
+                with maintenance_lease(store, name, wait_s=0, ttl_ms=LEASE_TTL_MS):
                     table = tables.latest(store, name)
                     deleted = table.vacuum(
                         retention_hours=policy.vacuum_hours, dry_run=False, enforce_retention_duration=False, full=True
