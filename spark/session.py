@@ -115,6 +115,10 @@ def build_session(
             "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.jars": str(lake_jar.build()),
+            # And on the driver JVM's own class path: HiveServer2 opens a JDBC client's session on a thread whose
+            # context class loader is Hive's, which does not see ``spark.jars``; the Hive JDBC driver (beeline,
+            # DBeaver) failed with ClassNotFoundException: metricslake.spark.LakeCatalog where PyHive did not.
+            "spark.driver.extraClassPath": str(lake_jar.build()),
             # The lake's Python readers prune files and rows with the filters Spark pushes
             # (spark/datasources/delta_reader.py).
             "spark.sql.python.filterPushdown.enabled": "true",
