@@ -174,9 +174,9 @@ class Authenticator:
         self._stop.set()
         self._thread.join()
 
-    def _fail(self, source: str, reason: str, status: int, message: str) -> TokenError:
+    def _fail(self, source: str | None, reason: str, status: int, message: str) -> TokenError:
         self.failed.labels(reason=reason).inc()
-        if status == 401:
+        if status == 401 and source is not None:
             self.failures.bucket(source, self.failure_rate, self.failure_burst).charge(1)
         return TokenError(status, message)
 
@@ -203,8 +203,36 @@ class Authenticator:
         except TokenError as exc:
             raise _worded_for(needed, exc) from None
 
+    def authenticate_blocking(self, credential: str | None, source: str | None, needed: Scope) -> Caller:
+        """:meth:`authenticate` on the calling thread, for callers outside an event loop (``lake sql-server``'s
+        listeners ask from JVM threads): a token's first Argon2id check (~20 ms) blocks this thread only.
+
+        ``source`` None: the address is not known (HiveServer2 checks a login before it records the client's
+        address); such failures are counted in ``lake_auth_failures_total`` but throttle no one."""
+        try:
+            caller = self._precheck(credential, source, needed)
+            if isinstance(caller, Caller):
+                return caller
+            record, secret, digest = caller
+            return self._verified(record, secret, digest, TokenStore.verify(record, secret), source, needed)
+        except TokenError as exc:
+            raise _worded_for(needed, exc) from None
+
     async def _authenticate(self, credential: str | None, source: str, needed: Scope) -> Caller:
-        failed = self.failures.find(source)  # most addresses never failed: no bucket is made for them
+        caller = self._precheck(credential, source, needed)
+        if isinstance(caller, Caller):
+            return caller
+        record, secret, digest = caller
+        return self._verified(
+            record, secret, digest, await asyncio.to_thread(TokenStore.verify, record, secret), source, needed
+        )
+
+    def _precheck(
+        self, credential: str | None, source: str | None, needed: Scope
+    ) -> Caller | tuple[TokenRecord, str, bytes]:
+        """The caller, when known without an Argon2id check; else the token's record, secret and SHA-256, to verify
+        (a token this process verified before is known by its SHA-256)."""
+        failed = None if source is None else self.failures.find(source)  # most never failed: no bucket for them
         wait = 0.0 if failed is None else failed.empty()
         if wait > 0:
             self.failed.labels(reason="throttled").inc()
@@ -232,15 +260,22 @@ class Authenticator:
         if record is None:
             raise self._fail(source, "unknown", 401, "unknown token (never issued by this lake, or its list is stale)")
         digest = hashlib.sha256(credential.encode()).digest()
-        if self.verified.get(digest) != token_id:
-            if not await asyncio.to_thread(TokenStore.verify, record, secret):
-                raise self._fail(source, "wrong", 401, f"wrong secret for token {record.name!r}")
-            if len(self.verified) >= MAX_VERIFIED:
-                self.verified.clear()
-            self.verified[digest] = token_id
+        if self.verified.get(digest) == token_id:
+            return self.check(record, source, needed)
+        return record, secret, digest
+
+    def _verified(
+        self, record: TokenRecord, secret: str, digest: bytes, ok: bool, source: str | None, needed: Scope
+    ) -> Caller:
+        """The caller once ``record``'s Argon2id check of ``secret`` answered ``ok``; remembers a verified token."""
+        if not ok:
+            raise self._fail(source, "wrong", 401, f"wrong secret for token {record.name!r}")
+        if len(self.verified) >= MAX_VERIFIED:
+            self.verified.clear()
+        self.verified[digest] = record.id
         return self.check(record, source, needed)
 
-    def check(self, record: TokenRecord, source: str, needed: Scope) -> Caller:
+    def check(self, record: TokenRecord, source: str | None, needed: Scope) -> Caller:
         """The caller of verified token ``record`` if it is active and its scope allows ``needed``; else raises."""
         current = self.records.get(record.id, record)  # revoked since it was verified?
         state = current.state(self.clock())

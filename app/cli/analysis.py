@@ -16,7 +16,7 @@ from rich import table as rich_table
 from rich.markup import escape
 from rich.text import Text
 
-from metrics_lake.app.cli.options import day, settings
+from metrics_lake.app.cli.options import InsecureOption, day, settings
 from metrics_lake.app.console import err, out, verbose_output
 from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import InputError
@@ -125,8 +125,13 @@ def sql_server(
     host: Annotated[str, typer.Option(help="Address both listeners bind.")] = "127.0.0.1",
     connect_port: Annotated[int, typer.Option(min=1, max=65535, help="Spark Connect (gRPC) port.")] = 15002,
     jdbc_port: Annotated[int, typer.Option(min=1, max=65535, help="JDBC/ODBC (HiveServer2 Thrift) port.")] = 10000,
+    insecure: InsecureOption = False,
 ) -> None:
-    """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C."""
+    """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C; once the
+    lake has tokens, a read or admin token connects (Connect: ;token=..., JDBC: user = its name, password = it)."""
+    from metrics_lake.app.auth import Authenticator
+    from metrics_lake.app.http_server import check_exposure
+    from metrics_lake.core.tokens import Scope, TokenStore
     from metrics_lake.infra.processes import bind_error
     from metrics_lake.spark.jobs.sql_server import serve_sql
 
@@ -135,14 +140,33 @@ def sql_server(
             raise InputError(f"{listener} {port} on {host} is not free ({error.strerror}): choose another port")
     if connect_port == jdbc_port:
         raise InputError("--connect-port and --jdbc-port must differ")
+    config = settings()
+    store = open_store(config)
+    tokens = bool(TokenStore(store).active())
+    warning = check_exposure(
+        "the SQL server", host, None, tokens, insecure, tls_hint="TLS (it has none of its own: a TLS proxy in front)"
+    )
+    if warning:
+        err.print(f"[bold red]{warning}[/]")
+    access = "a read token required" if tokens else "open: the lake has no tokens"
 
     def ready(names: list[str]) -> None:
-        err.print(f"serving {len(names)} lake tables read-only: {', '.join(names)}", highlight=False)
+        err.print(f"serving {len(names)} lake tables read-only ({access}): {', '.join(names)}", highlight=False)
         err.print(f"  Spark Connect: sc://{host}:{connect_port}", highlight=False)
         err.print(f"  JDBC/ODBC:     jdbc:hive2://{host}:{jdbc_port}/default", highlight=False)
         err.print("Ctrl-C stops the server")
 
-    serve_sql(settings(), host=host, connect_port=connect_port, jdbc_port=jdbc_port, ready=ready)
+    auth = Authenticator(config, store)
+
+    def authenticate(credential: str | None, address: str | None) -> str:
+        return auth.authenticate_blocking(credential, address, Scope.READ).name
+
+    try:
+        serve_sql(
+            config, host=host, connect_port=connect_port, jdbc_port=jdbc_port, ready=ready, authenticate=authenticate
+        )
+    finally:
+        auth.close()
 
 
 def series(

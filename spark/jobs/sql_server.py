@@ -7,7 +7,11 @@
   (``HiveThriftServer2.startWithContext``), for beeline, DBeaver,
   Superset or PyHive (``jdbc:hive2://host:10000/default``).
 
-Both jars ship with pyspark. Every client session sees every lake table in
+Both jars ship with pyspark. Both listeners check the lake's tokens
+(:class:`CredentialChecker`): Connect every call (``authorization: Bearer
+<token>``, what ``sc://host:15002/;token=...`` sends), HiveServer2 every
+session it opens (``CUSTOM`` authentication: user the token's name,
+password the token). Every client session sees every lake table in
 ``default`` (:mod:`metrics_lake.spark.catalog`), read at its latest
 snapshot when each query is planned; tables created after the start are
 added within :data:`REFRESH_SECONDS`. The lake tables are read-only (their
@@ -30,14 +34,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.lake_schemas.errors import TokenError
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.session import build_session, stop_session
 
-__all__ = ["REFRESH_SECONDS", "serve_sql", "server_settings", "warm_up"]
+__all__ = ["REFRESH_SECONDS", "CredentialChecker", "serve_sql", "server_settings", "warm_up"]
 
 log = logging.getLogger(__name__)
 #: How often new lake tables are looked for.
 REFRESH_SECONDS = 5.0
+#: HiveServer2's ``CUSTOM`` authentication: the lake's tokens as passwords.
+PASSWORD_PROVIDER = "metricslake.spark.LakePasswdAuthenticationProvider"
 #: The query shapes :func:`warm_up` runs: analysts' usual filtered aggregate, per-window series and top N.
 WARM_UP_QUERIES = (
     "SELECT count(*), avg(value), max(value) FROM warm_up WHERE metric = 'm1' AND server = 's-7'",
@@ -48,14 +55,58 @@ WARM_UP_QUERIES = (
 
 
 def listener_config(host: str, connect_port: int, jdbc_port: int) -> dict[str, str]:
-    """Spark settings for the Connect plugin and the Thrift server, bound to ``host``."""
+    """Spark settings for the Connect plugin and the Thrift server, bound to ``host``, both checking tokens through
+    the lake's JVM classes (``spark/jvm/metricslake/spark/LakeAuth.java``)."""
     return {
         "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
         "spark.connect.grpc.binding.address": host,
         "spark.connect.grpc.binding.port": str(connect_port),
+        "spark.connect.grpc.interceptor.classes": "metricslake.spark.LakeConnectAuthInterceptor",
         "spark.hadoop.hive.server2.thrift.bind.host": host,
         "spark.hadoop.hive.server2.thrift.port": str(jdbc_port),
+        "spark.hadoop.hive.server2.authentication": "CUSTOM",
     }
+
+
+class CredentialChecker:
+    """Answers ``metricslake.spark.LakeAuth.Checker.check`` for both listeners, through py4j's callback server.
+
+    ``authenticate(credential, address)`` returns the caller's name if
+    ``credential`` (a token, or None) may read the lake, and raises
+    :class:`~metrics_lake.lake_schemas.errors.TokenError` (401, 403, 429)
+    otherwise; ``address`` is the client's host, what failures are counted
+    against, or None where it is not known: HiveServer2 checks a login
+    before it records the client's address, so JDBC failures are logged and
+    counted but throttle no address. Every refusal is logged with the
+    client's kind and address (when known), never the token.
+    """
+
+    class Java:
+        implements = ["metricslake.spark.LakeAuth$Checker"]
+
+    def __init__(self, authenticate: Callable[[str | None, str | None], str]) -> None:
+        self.authenticate = authenticate
+
+    def check(self, credential: str | None, source: str, client: str) -> str:
+        """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises."""
+        address = source.rsplit(":", 1)[0] if client == "connect" else source  # Connect's source is host:port
+        known = None if address == "unknown" else address
+        try:
+            return f"ok:{self.authenticate(credential, known)}"
+        except TokenError as error:
+            log.warning("refused a %s client from %s: %s", client, address if known else "an unknown address", error)
+            return f"{error.status}:{error}"
+        except Exception as error:  # a bug or the store: still an answer, or the client would wait on a dead callback
+            log.exception("checking a %s client's token from %s failed", client, address)
+            return f"503:the token check failed on the server ({type(error).__name__}); its log says why"
+
+
+def install_checker(spark, checker: CredentialChecker) -> None:
+    """Let ``spark``'s listeners check credentials with ``checker`` (through py4j's callback server)."""
+    from pyspark.java_gateway import ensure_callback_server_started
+
+    ensure_callback_server_started(spark.sparkContext._gateway)
+    spark._jvm.metricslake.spark.LakeAuth.install(checker)
 
 
 def server_settings(settings: LakeSettings) -> LakeSettings:
@@ -117,11 +168,14 @@ def serve_sql(
     connect_port: int,
     jdbc_port: int,
     ready: Callable[[list[str]], None],
+    authenticate: Callable[[str | None, str | None], str],
     stop: threading.Event | None = None,
 ) -> None:
     """Serve the lake on ``host``: Spark Connect on ``connect_port``, JDBC on ``jdbc_port``, until SIGINT/SIGTERM.
 
     ``ready`` gets the table names once both listeners accept connections.
+    ``authenticate`` checks every client's token (:class:`CredentialChecker`);
+    until it is installed, right after Spark starts, clients are refused.
     Stopping stops the Thrift server and the Spark application (its JVM and
     Python workers with it). ``stop``, if given, ends serving when set.
     """
@@ -131,7 +185,9 @@ def serve_sql(
     settings = server_settings(settings)
     spark = build_session(settings, "lake-sql-server", extra_config=listener_config(host, connect_port, jdbc_port))
     thrift = None
+    checker = CredentialChecker(authenticate)  # referenced here while the JVM holds it through py4j
     try:
+        install_checker(spark, checker)
         names = register_lake_tables(spark, settings, shared=True)
         try:
             log.info("warmed up the query path in %.1f s", warm_up(spark, names))
@@ -140,6 +196,9 @@ def serve_sql(
         # The Thrift server boots an embedded Derby for Hive's execution client; its derby.log would land in the
         # working directory.
         spark._jvm.java.lang.System.setProperty("derby.stream.error.file", os.devnull)
+        # Hive makes its password provider from a new HiveConf (system properties over hive-site.xml), not the
+        # server's configuration.
+        spark._jvm.java.lang.System.setProperty("hive.server2.custom.authentication.class", PASSWORD_PROVIDER)
         thrift = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
             spark._jsparkSession.sqlContext()
         )

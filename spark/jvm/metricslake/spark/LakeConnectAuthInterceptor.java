@@ -1,0 +1,59 @@
+package metricslake.spark;
+
+import java.net.InetSocketAddress;
+import java.net.SocketAddress;
+
+import org.sparkproject.connect.grpc.Grpc;
+import org.sparkproject.connect.grpc.Metadata;
+import org.sparkproject.connect.grpc.ServerCall;
+import org.sparkproject.connect.grpc.ServerCallHandler;
+import org.sparkproject.connect.grpc.ServerInterceptor;
+import org.sparkproject.connect.grpc.Status;
+
+/**
+ * Spark Connect's gRPC interceptor ({@code spark.connect.grpc.interceptor.classes}) with the lake's tokens:
+ * every call must carry {@code authorization: Bearer <token>}, what {@code sc://host:port/;token=...} sends.
+ * Each call is checked, not only a session's first, so a revoked token's sessions end at their next
+ * statement. Refused calls end with UNAUTHENTICATED (401), PERMISSION_DENIED (403) or RESOURCE_EXHAUSTED
+ * (429) and one line; the service is never reached.
+ */
+public final class LakeConnectAuthInterceptor implements ServerInterceptor {
+    private static final Metadata.Key<String> AUTHORIZATION =
+            Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
+
+    @Override
+    public <Q, R> ServerCall.Listener<Q> interceptCall(
+            ServerCall<Q, R> call, Metadata headers, ServerCallHandler<Q, R> next) {
+        try {
+            LakeAuth.check(bearer(headers.get(AUTHORIZATION)), source(call), "connect");
+        } catch (LakeAuth.Denied denied) {
+            Status status = switch (denied.status) {
+                case 403 -> Status.PERMISSION_DENIED;
+                case 429 -> Status.RESOURCE_EXHAUSTED;
+                case 503 -> Status.UNAVAILABLE;
+                default -> Status.UNAUTHENTICATED;
+            };
+            call.close(status.withDescription(denied.getMessage()), new Metadata());
+            return new ServerCall.Listener<Q>() {
+            };
+        }
+        return next.startCall(call, headers);
+    }
+
+    /** The token of an {@code authorization} header ({@code Bearer <token>}), the header itself otherwise. */
+    private static String bearer(String header) {
+        if (header == null || header.isBlank()) {
+            return null;
+        }
+        String value = header.strip();
+        return value.regionMatches(true, 0, "bearer ", 0, 7) ? value.substring(7).strip() : value;
+    }
+
+    private static String source(ServerCall<?, ?> call) {
+        SocketAddress remote = call.getAttributes().get(Grpc.TRANSPORT_ATTR_REMOTE_ADDR);
+        if (remote instanceof InetSocketAddress inet && inet.getAddress() != null) {
+            return inet.getAddress().getHostAddress() + ":" + inet.getPort();
+        }
+        return "unknown";
+    }
+}
