@@ -15,7 +15,10 @@ lake and times each query through it as a client sees it: the first
 answer and the best of ``--repeat`` from a Spark Connect client (a
 notebook's session, in a process of its own) and from PyHive over
 HiveServer2 (JDBC's protocol), each from sending the query to its first
-row on an open connection.
+row on an open connection, and each client's connection set-up (Connect:
+the session and a ``SELECT 1``; JDBC: ``hive.connect``). It does so twice:
+on the open lake, then with a read token (created for the run, revoked
+after it), each call's token check included.
 
 Every engine must give the same answer (checked). For the lake, "files
 read" is what the reader's pruning keeps
@@ -51,6 +54,8 @@ from metrics_lake.core.tables.pruning import Predicate, keep_files
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
 METRIC = "app.rpc.latency_ms"
+#: The read token the endpoint is timed with (created for the run, revoked after it).
+TOKEN_NAME = "bench-analyst"
 SERVER = "sim-0042"
 
 QUERIES = {
@@ -101,13 +106,15 @@ def normalized(rows: list[tuple]) -> list[tuple]:
 
 
 #: The notebook's side, a process of its own (a Connect client cannot share one with a classic session).
-#: argv: port, repeat, JSON {label: sql}; prints JSON {label: [first s, best s, rows]}.
+#: argv: URL, repeat, JSON {label: sql}; prints JSON {label: [first s, best s, rows], "set-up": s}.
 CONNECT_CLIENT = """
 import json, sys, time
 from pyspark.sql import SparkSession
-port, repeat, queries = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
-spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").getOrCreate()
-answers = {}
+url, repeat, queries = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+started = time.perf_counter()
+spark = SparkSession.builder.remote(url).getOrCreate()
+spark.sql("SELECT 1").collect()
+answers = {"set-up": time.perf_counter() - started}
 for label, sql in queries.items():
     seconds = []
     for _ in range(1 + repeat):
@@ -152,10 +159,12 @@ def sql_server(env: dict[str, str], work: Path):
         server.wait(timeout=120)
 
 
-def through_connect(port: int, repeat: int, queries: dict[str, str]) -> dict[str, list]:
-    """``{label: [first s, best s, rows]}`` of ``queries`` from a Spark Connect client in a process of its own."""
+def through_connect(port: int, repeat: int, queries: dict[str, str], token: str | None) -> dict[str, list]:
+    """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from a Spark Connect client in a process of
+    its own, sending ``token`` if given (to ``localhost``: the client sends a token in the clear nowhere else)."""
+    url = f"sc://localhost:{port}/;token={token}" if token else f"sc://127.0.0.1:{port}"
     client = subprocess.run(
-        [sys.executable, "-c", CONNECT_CLIENT, str(port), str(repeat), json.dumps(queries)],
+        [sys.executable, "-c", CONNECT_CLIENT, url, str(repeat), json.dumps(queries)],
         capture_output=True,
         text=True,
         check=False,
@@ -165,13 +174,18 @@ def through_connect(port: int, repeat: int, queries: dict[str, str]) -> dict[str
     return json.loads(client.stdout.strip().splitlines()[-1])
 
 
-def through_jdbc(port: int, repeat: int, queries: dict[str, str]) -> dict[str, list]:
-    """``{label: [first s, best s, rows]}`` of ``queries`` from PyHive over HiveServer2; times end at ``fetchone``."""
+def through_jdbc(port: int, repeat: int, queries: dict[str, str], token: str | None) -> dict[str, list]:
+    """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from PyHive over HiveServer2, logging in with
+    ``token`` if given; times end at ``fetchone``."""
     from pyhive import hive
 
-    connection = hive.connect(host="127.0.0.1", port=port, username="analyst")
+    started = time.perf_counter()
+    if token:
+        connection = hive.connect(host="127.0.0.1", port=port, auth="CUSTOM", username=TOKEN_NAME, password=token)
+    else:
+        connection = hive.connect(host="127.0.0.1", port=port, username="analyst")
+    answers = {"set-up": time.perf_counter() - started}
     cursor = connection.cursor()
-    answers = {}
     for label, sql in queries.items():
         seconds, rows = [], []
         for _ in range(1 + repeat):
@@ -256,19 +270,32 @@ def main() -> None:
             )
         )
     spark.stop()
-    endpoint_rows = []
+    endpoint_rows, setup_rows = [], []
     if not args.no_endpoint:
+        from metrics_lake.core.storage import open_store
+        from metrics_lake.core.tokens import Scope, TokenStore
+
         queries = {label: sql.format(t=table) for label, (table, sql, _) in QUERIES.items()}
-        # A server per client kind, so that each client's first query is the first its server answers.
-        with sql_server(env, work) as (connect_port, _):
-            connect = through_connect(connect_port, args.repeat, queries)
-        with sql_server(env, work) as (_, jdbc_port):
-            jdbc = through_jdbc(jdbc_port, args.repeat, queries)
-        for label in queries:
-            expected = comparable(answers[label])
-            for client, (_, _, client_rows) in (("Connect", connect[label]), ("JDBC", jdbc[label])):
-                assert comparable(client_rows) == expected, (label, client, client_rows[:3], expected[:3])
-            endpoint_rows.append((label, *(f"{seconds:.3f}" for seconds in (*connect[label][:2], *jdbc[label][:2]))))
+        tokens = TokenStore(open_store(settings))
+        for access in ("open", "read token"):
+            token = tokens.create(TOKEN_NAME, Scope.READ)[0] if access == "read token" else None
+            try:
+                # A server per client kind, so that each client's first query is the first its server answers.
+                with sql_server(env, work) as (connect_port, _):
+                    connect = through_connect(connect_port, args.repeat, queries, token)
+                with sql_server(env, work) as (_, jdbc_port):
+                    jdbc = through_jdbc(jdbc_port, args.repeat, queries, token)
+            finally:
+                if token:
+                    tokens.revoke(TOKEN_NAME)
+            setup_rows.append((access, f"{connect['set-up']:.3f}", f"{jdbc['set-up']:.3f}"))
+            for label in queries:
+                expected = comparable(answers[label])
+                for client, (_, _, client_rows) in (("Connect", connect[label]), ("JDBC", jdbc[label])):
+                    assert comparable(client_rows) == expected, (label, client, client_rows[:3], expected[:3])
+                endpoint_rows.append(
+                    (label, access, *(f"{seconds:.3f}" for seconds in (*connect[label][:2], *jdbc[label][:2])))
+                )
     events = servers * metrics * seconds
     print(f"\n{events:,} events; {'clustered' if not args.no_cluster else 'as streamed'}; best of {args.repeat}")
     print_table(
@@ -278,9 +305,11 @@ def main() -> None:
     if endpoint_rows:
         print("\nthrough lake sql-server (a fresh server per client), query sent to first row on an open connection:")
         print_table(
-            ("query", "Connect first s", "Connect best s", "JDBC first s", "JDBC best s"),
-            endpoint_rows,
+            ("query", "access", "Connect first s", "Connect best s", "JDBC first s", "JDBC best s"),
+            sorted(endpoint_rows),
         )
+        print("\nconnection set-up (Connect: session and SELECT 1; JDBC: hive.connect):")
+        print_table(("access", "Connect s", "JDBC s"), setup_rows)
 
 
 if __name__ == "__main__":
