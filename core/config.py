@@ -138,6 +138,13 @@ class LakeSettings(BaseSettings):
     gateway_max_connections: int = Field(
         1000, ge=1, description="Open connections the gateway serves at once; above it new requests get 503."
     )
+    gateway_log_compaction_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="How often `lake gateway` merges its own partitions' small segments (log compaction up to "
+        "LAKE_LOG_COMPACTION_TARGET_BYTES), so that flushing every few milliseconds keeps the partition index "
+        "small; 0: never (leave it to `lake compact --log-only`).",
+    )
     retention_log_days: float = Field(7.0, gt=0, description="Log segments are deleted this many days after append.")
     retention_bronze_days: int = Field(
         7,

@@ -153,7 +153,14 @@ def gateway(
     partitions: Annotated[
         str | None, typer.Option(help="Partitions this gateway owns, e.g. 0-1 or 0,2 (default: all).")
     ] = None,
-    linger_ms: Annotated[int, typer.Option(min=1, help="Group-commit window: flush a partition this often.")] = 200,
+    linger_ms: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Group commit: a partition's records wait at most this long for others to share their flush "
+            "(a flush under way delays the next one further).",
+        ),
+    ] = 5,
     roll_bytes: Annotated[
         int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
     ] = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 import uuid
 from concurrent.futures import wait
@@ -30,6 +31,7 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Change, Inventory, check_labels
 from metrics_lake.core.log.log import AppendResult
 from metrics_lake.core.log.producer import Producer, Sent, Source, producer_for
+from metrics_lake.core.log.segment_compaction import compact_partition
 from metrics_lake.core.rate_limits import RateLimits
 from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.contract import ACCESS_REASON_CODE, raw_text
@@ -92,6 +94,12 @@ class GatewayMetrics:
         )
         self.owned_partitions = prom.Gauge(
             "lake_gateway_owned_partitions", "Partitions this gateway holds leases on.", registry=self.registry
+        )
+        self.index_segments = prom.Gauge(
+            "lake_gateway_index_segments",
+            "Segments in an owned partition's index after the gateway's last log compaction.",
+            ["partition"],
+            registry=self.registry,
         )
         self.token_events = prom.Counter(
             "lake_gateway_token_events",
@@ -199,6 +207,15 @@ class Gateway:
 
     ``owned``: partitions to lease (default all); ``linger_ms``/``roll_bytes``:
     group-commit window and size (defaults from ``settings``). Thread-safe.
+
+    Every ``gateway_log_compaction_seconds`` a background thread compacts
+    the owned partitions (:func:`~metrics_lake.core.log.segment_compaction.compact_partition`):
+    a gateway that flushes every few milliseconds writes hundreds of
+    segments a minute per partition, and the partition index, rewritten
+    whole on every append, would grow with them. Compaction needs no lease
+    (it never moves the log end offset) and an append that loses the
+    index's compare-and-swap to it is re-applied on top, so it runs beside
+    the flushes; a round that fails is logged and tried at the next.
     """
 
     def __init__(
@@ -228,6 +245,37 @@ class Gateway:
         # Take every lease before serving: a predecessor's lease expires within its TTL.
         self.producer.acquire()
         self.metrics.owned_partitions.set(len(self.producer.owned))
+        self._stop = threading.Event()
+        self._compactor = None
+        if settings.gateway_log_compaction_seconds > 0:
+            self._compactor = threading.Thread(target=self._compact_loop, name="log-compaction", daemon=True)
+            self._compactor.start()
+
+    def compact_log(self) -> int:
+        """Compact each owned partition once (class docstring); returns the segments merged away."""
+        merged = 0
+        for partition in self.producer.owned:
+            result = compact_partition(
+                self.producer.log,
+                self.producer.topic,
+                partition,
+                target_bytes=self.settings.log_compaction_target_bytes,
+                delete_delay_ms=int(self.settings.segment_delete_delay_seconds * 1000),
+            )
+            merged += result.segments_before - result.segments_after
+            self.metrics.index_segments.labels(partition=str(partition)).set(result.segments_after)
+        return merged
+
+    def _compact_loop(self) -> None:
+        while not self._stop.wait(self.settings.gateway_log_compaction_seconds):
+            try:
+                self.compact_log()
+            except Exception as exc:  # noqa: BLE001 - storage down, or appends won every swap: the next round
+                log.warning(
+                    "compacting the gateway's partitions failed (tried again in %.0f s): %s",
+                    self.settings.gateway_log_compaction_seconds,
+                    exc,
+                )
 
     def limit_wait(self, caller: Caller, events: int) -> float:
         """Take ``events`` from ``caller``'s ingestion limit: 0.0 if within it, else seconds to wait (nothing taken).
@@ -355,6 +403,9 @@ class Gateway:
         return status, {"gateway": self.gateway_id, "topic": self.producer.topic, "partitions": held}
 
     def close(self) -> None:
-        """Flush what is buffered and release the leases."""
+        """Stop compacting, flush what is buffered and release the leases."""
+        self._stop.set()
+        if self._compactor is not None:
+            self._compactor.join()
         self.auth.close()
         self.producer.close()

@@ -53,16 +53,19 @@ class PointsBuilder:
     def __init__(self) -> None:
         self._series: dict[tuple[str | None, str | None, Tags], int] = {}
         self._series_list: list[tuple[str | None, str | None, Tags]] = []
+        # Points added one by one, and earlier ones already in arrays (index, ts, value) by extend(), in order.
         self._index: list[int] = []
         self._ts: list[int] = []
         self._value: list[float] = []
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._chunked = 0  # points held in _chunks
         self._raw: dict[int, str] = {}
         self._rejects: list[tuple[int, str, str]] = []  # (points before it, raw, reason)
 
     @property
     def points(self) -> int:
         """Points added so far (rejects not counted)."""
-        return len(self._ts)
+        return self._chunked + len(self._ts)
 
     @property
     def rejects(self) -> int:
@@ -78,29 +81,61 @@ class PointsBuilder:
             self._series_list.append(key)
         return found
 
+    def new_series(self, key: tuple[str | None, str | None, Tags]) -> int:
+        """A new id for the series ``key`` (server, metric, tags), without looking for an earlier one: for a decoder
+        whose request names each series once (remote-write), where :meth:`series`'s lookup would hash every tag
+        set for nothing. Two ids of one series are harmless (the rows are the same)."""
+        self._series_list.append(key)
+        return len(self._series_list) - 1
+
     def add(self, series: int, ts_ms: int, value: float, raw: str | None = None) -> None:
         """One point of ``series`` at ``ts_ms`` (epoch milliseconds); ``raw``: its original text, if it has one."""
         if raw is not None:
-            self._raw[len(self._ts)] = raw
+            self._raw[self.points] = raw
         self._index.append(series)
         self._ts.append(ts_ms)
         self._value.append(value)
 
-    def reject(self, raw: str | bytes, code: str, detail: str) -> None:
+    def extend(self, series: np.ndarray, ts_ms: np.ndarray, values: np.ndarray) -> None:
+        """Many points at once, after those added so far: ``series`` ids (int64), times (epoch ms, int64) and
+        values (float64), arrays of one length (a decoder that reads a request's samples in bulk)."""
+        self._seal()
+        self._chunks.append((series.astype(np.int64, copy=False), ts_ms.astype(np.int64), values.astype(np.float64)))
+        self._chunked += len(ts_ms)
+
+    def _seal(self) -> None:
+        """Move the points added one by one into an array chunk, keeping their order."""
+        if self._ts:
+            self._chunks.append(
+                (
+                    np.asarray(self._index, dtype=np.int64),
+                    np.asarray(self._ts, dtype=np.int64),
+                    np.asarray(self._value, dtype=np.float64),
+                )
+            )
+            self._chunked += len(self._ts)
+            self._index, self._ts, self._value = [], [], []
+
+    def reject(self, raw: str | bytes, code: str, detail: str, *, before: int | None = None) -> None:
         """Something the decoder could not turn into points: quarantined with ``"<code>: <detail>"`` and ``raw``.
 
-        ``code`` is one of :data:`~metrics_lake.lake_schemas.contract.REASON_CODES`.
+        ``code`` is one of :data:`~metrics_lake.lake_schemas.contract.REASON_CODES`; ``before``: the number of
+        points that precede it in the request (default: the points added so far).
         """
         if code not in REASON_CODES:
             raise ValueError(f"{code!r} is not a reason code of the contract")  # programming error
-        self._rejects.append((len(self._ts), raw_text(raw), ContractViolation(code, detail).reason))
+        position = self.points if before is None else before
+        self._rejects.append((position, raw_text(raw), ContractViolation(code, detail).reason))
 
     def records(self) -> pa.Table:
         """LOG_RECORD rows of every point and reject, in the order they were added; never raises for bad points."""
-        n = len(self._ts)
-        index = np.asarray(self._index, dtype=np.int64)
-        ts = np.asarray(self._ts, dtype=np.int64) if n else np.zeros(0, np.int64)
-        value = np.asarray(self._value, dtype=np.float64)
+        self._seal()
+        if len(self._chunks) == 1:
+            index, ts, value = self._chunks[0]
+        elif self._chunks:
+            index, ts, value = (np.concatenate(parts) for parts in zip(*self._chunks, strict=True))
+        else:
+            index, ts, value = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
         servers, metrics, tags = zip(*self._series_list, strict=True) if self._series_list else ((), (), ())
         servers, metrics = pa.array(servers, pa.string()), pa.array(metrics, pa.string())
         ok = (ts >= MIN_TS_MS) & (ts < MAX_TS_MS) & np.isfinite(value)
@@ -142,7 +177,9 @@ class PointsBuilder:
             schema=LOG_RECORD,
         )
         # Points keep their slot 2*i+1; a reject made after m points goes before point m (slot 2*m).
-        slots = np.concatenate([2 * kept + 1, 2 * failed + 1, [2 * m for m, _, _ in self._rejects]])
+        slots = np.concatenate(
+            [2 * kept + 1, 2 * failed + 1, np.asarray([2 * m for m, _, _ in self._rejects], np.int64)]
+        )
         return pa.concat_tables([accepted, refused]).take(pa.array(np.argsort(slots, kind="stable")))
 
 

@@ -26,11 +26,11 @@ or not a ``WriteRequest`` is one ``invalid_payload`` reject holding it
 from __future__ import annotations
 
 import base64
-import struct
 import threading
 from collections import OrderedDict
 
 import cramjam
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from metrics_lake.app.gateway.protocols import Decoded
@@ -42,7 +42,6 @@ __all__ = ["SnappyError", "SnappyTooLarge", "decode", "snappy_length"]
 
 #: The bits of Prometheus's stale marker (``value.StaleNaN`` in prometheus/model).
 STALE_NAN_BITS = 0x7FF0000000000002
-_STALE = struct.pack("<Q", STALE_NAN_BITS)
 #: Label sets whose (server, metric, tags) are remembered across requests (Prometheus resends the same series).
 SERIES_CACHE = 100_000
 
@@ -94,19 +93,38 @@ class Decoder:
         return Decoded(builder.records(), skipped)
 
     def _points(self, request: WriteRequest, builder: PointsBuilder) -> int:
-        """Add every sample of ``request`` to ``builder``; return the stale markers skipped."""
-        skipped = 0
+        """Add every sample of ``request`` to ``builder``; return the stale markers skipped.
+
+        Samples are collected in plain lists and handed over as arrays once
+        (:meth:`PointsBuilder.extend`); each series gets a new id without a
+        lookup (a request names a series once); stale markers are found
+        vectorised, by their bits.
+        """
+        series_ids, stamps, values = [], [], []
+        new_series, add_id, add_stamp, add_value = builder.new_series, series_ids.append, stamps.append, values.append
+        histograms = []  # (samples before it, the histogram's bytes, metric)
         for series in request.timeseries:
-            server, metric, tags = self._mapped(tuple(series.labels))
-            sid = builder.series(server, metric, tags)
+            found = self._mapped(tuple(series.labels))
+            sid = new_series(found)
             for sample in series.samples:
-                value = sample.value
-                if value != value and struct.pack("<d", value) == _STALE:
-                    skipped += 1
-                    continue
-                builder.add(sid, sample.timestamp, value)
-            for histogram in series.histograms:
-                builder.reject(base64.b64encode(histogram), "unsupported", f"a native histogram of {metric!r}")
+                add_id(sid)
+                add_stamp(sample.timestamp)
+                add_value(sample.value)
+            if series.histograms:
+                histograms += [(len(stamps), bytes(h), found[1]) for h in series.histograms]
+        value = np.asarray(values, dtype=np.float64)
+        stale = value.view(np.uint64) == STALE_NAN_BITS
+        index = np.asarray(series_ids, dtype=np.int64)
+        ts = np.asarray(stamps, dtype=np.int64)
+        skipped = int(stale.sum())
+        if skipped:
+            kept = ~stale
+            index, ts, value = index[kept], ts[kept], value[kept]
+            before = np.concatenate([[0], np.cumsum(kept)])  # points kept before each original position
+        builder.extend(index, ts, value)
+        for position, histogram, metric in histograms:
+            at = int(before[position]) if skipped else position
+            builder.reject(base64.b64encode(histogram), "unsupported", f"a native histogram of {metric!r}", before=at)
         return skipped
 
     def _mapped(self, encoded: tuple[bytes, ...]) -> tuple[str | None, str | None, Tags]:
