@@ -154,11 +154,11 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
 
 
 @contextlib.contextmanager
-def lake_gateway(work: Path):
-    """``lake gateway`` on a fresh lake, defaults; yields its base URL."""
+def lake_gateway(work: Path, settings: dict[str, str]):
+    """``lake gateway`` on a fresh lake, defaults but ``settings`` (``LAKE_*`` variables); yields (URL, PID)."""
     port = free_port()
     lake = work / f"lake-{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")} | {"LAKE_ROOT": str(lake)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")} | {"LAKE_ROOT": str(lake)} | settings
     log = work / f"gateway-{port}.log"
     process = subprocess.Popen([LAKE, "gateway", "--port", str(port)], env=env, stderr=open(log, "wb"))
     try:
@@ -241,6 +241,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2, help="samples per series per request")
     parser.add_argument("--samples-total", type=int, default=1_280_000, help="samples per run (all senders)")
     parser.add_argument("--profile", type=Path, help="py-spy the gateway's runs into this folder")
+    parser.add_argument("--set", action="append", default=[], help="a LAKE_X=value setting of the gateway (repeatable)")
     args = parser.parse_args()
     work = scratch_dir("bench-ingest-")
     version, has_otlp = prometheus_features()
@@ -257,7 +258,7 @@ def main() -> None:
             bodies = bodies_for(protocol, senders, requests_each, args.series, args.samples)
             total = senders * requests_each * per_request
             measured = {}
-            with lake_gateway(work) as (url, pid):
+            with lake_gateway(work, dict(setting.split("=", 1) for setting in args.set)) as (url, pid):
                 path, headers = ("/api/v1/write", REMOTE_WRITE_HEADERS)
                 if protocol == "OTLP":
                     path, headers = ("/v1/metrics", OTLP_HEADERS)
