@@ -134,22 +134,18 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
 
         # The README's beeline command, verbatim but for the port and the token.
         beeline = readme_block("bash", "bin/beeline").replace("10000", str(jdbc_port))
-        shown = subprocess.run(
-            ["bash", "-c", beeline],
-            env={**client_env, "LAKE_TOKEN_NAME": "ana", "LAKE_TOKEN": read},
-            capture_output=True,
-            text=True,
-            timeout=180,
+        shown, refused = (
+            subprocess.run(
+                ["bash", "-c", beeline],
+                env={**client_env, "LAKE_TOKEN_NAME": name, "LAKE_TOKEN": token},
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+            for name, token in (("ana", read), ("agents", write))
         )
         assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
         assert "bronze_events" in shown.stdout and "query_results" in shown.stdout
-        refused = subprocess.run(
-            ["bash", "-c", beeline],
-            env={**client_env, "LAKE_TOKEN_NAME": "agents", "LAKE_TOKEN": write},
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
         assert refused.returncode != 0 and "Error validating the login" in refused.stdout + refused.stderr
 
         # A JDBC program on the Hive driver in pyspark's jars: one JVM, one connection per user/password pair.
