@@ -212,10 +212,11 @@ class Gateway:
     the owned partitions (:func:`~metrics_lake.core.log.segment_compaction.compact_partition`):
     a gateway that flushes every few milliseconds writes hundreds of
     segments a minute per partition, and the partition index, rewritten
-    whole on every append, would grow with them. Compaction needs no lease
-    (it never moves the log end offset) and an append that loses the
-    index's compare-and-swap to it is re-applied on top, so it runs beside
-    the flushes; a round that fails is logged and tried at the next.
+    whole on every append, would grow with them. The merged segments are
+    written beside the flushes; only their swap into the index holds the
+    partition's flush lock, so this gateway's appends never race it (the
+    append after it finds the index changed and re-applies on top). A round
+    that fails is logged and tried at the next.
     """
 
     def __init__(
@@ -261,6 +262,7 @@ class Gateway:
                 partition,
                 target_bytes=self.settings.log_compaction_target_bytes,
                 delete_delay_ms=int(self.settings.segment_delete_delay_seconds * 1000),
+                swap_lock=self.producer.flush_lock(partition),
             )
             merged += result.segments_before - result.segments_after
             self.metrics.index_segments.labels(partition=str(partition)).set(result.segments_after)

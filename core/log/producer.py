@@ -265,6 +265,11 @@ class Producer:
                         )
         return self._writers[partition]
 
+    def flush_lock(self, partition: int) -> threading.Lock:
+        """The lock every flush of ``partition`` holds: held by another thread, no append of this producer runs
+        (a log compaction swapping segments into the partition's index takes it; hold it briefly)."""
+        return self._flush_locks[partition]
+
     def held_partitions(self) -> list[int]:
         """Partitions whose lease this producer currently holds."""
         return [p for p in self.owned if self._writers[p] is not None]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -154,9 +155,14 @@ def compact_partition(
     target_bytes: int = DEFAULT_TARGET_BYTES,
     delete_delay_ms: int = DEFAULT_DELETE_DELAY_MS,
     max_attempts: int = 20,
+    swap_lock: AbstractContextManager | None = None,
 ) -> PartitionCompaction:
     """Compact one partition (module docstring).
 
+    ``swap_lock``: held while the merged segments are swapped into the index
+    (not while they are written): the partition's writer passes its flush
+    lock, so no append of its own races the swap (an append every few
+    milliseconds could otherwise win ``max_attempts`` swaps in a row).
     Raises :class:`~metrics_lake.lake_schemas.errors.ConflictError` if the index changed
     ``max_attempts`` times while the merged segments were swapped in (nothing is lost: the
     merged objects are retired by the next run).
@@ -165,7 +171,8 @@ def compact_partition(
     segments_before, bytes_before = len(index.segments), sum(s.size_bytes for s in index.segments)
     runs = plan_runs(index.segments, target_bytes)
     merged = [(run, _merge(log_, topic, partition, run)) for run in runs]
-    swap_into_index(log_, topic, partition, index, lambda current: _apply(current, merged), max_attempts)
+    with swap_lock or nullcontext():
+        swap_into_index(log_, topic, partition, index, lambda current: _apply(current, merged), max_attempts)
     deleted = purge_retired(log_.store, topic, partition, delay_ms=delete_delay_ms, now_ms=int(time.time() * 1000))
     after = log_.index(topic, partition)
     return PartitionCompaction(

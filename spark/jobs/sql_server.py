@@ -101,7 +101,7 @@ class CredentialChecker:
             return f"503:the token check failed on the server ({type(error).__name__}); its log says why"
 
 
-def install_checker(spark, checker: CredentialChecker) -> None:
+def _install_checker(spark, checker: CredentialChecker) -> None:
     """Let ``spark``'s listeners check credentials with ``checker`` (through py4j's callback server)."""
     from pyspark.java_gateway import ensure_callback_server_started
 
@@ -187,7 +187,7 @@ def serve_sql(
     thrift = None
     checker = CredentialChecker(authenticate)  # referenced here while the JVM holds it through py4j
     try:
-        install_checker(spark, checker)
+        _install_checker(spark, checker)
         names = register_lake_tables(spark, settings, shared=True)
         try:
             log.info("warmed up the query path in %.1f s", warm_up(spark, names))
