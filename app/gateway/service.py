@@ -268,6 +268,12 @@ class Gateway:
             self.metrics.index_segments.labels(partition=str(partition)).set(result.segments_after)
         return merged
 
+    def stop_compacting(self) -> None:
+        """End the background log compaction (after its round in progress); :meth:`compact_log` still works."""
+        self._stop.set()
+        if self._compactor is not None:
+            self._compactor.join()
+
     def _compact_loop(self) -> None:
         while not self._stop.wait(self.settings.gateway_log_compaction_seconds):
             try:
@@ -406,8 +412,6 @@ class Gateway:
 
     def close(self) -> None:
         """Stop compacting, flush what is buffered and release the leases."""
-        self._stop.set()
-        if self._compactor is not None:
-            self._compactor.join()
+        self.stop_compacting()
         self.auth.close()
         self.producer.close()

@@ -6,6 +6,7 @@ import base64
 import json
 import random
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -307,11 +308,16 @@ def test_fuzzed_credentials_store_exactly_the_accepted_requests(start_gateway, t
     revoke_at = 160  # the admin token is revoked mid-stream: its later requests must be refused
     answers: dict[int, int] = {}
 
+    revoked = threading.Event()
+
     def send(item):
         i, headers, servers, role = item
         if i == revoke_at:
             tokens["store"].revoke("ops")
             gateway.auth.refresh()  # the refresh thread's next tick, now (revocation latency is tested above)
+            revoked.set()
+        elif i > revoke_at:  # sent after the revocation (the other threads would otherwise race ahead of it)
+            revoked.wait(60)
         answer = post(url, events_of(*servers), pki["ca"], headers)
         answers[i] = answer.status_code
         return answer
