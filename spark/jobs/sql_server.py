@@ -87,12 +87,18 @@ class CredentialChecker:
     def __init__(self, authenticate: Callable[[str | None, str | None], str]) -> None:
         self.authenticate = authenticate
 
-    def check(self, credential: str | None, source: str, client: str) -> str:
-        """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises."""
+    def check(self, credential: str | None, user: str | None, source: str, client: str) -> str:
+        """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises.
+
+        ``user``: a JDBC login's user name, which must be the token's name, or empty or ``anonymous`` (what the
+        Hive JDBC driver sends for none); None for Spark Connect."""
         address = source.rsplit(":", 1)[0] if client == "connect" else source  # Connect's source is host:port
         known = None if address == "unknown" else address
         try:
-            return f"ok:{self.authenticate(credential, known)}"
+            caller = self.authenticate(credential, known)
+            if user not in (None, "", "anonymous", caller) and caller != "anonymous":
+                raise TokenError(401, f"the user name must be the token's name ({caller}), or empty")
+            return f"ok:{caller}"
         except TokenError as error:
             log.warning("refused a %s client from %s: %s", client, address if known else "an unknown address", error)
             return f"{error.status}:{error}"

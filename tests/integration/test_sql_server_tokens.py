@@ -227,6 +227,7 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         # HiveServer2 checks a login before it records the client's address.
         assert "refused a jdbc client from an unknown address: token 'agents' has scope write" in flat, flat[:6000]
         assert "TSaslTransport" not in flat  # no stack trace per refused login
+        assert "refused a jdbc client from an unknown address: the user name must be the token's name (ana)" in flat
         assert "refused a connect client from 127.0.0.1: a token is required" in flat, text[-3000:]
         for secret in (read, write, admin, doomed, wrong):
             assert secret.rsplit("_", 1)[1] not in "".join(text.split())

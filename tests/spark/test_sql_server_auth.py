@@ -22,25 +22,33 @@ def test_verdicts_for_each_token_and_throttling_only_where_the_address_is_known(
         checker = CredentialChecker(
             lambda credential, address: auth.authenticate_blocking(credential, address, Scope.READ).name
         )
-        assert checker.check(read, "10.0.0.5:41000", "connect") == "ok:ana"
-        assert checker.check(read, "10.0.0.5:41001", "connect") == "ok:ana"  # verified once, then remembered
-        assert checker.check(admin, "unknown", "jdbc") == "ok:ops"
+        assert checker.check(read, None, "10.0.0.5:41000", "connect") == "ok:ana"
+        assert checker.check(read, None, "10.0.0.5:41001", "connect") == "ok:ana"  # verified once, then remembered
+        assert checker.check(admin, "ops", "unknown", "jdbc") == "ok:ops"
+        # A JDBC login's user name is the token's, or empty, or the JDBC driver's "anonymous" for none.
+        assert checker.check(admin, "", "unknown", "jdbc") == "ok:ops"
+        assert checker.check(admin, "anonymous", "unknown", "jdbc") == "ok:ops"
         assert (
-            checker.check(write, "10.0.0.5:41002", "connect") == "403:token 'agents' has scope write; this needs read"
+            checker.check(admin, "bob", "unknown", "jdbc")
+            == "401:the user name must be the token's name (ops), or empty"
         )
-        assert checker.check(None, "10.0.0.5:41003", "connect").startswith("401:a token is required")
+        assert (
+            checker.check(write, None, "10.0.0.5:41002", "connect")
+            == "403:token 'agents' has scope write; this needs read"
+        )
+        assert checker.check(None, None, "10.0.0.5:41003", "connect").startswith("401:a token is required")
         tokens.revoke("ana")
         auth.refresh()
-        assert checker.check(read, "10.0.0.6:1", "connect") == "401:token 'ana' is revoked; ask for a new one"
+        assert checker.check(read, None, "10.0.0.6:1", "connect") == "401:token 'ana' is revoked; ask for a new one"
 
         # 20 failures from one address, then 429 for it (whatever it sends); the JDBC logins' unknown address
         # throttles no one.
         bad = read[:-4] + "AAAA"
-        verdicts = [checker.check(bad, "10.0.0.7:5000", "connect") for _ in range(25)]
+        verdicts = [checker.check(bad, None, "10.0.0.7:5000", "connect") for _ in range(25)]
         assert all(v.startswith("401:") for v in verdicts[:19]) and verdicts[-1].startswith("429:too many failed")
-        assert checker.check(admin, "10.0.0.7:5001", "connect").startswith("429:")
-        assert all(checker.check(bad, "unknown", "jdbc").startswith("401:") for _ in range(25))
-        assert checker.check(admin, "unknown", "jdbc") == "ok:ops"
+        assert checker.check(admin, None, "10.0.0.7:5001", "connect").startswith("429:")
+        assert all(checker.check(bad, "ana", "unknown", "jdbc").startswith("401:") for _ in range(25))
+        assert checker.check(admin, "ops", "unknown", "jdbc") == "ok:ops"
     finally:
         auth.close()
     logged = caplog.text
@@ -54,4 +62,4 @@ def test_a_failing_check_is_an_answer_not_an_exception():
     def broken(credential, address):
         raise OSError("store unreachable")
 
-    assert CredentialChecker(broken).check("x", "1.2.3.4:5", "connect").startswith("503:the token check failed")
+    assert CredentialChecker(broken).check("x", None, "1.2.3.4:5", "connect").startswith("503:the token check failed")

@@ -15,12 +15,14 @@ public final class LakeAuth {
          * Checks {@code credential} for a read.
          *
          * @param credential the token the client sent, or null when it sent none
+         * @param user the user name a JDBC client logged in with (the token's name, or empty or
+         *     {@code anonymous}), null for Spark Connect
          * @param source the client's address as {@code host:port} (what failures are counted against)
          * @param client {@code connect} or {@code jdbc}
          * @return {@code ok:<caller name>}, or {@code <status>:<one line>} with status 401 (no, wrong, expired
          *     or revoked token), 403 (the token may not read) or 429 (too many failures from the address)
          */
-        String check(String credential, String source, String client);
+        String check(String credential, String user, String source, String client);
     }
 
     /** A refused credential: {@code status} as in {@link Checker#check}, the message safe to show the client. */
@@ -48,14 +50,14 @@ public final class LakeAuth {
      *
      * @throws Denied when it may not, or when the check itself failed (the client is told to see the log)
      */
-    public static String check(String credential, String source, String client) throws Denied {
+    public static String check(String credential, String user, String source, String client) throws Denied {
         Checker current = checker;
         if (current == null) {
             throw new Denied(503, "the lake's SQL server is not accepting connections yet; retry in a few seconds");
         }
         String verdict;
         try {
-            verdict = current.check(credential, source, client);
+            verdict = current.check(credential, user, source, client);
         } catch (RuntimeException failure) {
             throw new Denied(503, "the lake's SQL server could not check the token; its log says why");
         }

@@ -25,7 +25,7 @@ public final class LakeConnectAuthInterceptor implements ServerInterceptor {
     public <Q, R> ServerCall.Listener<Q> interceptCall(
             ServerCall<Q, R> call, Metadata headers, ServerCallHandler<Q, R> next) {
         try {
-            LakeAuth.check(bearer(headers.get(AUTHORIZATION)), source(call), "connect");
+            LakeAuth.check(bearer(headers.get(AUTHORIZATION)), null, source(call), "connect");
         } catch (LakeAuth.Denied denied) {
             Status status = switch (denied.status) {
                 case 403 -> Status.PERMISSION_DENIED;
