@@ -43,7 +43,7 @@ delays nothing for the others and gets what it missed when it returns.
 ``{alertname="Watchdog", severity="none"}`` (kube-prometheus's dead man's
 switch) valid for four resend intervals: while the lake's alerting path
 runs, Alertmanager holds it; a receiver that expects it to be notified
-regularly (README, Alerts) pages when it stops. It is not an ``alerts``
+regularly (docs/alerts.md) pages when it stops. It is not an ``alerts``
 row; only the delivery record notes when it was last sent.
 """
 

@@ -1,7 +1,7 @@
 """The core library of metrics-lake: the platform, the engine-independent kernels, the speed layer, maintenance.
 
-Layer 2 of 6 (bottom to top: lake_schemas, core, spark/agents/infra, quality, app: the five of ``pyproject.toml``'s
-import contract, then ``dags/`` outside the package): imports only :mod:`metrics_lake.lake_schemas` (and third-party
+The second of the package's five layers (bottom to top: lake_schemas, core, spark/agents/infra, quality, app, as
+``pyproject.toml``'s import contract declares them; ``dags/`` sits on top, outside the package): imports only :mod:`metrics_lake.lake_schemas` (and third-party
 libraries: pyarrow, delta-rs, boto3, pydantic), never Spark, Airflow or GX.
 Its components, bottom to top, each importing only those below it (the
 import contract "The core's components" in ``pyproject.toml``):

@@ -31,7 +31,7 @@ __all__ = ["LakeSettings", "default_author", "load_settings"]
 
 
 class LakeSettings(BaseSettings):
-    """Configuration for every lake command (README, Configuration): one ``LAKE_*`` variable per field."""
+    """Configuration for every lake command (docs/reference/configuration.md): one ``LAKE_*`` variable per field."""
 
     model_config = SettingsConfigDict(env_prefix="LAKE_", toml_file="lake.toml", extra="forbid", frozen=True)
 
@@ -40,8 +40,10 @@ class LakeSettings(BaseSettings):
         description="Where the lake lives: a local directory or s3://bucket/prefix.",
     )
     s3_endpoint: str | None = Field(None, description="S3 endpoint URL (MinIO, SeaweedFS); unset for AWS.")
-    s3_access_key: SecretStr | None = None
-    s3_secret_key: SecretStr | None = None
+    s3_access_key: SecretStr | None = Field(
+        None, description="S3 access key id; unset: the usual AWS credential chain (boto3 and delta-rs both read it)."
+    )
+    s3_secret_key: SecretStr | None = Field(None, description="S3 secret key of LAKE_S3_ACCESS_KEY.")
     admin_token: SecretStr | None = Field(
         None,
         description="A bootstrap admin credential, accepted beside the admin tokens of `lake tokens` by the "
@@ -63,13 +65,15 @@ class LakeSettings(BaseSettings):
     tls_ca: str | None = Field(
         None, description="PEM CA clients (agents, importer) verify the gateway's certificate with (default: system's)."
     )
-    s3_region: str = "us-east-1"
+    s3_region: str = Field("us-east-1", description="S3 region.")
     checkpoint_dir: str = Field(
         "./lakehouse/_checkpoints",
         description="Spark streaming checkpoints. Always a local or shared file system path, "
         "never s3:// (Spark checkpoints go through Hadoop's FileSystem).",
     )
-    spark_master: str = "local[*]"
+    spark_master: str = Field(
+        "local[*]", description="Spark master: local[N], or spark://host:port for a standalone cluster."
+    )
     spark_driver_java_options: str = Field(
         "-XX:TieredStopAtLevel=1",
         description="Extra JVM options of the Spark driver. The default compiles with HotSpot's C1 only: "

@@ -3,7 +3,7 @@
 ``start`` writes ``alertmanager.yml`` under ``data_dir`` (a route grouping by
 ``alertname`` and ``server``, with short waits so a demo sees notifications
 within seconds; the ``Watchdog`` routed apart; per-server alerts inhibited
-while ``LakeNoData`` fires: the README's Alerts section explains both), runs ``prometheus-alertmanager`` bound to 127.0.0.1 with
+while ``LakeNoData`` fires: docs/alerts.md explains both), runs ``prometheus-alertmanager`` bound to 127.0.0.1 with
 clustering off and its data under ``data_dir``, and waits until
 ``/-/ready`` answers. ``stop`` and ``status`` use the PID file. With a
 ``webhook`` URL every notification (firing and resolved) is also POSTed

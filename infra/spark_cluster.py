@@ -18,7 +18,7 @@ launcher script, with ``spark.executorEnv.LAKE_SPARK_PYTHON``), so on this
 machine they import the same installed code. On other machines the same
 environment must exist there, or be shipped: ``spark.archives`` with a
 packed virtualenv (``venv-pack``) and ``PYSPARK_PYTHON=./environment/bin/python``
-(README, "Spark standalone cluster").
+(docs/operations/cluster.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The event contract (README, Event contract) and its validator.
+"""The event contract (docs/ingest.md, Event contract) and its validator.
 
 One event is a JSON object::
 

@@ -107,9 +107,9 @@ def test_stream_once_works_from_a_directory_with_folders_named_like_ours(tmp_pat
     assert bronze.num_rows == 3 * 2 * 20
 
 
-def test_the_readme_lists_every_module_once():
-    """README "Layout": one line per module of the installed folders, under its folder, none missing or twice."""
-    section = (ROOT / "README.md").read_text().split("### Layout", 1)[1]
+def test_the_architecture_page_lists_every_module_once():
+    """docs/architecture.md: one line per module of the installed folders, under its folder, none missing or twice."""
+    section = (ROOT / "docs" / "architecture.md").read_text()
     listing = section.split("Every module, once", 1)[1].split("```", 2)[1]
     listed, folder = [], None
     for line in listing.strip().splitlines():

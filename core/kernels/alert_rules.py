@@ -179,7 +179,7 @@ def no_data_rule(seconds: int, topic: str) -> AlertRule:
     A whole fleet, the network in front of it or the gateway going silent
     is one alert (Prometheus's ``up == 0`` for the whole scrape pool); an
     Alertmanager ``inhibit_rules`` entry muting per-server alerts while it
-    fires makes such an outage page once (README, Alerts).
+    fires makes such an outage page once (docs/alerts.md).
     """
     return AlertRule(
         NO_DATA_RULE,

@@ -1,4 +1,4 @@
-"""`lake alerts test FILE.yaml`: the README's test file passes, a wrong expectation fails with a diff (exit 1), and
+"""`lake alerts test FILE.yaml`: the docs' test file passes, a wrong expectation fails with a diff (exit 1), and
 each kind of bad file is one line naming the file, line and field (exit 2)."""
 
 from __future__ import annotations
@@ -108,18 +108,18 @@ def test_a_missing_file_or_non_yaml_is_one_line(lake, tmp_path):
     assert "broken.yaml:2: not YAML" in one_line(lake("alerts", "test", str(broken), expect=2))
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+ALERTS_PAGE = REPO / "docs" / "alerts.md"
 
 
-def _readme_section() -> str:
-    text = README.read_text()
-    return text.split("**Absence and the day everything goes dark.**", 1)[1].split("- **Agents under supervision**", 1)[
-        0
-    ]
+def _docs_section() -> str:
+    """docs/alerts.md from its "Absence and the day everything goes dark" section on: the Alertmanager blocks and
+    the alert rule test."""
+    return ALERTS_PAGE.read_text().split("## Absence and the day everything goes dark", 1)[1]
 
 
-def test_the_readme_alert_test_block_and_command_run_verbatim(lake, tmp_path):
-    section = _readme_section()
+def test_the_docs_alert_test_block_and_command_run_verbatim(lake, tmp_path):
+    section = _docs_section()
     blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
     (test_file,) = [textwrap.dedent(b) for b in blocks if "input_series:" in b]
     path = tmp_path / "readme_test.yaml"
@@ -127,15 +127,15 @@ def test_the_readme_alert_test_block_and_command_run_verbatim(lake, tmp_path):
     assert lake("alerts", "test", str(path)).stdout.strip() == f"SUCCESS {path}: 1 expectation(s) held"
     (command,) = re.findall(r"```\n\s*(python3 run\.py lake alerts test [^\n]+)\n\s*```", section)
     args = shlex.split(command)[3:]  # after `python3 run.py lake`: the test's `lake` runs the same CLI
-    result = lake(*args[:-1], str(README.parent / args[-1]))
-    assert f"SUCCESS {README.parent / args[-1]}: 5 expectation(s) held" in result.stdout
+    result = lake(*args[:-1], str(REPO / args[-1]))
+    assert f"SUCCESS {REPO / args[-1]}: 5 expectation(s) held" in result.stdout
     assert "prints `SUCCESS docs/alert_rules_test.yaml: 5 expectation(s) held`" in " ".join(section.split())
 
 
-def test_the_readme_alertmanager_blocks_pass_amtool_check_config(tmp_path):
+def test_the_docs_alertmanager_blocks_pass_amtool_check_config(tmp_path):
     amtool = shutil.which("amtool")
     assert amtool, "amtool comes with Debian's prometheus-alertmanager (.ci/run installs it)"
-    blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)```", _readme_section(), re.DOTALL)]
+    blocks = [textwrap.dedent(b) for b in re.findall(r"```yaml\n(.*?)```", _docs_section(), re.DOTALL)]
     inhibit, watchdog = (b for b in blocks if "input_series:" not in b)
     config = tmp_path / "alertmanager.yml"
     config.write_text(watchdog + inhibit)

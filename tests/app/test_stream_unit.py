@@ -1,4 +1,4 @@
-"""docs/lake-stream.service: the systemd unit the README points operators to for `lake stream`."""
+"""docs/lake-stream.service: the systemd unit the docs point operators to for `lake stream`."""
 
 from __future__ import annotations
 

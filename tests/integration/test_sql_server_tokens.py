@@ -1,4 +1,4 @@
-"""``lake sql-server`` behind the lake's tokens, with the clients analysts use: the README's beeline, PyHive and
+"""``lake sql-server`` behind the lake's tokens, with the clients analysts use: the analysts' page's beeline, PyHive and
 Spark Connect blocks run verbatim (port and token substituted), and a JDBC program on the Hive JDBC driver of
 pyspark's jars (what DBeaver loads). Each is tried with no token, a wrong one, a write token, a read token and an
 admin token; a revoked token stops a Connect session at its next statement; refusals are logged with the
@@ -71,9 +71,9 @@ while time.monotonic() - started < 30:
 """
 
 
-def readme_block(language: str, marker: str) -> str:
-    """The README's fenced ``language`` block containing ``marker``."""
-    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def docs_block(language: str, marker: str) -> str:
+    """The fenced ``language`` block of docs/analysts.md containing ``marker``."""
+    blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "docs" / "analysts.md").read_text(), flags=re.S)
     (block,) = [b for b in blocks if marker in b]
     return block
 
@@ -132,8 +132,8 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         assert "a read token required" in server_log.read_text()
         client_env = {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
 
-        # The README's beeline command, verbatim but for the port and the token.
-        beeline = readme_block("bash", "bin/beeline").replace("10000", str(jdbc_port))
+        # The analysts' page's beeline command, verbatim but for the port and the token.
+        beeline = docs_block("bash", "bin/beeline").replace("10000", str(jdbc_port))
         shown, refused = (
             subprocess.run(
                 ["bash", "-c", beeline],
@@ -171,8 +171,8 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         )
         assert all("Error validating the login" in a["error"] for a in answers[3:])
 
-        # PyHive: the README's block, and without a password.
-        pyhive = readme_block("python", "from pyhive import hive").replace("10000", str(jdbc_port))
+        # PyHive: the analysts' page's block, and without a password.
+        pyhive = docs_block("python", "from pyhive import hive").replace("10000", str(jdbc_port))
         counted = run_python(
             pyhive + "\nprint(cursor.fetchall()[0][0])", {**client_env, "LAKE_TOKEN_NAME": "ana", "LAKE_TOKEN": read}
         )
@@ -182,8 +182,8 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         )
         assert anonymous.returncode != 0 and "Error validating the login" in anonymous.stderr
 
-        # Spark Connect: the README's block; then no token, a write token and a wrong one.
-        connect = readme_block("python", "sc://localhost:15002").replace("15002", str(connect_port))
+        # Spark Connect: the analysts' page's block; then no token, a write token and a wrong one.
+        connect = docs_block("python", "sc://localhost:15002").replace("15002", str(connect_port))
         shown = run_python(
             connect + "\nprint(spark.sql('SELECT count(*) AS n FROM bronze_events').collect()[0].n)",
             {**client_env, "LAKE_TOKEN": read},
