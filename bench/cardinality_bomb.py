@@ -31,7 +31,8 @@ from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.speed import cardinality
-from metrics_lake.core.speed.micro_batch import configured_limits, run_batch_in_process
+from metrics_lake.core.speed.batch_plan import configured_limits
+from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.log_records import LOG_RECORD

@@ -5,7 +5,7 @@ allocate a few large, short-lived buffers per chunk of the log (columns of
 millions of rows, copied by filters and casts, then written to Parquet),
 and mimalloc maps fresh pages for them again and again, each one a page
 fault the kernel zeroes. Measured here (one log partition of 3 M events
-through :func:`metrics_lake.core.speed.micro_batch.process_partition`, a
+through :func:`metrics_lake.core.speed.chunk_processing.process_partition`, a
 new process each time, three alternating runs): the first partition took
 1.8-2.1 s with the system allocator and 2.9-3.5 s with mimalloc (jemalloc
 2.1 s), with 0.6-1.0 s instead of 1.7-2.4 s of system time; ``lake produce
@@ -32,7 +32,7 @@ memory: the in-process speed layer's peak RSS 1.3-1.7 GiB instead of
 Threads get arenas of their own from glibc, heaps of at most 64 MiB, and a
 thread's arena still maps every larger block fresh. The stream's driver
 merges and writes a large open minute on a thread per core
-(:func:`metrics_lake.core.speed.micro_batch._merge_and_write_windows`), so
+(:func:`metrics_lake.core.speed.window_upserts._merge_and_write_windows`), so
 :func:`keep_freed_memory` also keeps every thread on the main arena
 (``M_ARENA_MAX`` 1). Measured in process, 200,000 series, the windows
 upsert of a minute's last 25 one-second batches: 0.36-0.54 s with two

@@ -103,7 +103,7 @@ def replay(
     topic: Annotated[str | None, typer.Option(help="Topic to replay (default LAKE_TOPIC).")] = None,
 ) -> None:
     """Re-read a range of the log through the bronze path; rows already in the table are skipped."""
-    from metrics_lake.core.speed.micro_batch import configured_limits
+    from metrics_lake.core.speed.batch_plan import configured_limits
     from metrics_lake.core.speed.replay import replay as run_replay
     from metrics_lake.core.speed.replay import replay_ranges
 

@@ -6,7 +6,7 @@ times, which the partition index turns into a conservative offset range
 are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
-(:func:`metrics_lake.core.speed.micro_batch.split_log_rows`, its cardinality limits as it judged those
+(:func:`metrics_lake.core.speed.chunk_processing.split_log_rows`, its cardinality limits as it judged those
 positions (:mod:`metrics_lake.core.speed.cardinality`), the inventory labels the
 speed layer pinned for those positions (:mod:`metrics_lake.core.speed.enrichment`), then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
@@ -36,8 +36,8 @@ from metrics_lake.core.keys import check_name
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.cardinality import LimitGate
+from metrics_lake.core.speed.chunk_processing import enrich, limited_rows, split_log_rows
 from metrics_lake.core.speed.enrichment import read_pins
-from metrics_lake.core.speed.micro_batch import enrich, limited_rows, split_log_rows
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_files
@@ -146,7 +146,7 @@ def replay(
 
     Events go where the speed layer put them: an hour the speed layer judged
     keeps its limits; ``limits`` are those of an hour it did not (default
-    none: :func:`~metrics_lake.core.speed.micro_batch.configured_limits` gives the settings').
+    none: :func:`~metrics_lake.core.speed.batch_plan.configured_limits` gives the settings').
     ``progress(range, records_done)`` is called after every chunk. Returns
     what was read and written. Raises :class:`~metrics_lake.lake_schemas.errors.InputError` if ``into`` is a
     declared table other than ``bronze_events`` (replay writes bronze rows).

@@ -6,14 +6,14 @@ layer of :mod:`metrics_lake.core.speed.micro_batch` in ``foreachBatch``:
 1. the driver takes the batch's ends from the offset log Spark wrote before
    calling ``foreachBatch`` (:func:`logged_ends`), reads each table's
    committed positions and plans the batch
-   (:func:`~metrics_lake.core.speed.micro_batch.plan_batch`): chunks of the log
+   (:func:`~metrics_lake.core.speed.batch_plan.plan_batch`): chunks of the log
    from the lowest position up to those ends;
 2. Spark runs an RDD job of at most one task per core, each taking whole log
    partitions one after the other (:func:`process_on_executors`); a task reads a
    partition's chunks in offset order with pyarrow, judges their events against the
    cardinality limits, writes the bronze and quarantine Parquet files and
    computes the 1-minute window states, all in Arrow
-   (:func:`~metrics_lake.core.speed.micro_batch.process_partition`), and returns the
+   (:func:`~metrics_lake.core.speed.chunk_processing.process_partition`), and returns the
    file lists and the states, so events never cross into the JVM;
 3. the driver commits each table with its new positions
    (:func:`~metrics_lake.core.speed.micro_batch.commit_batch`).
@@ -49,15 +49,9 @@ from metrics_lake.core.maintenance.continuous_compaction import (
 )
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
-from metrics_lake.core.speed.micro_batch import (
-    BatchOutcome,
-    BatchPlan,
-    ChunkResult,
-    commit_batch,
-    configured_limits,
-    plan_batch,
-    process_partition,
-)
+from metrics_lake.core.speed.batch_plan import BatchPlan, configured_limits, plan_batch
+from metrics_lake.core.speed.chunk_processing import ChunkResult, process_partition
+from metrics_lake.core.speed.micro_batch import BatchOutcome, commit_batch
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import starting_offsets, watermark_app_id
 from metrics_lake.core.storage import Store, open_store
@@ -112,7 +106,7 @@ def prepare_lake(settings: LakeSettings) -> Store:
 
 
 def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list[ChunkResult]:
-    """Run :func:`~metrics_lake.core.speed.micro_batch.process_partition` for every partition of ``plan``: a
+    """Run :func:`~metrics_lake.core.speed.chunk_processing.process_partition` for every partition of ``plan``: a
     partition's chunks in offset order, in one Spark task (as its cardinality limits need), and at most as many
     tasks as the cluster has cores (``defaultParallelism``), each taking its partitions one after the other.
 
@@ -121,7 +115,7 @@ def process_on_executors(spark, settings: LakeSettings, plan: BatchPlan) -> list
     as 4; a steady-load batch (50,000 records a partition) 0.25 s against 0.31 s (medians of 10); 3 M records
     a partition 6.3-7.9 s either way.
 
-    An RDD job: each task's :class:`~metrics_lake.core.speed.micro_batch.ChunkResult`
+    An RDD job: each task's :class:`~metrics_lake.core.speed.chunk_processing.ChunkResult`
     (its Arrow window states included) comes back pickled, without Spark
     SQL's planning of every batch or a conversion into the JVM's rows (a
     ``mapInArrow`` job did both).

@@ -137,7 +137,7 @@ def test_compaction_merges_segments_and_files_without_changing_data(dagbag, lake
 
 def land_rows(events: pa.Table, batch: int) -> pa.Table:
     """Bronze rows of ``events`` at offsets of batch ``batch`` (distinct positions per batch)."""
-    from metrics_lake.core.speed.micro_batch import split_log_rows
+    from metrics_lake.core.speed.chunk_processing import split_log_rows
     from metrics_lake.lake_schemas.log_records import LOG_ROW
 
     n = events.num_rows

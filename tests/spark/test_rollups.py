@@ -12,7 +12,7 @@ import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.stored_queries import load_stored_queries, parse_query
-from metrics_lake.core.speed.micro_batch import split_log_rows
+from metrics_lake.core.speed.chunk_processing import split_log_rows
 from metrics_lake.core.tables.commits import commit_files
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.lake_schemas.log_records import LOG_ROW

@@ -16,7 +16,8 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.windows import QUANTILES
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed.micro_batch import plan_batch, process_partition
+from metrics_lake.core.speed.batch_plan import plan_batch
+from metrics_lake.core.speed.chunk_processing import process_partition
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.stream_metrics import (
     catch_up,

@@ -15,11 +15,12 @@ from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.speed import chunk_processing
 from metrics_lake.core.speed.alerting import SEEN, AlertLog, AlertOptions, forget_alert_logs, seen_rows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table
-from metrics_lake.lake_schemas.tables import Table
+from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, Table
 from tests.helpers import expected_windows
 
 TOPIC = "metrics"
@@ -63,11 +64,11 @@ def test_seen_rows_hold_each_servers_and_watched_series_newest_times_from_plain_
     end = end_offsets(log, TOPIC)[0]
     coded = pa.concat_tables(
         [
-            speed_layer.split_log_rows(read_range(log, TOPIC, 0, lo, hi, dictionaries=True))[0]
+            chunk_processing.split_log_rows(read_range(log, TOPIC, 0, lo, hi, dictionaries=True))[0]
             for lo, hi in ((0, 9), (9, end))
         ]
     )
-    plain = coded.cast(speed_layer.BRONZE_EVENTS)
+    plain = coded.cast(BRONZE_EVENTS)
     metrics = sorted(set(plain.column("metric").to_pylist()))
     watched = (metrics[0], metrics[2], "not.sent")
     servers = set(plain.column("server").to_pylist())

@@ -77,16 +77,16 @@ def test_a_crash_before_the_query_results_commit_is_caught_up_and_a_replay_chang
     rng = random.Random(8)
     first = events_between(rng, START_MS, START_MS + 300_000, 800)
     produce_and_batch(store, log, first)
-    real = speed_layer._upsert_query_results
+    real = speed_layer.upsert_query_results
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed before the query results commit")
 
-    monkeypatch.setattr(speed_layer, "_upsert_query_results", crash)
+    monkeypatch.setattr(speed_layer, "upsert_query_results", crash)
     second = events_between(rng, START_MS + 300_000, START_MS + 600_000, 800)
     with pytest.raises(RuntimeError):
         produce_and_batch(store, log, second)
-    monkeypatch.setattr(speed_layer, "_upsert_query_results", real)
+    monkeypatch.setattr(speed_layer, "upsert_query_results", real)
     version = DeltaTable(table_uri(store, "query_results")).version()
     produce_and_batch(store, log, [])  # the next batch: nothing new in the log, query results catch up
     assert_query_results_exact(store, first + second)

@@ -23,18 +23,10 @@ from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.maintenance.table_compaction import compact_table
-from metrics_lake.core.speed import progress
-from metrics_lake.core.speed.micro_batch import (
-    BRONZE,
-    QUARANTINE,
-    QUERIES,
-    WINDOWS,
-    commit_batch,
-    plan_batch,
-    process_partition,
-    run_batch_in_process,
-    split_log_rows,
-)
+from metrics_lake.core.speed import chunk_processing, live_queries, progress, window_upserts
+from metrics_lake.core.speed.batch_plan import BRONZE, QUARANTINE, QUERIES, WINDOWS, plan_batch
+from metrics_lake.core.speed.chunk_processing import process_partition, split_log_rows
+from metrics_lake.core.speed.micro_batch import commit_batch, run_batch_in_process
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
 from metrics_lake.core.storage import LocalStore
@@ -137,10 +129,10 @@ def test_touched_minutes_are_each_metrics_distinct_minutes_from_plain_or_diction
 
     want = independent(plain)
     assert len(want) == 3 and all(len(starts) == 4 for starts in want.values())  # 200 s from a minute boundary
-    assert speed_layer._touched_minutes(coded) == speed_layer._touched_minutes(plain) == want
+    assert chunk_processing.touched_minutes(coded) == chunk_processing.touched_minutes(plain) == want
     # Six years between two minutes: sorted, not a table of every minute in between.
-    assert speed_layer._touched_minutes(wide) == independent(wide) != want
-    assert speed_layer._touched_minutes(plain.slice(0, 0)) == {}
+    assert chunk_processing.touched_minutes(wide) == independent(wide) != want
+    assert chunk_processing.touched_minutes(plain.slice(0, 0)) == {}
 
 
 def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(store, log):
@@ -163,15 +155,15 @@ def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(sto
 
 def test_a_crash_between_table_commits_is_caught_up_without_duplicates(store, log, monkeypatch):
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=120, seed=2, start_ms=START_MS).generate())
-    real = speed_layer._upsert_windows
+    real = speed_layer.upsert_windows
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed after bronze and quarantine committed")
 
-    monkeypatch.setattr(speed_layer, "_upsert_windows", crash)
+    monkeypatch.setattr(speed_layer, "upsert_windows", crash)
     with pytest.raises(RuntimeError):
         batch(store)
-    monkeypatch.setattr(speed_layer, "_upsert_windows", real)
+    monkeypatch.setattr(speed_layer, "upsert_windows", real)
     ends = end_offsets(log, TOPIC)
     bronze = committed_offsets(open_table(store, BRONZE), CONSUMER, TOPIC, ends)
     assert {p: position or 0 for p, position in bronze.items()} == ends
@@ -226,7 +218,7 @@ def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothi
     open_day = progress.first_open_day(store)
     assert open_day == dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=60, seed=7, start_ms=START_MS + 120_000).generate())
-    real = speed_layer.commit_changes
+    real = window_upserts.commit_changes
     compacted = []
 
     def compaction_meanwhile(table, name, *args, **kwargs):
@@ -234,7 +226,7 @@ def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothi
             compacted.append(compact_table(store, WINDOWS, target_bytes=1 << 20))  # finds the open day itself
         return real(table, name, *args, **kwargs)
 
-    monkeypatch.setattr(speed_layer, "commit_changes", compaction_meanwhile)
+    monkeypatch.setattr(window_upserts, "commit_changes", compaction_meanwhile)
     batch(store, tables=tables)
     assert compacted[0].partitions_rewritten == 1  # yesterday's minute files merged; today's left alone
     assert_exact(store, log)
@@ -293,14 +285,14 @@ def test_kept_open_windows_give_the_tables_reading_gives_and_files_they_do_not_h
     produce(log, events, ["not json"])
     produce(SegmentLog(reading), events, ["not json"])
     step, read_at = 0, []  # the batches whose windows upsert read the kept lake's window files
-    real_read = speed_layer.read_data_files
+    real_read = window_upserts.read_data_files
 
     def read_data_files(read_store, files, schema, columns=None, **options):
         if read_store is store and schema is METRIC_WINDOWS_1M and columns is None and files:
             read_at.append(step)
         return real_read(read_store, files, schema, columns, **options)
 
-    monkeypatch.setattr(speed_layer, "read_data_files", read_data_files)
+    monkeypatch.setattr(window_upserts, "read_data_files", read_data_files)
     ends = end_offsets(log, TOPIC)
     kept = OpenWindows()
     for step in (1, 2, 3, 5, 8, 13, 21, 34):  # batches of a few seconds to a minute of events, out of 34 parts
@@ -332,8 +324,8 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
     produce(log, events, ["not json"])
     produce(SegmentLog(single), events, ["not json"])
     threads, reads, lake = set(), [], [store]  # lake: the one batching now
-    real_merge, real_read = speed_layer.merge_into_rows, speed_layer.read_data_files
-    default_rows = speed_layer.UPSERT_ROWS_PER_SHARD
+    real_merge, real_read = window_upserts.merge_into_rows, window_upserts.read_data_files
+    default_rows = window_upserts.UPSERT_ROWS_PER_SHARD
 
     def merge_into_rows(*args, **options):
         if lake[0] is store:
@@ -345,16 +337,16 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
             reads.append(len(files))
         return real_read(read_store, files, schema, columns, **options)
 
-    monkeypatch.setattr(speed_layer, "merge_into_rows", merge_into_rows)
-    monkeypatch.setattr(speed_layer, "read_data_files", read_data_files)
-    monkeypatch.setattr(speed_layer, "UPSERT_THREADS", 3)
+    monkeypatch.setattr(window_upserts, "merge_into_rows", merge_into_rows)
+    monkeypatch.setattr(window_upserts, "read_data_files", read_data_files)
+    monkeypatch.setattr(window_upserts, "UPSERT_THREADS", 3)
     ends, kept = end_offsets(log, TOPIC), OpenWindows()
     for step in (1, 2, 4, 7, 11):  # 18 series: every batch's rows make three shards of at least 4
         cut = {p: end * step // 11 for p, end in ends.items()}
-        monkeypatch.setattr(speed_layer, "UPSERT_ROWS_PER_SHARD", 4)
+        monkeypatch.setattr(window_upserts, "UPSERT_ROWS_PER_SHARD", 4)
         lake[0] = store
         assert batch(store, cut, open_windows=kept).records > 0
-        monkeypatch.setattr(speed_layer, "UPSERT_ROWS_PER_SHARD", default_rows)
+        monkeypatch.setattr(window_upserts, "UPSERT_ROWS_PER_SHARD", default_rows)
         lake[0] = single
         batch(single, cut)
         files = [f for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS)) if f.relative in kept.paths]
@@ -424,7 +416,7 @@ def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metr
     produce(SegmentLog(reading), events)
     queried = {"app.rpc.latency_ms", "host.cpu.utilization"}  # of the simulator's three, the default queries'
     step, reads = 0, []  # (batch, Delta log path) of every window file the kept lake's query evaluation read
-    real_read = speed_layer.read_data_file
+    real_read = live_queries.read_data_file
 
     def read_data_file(data_file, schema, filesystem, columns=None, **options):
         rows = real_read(data_file, schema, filesystem, columns, **options)
@@ -434,7 +426,7 @@ def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metr
             reads.append((step, data_file.relative))
         return rows
 
-    monkeypatch.setattr(speed_layer, "read_data_file", read_data_file)
+    monkeypatch.setattr(live_queries, "read_data_file", read_data_file)
     ends = end_offsets(log, TOPIC)
     kept, unkept_at_restart = OpenWindows(), set()
     for step in range(1, 21):  # 20 s of events a batch: a 60 s watermark seals a minute every third batch

@@ -1,0 +1,238 @@
+"""Live stored queries: after each micro-batch, every query window holding a minute it touched is evaluated again.
+
+The windows come from ``metric_windows_1m`` as committed (this batch's included), and ``query_results`` gets the
+re-evaluated windows' rows in one commit with its log positions (:func:`upsert_query_results`), so the table is
+exact after a crash or a lost checkpoint, and the rows are those the nightly evaluation
+(:mod:`metrics_lake.spark.jobs.evaluate_queries`) computes from the same windows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import Transaction
+
+from metrics_lake.core.kernels.stored_queries import StoredQuery, affected_windows, query_rows, window_states
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
+from metrics_lake.core.speed.batch_plan import QUERIES, WINDOWS, BatchPlan
+from metrics_lake.core.speed.open_windows import OpenWindows, with_sources
+from metrics_lake.core.speed.position_commits import commit_with_positions
+from metrics_lake.core.speed.progress import (
+    CONSUMER,
+    backfill_revision_app_id,
+    backfilled_through_app_id,
+    live_revision_app_id,
+    query_progress,
+    window_start_bounds,
+)
+from metrics_lake.core.speed.window_upserts import write_window_files
+from metrics_lake.core.storage import Store
+from metrics_lake.core.tables.commits import commit_changes, offset_transactions, remove_action
+from metrics_lake.core.tables.delta import LatestTables
+from metrics_lake.core.tables.snapshots import days_between, read_data_file, read_data_files, windowed_files
+from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, QUERY_RESULTS
+
+__all__ = [
+    "upsert_query_results",
+]
+
+
+def upsert_query_results(
+    store: Store,
+    tables: LatestTables,
+    plan: BatchPlan,
+    touched: dict[str, set[int]],
+    queries: list[StoredQuery],
+    watermark: int | None,
+    open_windows: OpenWindows | None = None,
+) -> int:
+    """Evaluate again every stored query window holding a ``touched`` minute and replace its rows; returns rows.
+
+    The windows are read from ``metric_windows_1m`` as committed (this
+    batch's states included; files ``open_windows`` keeps are not read
+    again), so the rows are those the nightly evaluation would compute from
+    the same windows.
+
+    A query whose registry revision ``query_results`` does not hold yet (new
+    or changed since the last batch) is *adopted*: every window of it ending
+    after a cutoff is evaluated and every row of it ending after the cutoff
+    replaced, and the revision recorded (``txn``, same commit). The cutoff is
+    where the backfill of this revision stopped if it ran first, else the
+    watermark; the backfill (:mod:`metrics_lake.core.maintenance.query_backfill`)
+    replaces the closed windows up to its own watermark, so together they
+    cover every retained window without a gap, whichever runs first.
+    """
+    written = 0
+    affected = {
+        q.name: affected_windows(q, np.array(sorted(touched[q.metric]), np.int64))
+        for q in queries
+        if q.metric in touched
+    }
+    affected = {name: starts for name, starts in affected.items() if len(starts)}
+    by_name = {q.name: q for q in queries}
+    if open_windows is not None:
+        open_windows.forget_queries_except(by_name)
+
+    def commit(table, advances: dict[int, int]) -> None:
+        nonlocal written
+        files, removes, transactions = [], [], []
+        starts = dict(affected)
+        cutoffs: dict[str, int | None] = {}  # adopted query -> rows ending after this (epoch µs) are replaced
+        for query in queries:
+            live = table.transaction_version(live_revision_app_id(query.name))  # one lookup per query and batch
+            if live is not None and live >= query.revision:
+                continue
+            progress = query_progress(table, query.name)
+            if progress.backfilled_revision == query.revision and progress.backfilled_through_ms is not None:
+                cutoffs[query.name] = progress.backfilled_through_ms * 1000
+            else:  # before the first watermark no window was closed: adopting evaluates every window there is
+                cutoffs[query.name] = None if plan.watermark_ms is None or watermark is None else watermark * 1000
+            transactions.append(Transaction(live_revision_app_id(query.name), query.revision))
+            if cutoffs[query.name] is None:  # no window is closed yet: adopting covers all, nothing to backfill
+                transactions += [
+                    Transaction(backfill_revision_app_id(query.name), query.revision),
+                    Transaction(backfilled_through_app_id(query.name), 0),
+                ]
+            adopted = _windows_after(store, tables, query, cutoffs[query.name])
+            if len(adopted):
+                starts[query.name] = np.union1d(starts.get(query.name, np.zeros(0, np.int64)), adopted)
+        if starts or cutoffs:
+            chosen = [by_name[name] for name in starts]
+            results = QUERY_RESULTS.empty_table()
+            if chosen:
+                lo = min(int(s[0]) for s in starts.values())
+                hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
+                windows = _windows_between(store, tables, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
+                merge = open_windows.merged_minutes if open_windows is not None else None
+                states = pa.concat_tables([window_states(windows, q, starts[q.name], merge) for q in chosen])
+                results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
+            replaced = pa.table(
+                {
+                    "query": pa.array([n for n, s in starts.items() for _ in s], pa.string()),
+                    "window_start": pa.array(
+                        np.concatenate([np.zeros(0, np.int64), *starts.values()]), pa.int64()
+                    ).cast(QUERY_RESULTS.field("window_start").type),
+                }
+            )
+            # Only files holding a replaced row are rewritten: files of closed windows (and of other queries)
+            # often overlap the range by their statistics but stay as they are.
+            rewritten, kept = [], []
+            for candidate in _result_files(store, table, starts, cutoffs, by_name):
+                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start", "window_end"])
+                if not _replaced_mask(keys, replaced, cutoffs).any():
+                    continue
+                existing = read_data_files(store, [candidate], QUERY_RESULTS)
+                rewritten.append(candidate)
+                kept.append(existing.filter(pa.array(~_replaced_mask(existing, replaced, cutoffs))))
+            rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
+            files, _ = write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
+            removes = [remove_action(f) for f in rewritten]
+            written = results.num_rows
+        commit_changes(
+            table,
+            QUERIES,
+            files,
+            removes,
+            transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
+            operation="STREAMING QUERIES",
+        )
+
+    return written if commit_with_positions(store, tables, plan, QUERIES, commit) else 0
+
+
+def _windows_after(store: Store, tables: LatestTables, query: StoredQuery, cutoff_us: int | None) -> np.ndarray:
+    """Starts (epoch µs, sorted) of ``query``'s windows ending after ``cutoff_us`` (None: all) that hold a minute
+    of the committed windows table."""
+    table = tables.latest(store, WINDOWS)
+    oldest, newest = window_start_bounds(table)
+    if newest is None:
+        return np.zeros(0, np.int64)
+    lo = oldest if cutoff_us is None else max(oldest, cutoff_us - query.duration_s * 1_000_000)
+    if newest < lo:
+        return np.zeros(0, np.int64)
+    # Only the minutes: reading the window states (sketches) here cost most of a first batch's query results.
+    windows = _windows_between(store, tables, {query.metric}, lo, newest + 1, columns=["metric", "window_start"])
+    minutes = np.unique(pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False))
+    starts = affected_windows(query, minutes)
+    return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
+
+
+def _result_files(store: Store, table, starts: dict, cutoffs: dict, by_name: dict) -> list:
+    """Files of ``query_results`` that may hold a row to replace: by ``window_start`` statistics, of a replaced
+    window, or ending after an adopted query's cutoff (a query's old text may have had windows up to a day)."""
+    oldest, newest = window_start_bounds(table)
+    if newest is None:
+        return []
+    lows = [int(s[0]) for s in starts.values() if len(s)]
+    lows += [oldest if cut is None else cut - 86_400_000_000 for cut in cutoffs.values()]
+    if not lows:
+        return []
+    lo = max(min(lows), oldest)
+    hi = max([newest, *(int(s[-1]) for s in starts.values() if len(s))])
+    if hi < lo:
+        return []
+    return windowed_files(store, QUERIES, table, days_between(lo, hi + 1), lo, hi)
+
+
+def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | None]) -> np.ndarray:
+    """Which ``query_results`` rows a batch replaces: a re-evaluated ``(query, window_start)``, or a row of an
+    adopted query ending after its cutoff."""
+    start = pc.cast(rows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
+    keys = pa.table({"query": rows.column("query"), "window_start": pa.array(start), "i": np.arange(rows.num_rows)})
+    wanted = pa.table(
+        {"query": replaced.column("query"), "window_start": pc.cast(replaced.column("window_start"), pa.int64())}
+    )
+    mask = np.zeros(rows.num_rows, bool)
+    hit = keys.join(wanted, ["query", "window_start"], join_type="left semi").column("i").to_numpy()
+    mask[hit] = True
+    if cutoffs:
+        names = rows.column("query").to_numpy(zero_copy_only=False)
+        end = pc.cast(rows.column("window_end"), pa.int64()).to_numpy(zero_copy_only=False)
+        for name, cut in cutoffs.items():
+            mask |= (names == name) & (end > (-1 if cut is None else cut))
+    return mask
+
+
+def _windows_between(
+    store: Store,
+    tables: LatestTables,
+    metrics: set[str],
+    lo_us: int,
+    hi_us: int,
+    columns: list[str] | None = None,
+    open_windows: OpenWindows | None = None,
+) -> pa.Table:
+    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table.
+
+    ``columns``: those to read, ``metric`` and ``window_start`` among them
+    (default: every column of :data:`~metrics_lake.core.kernels.windows.WINDOW_STATE`). A file's rows of
+    ``metrics`` come from ``open_windows`` if it keeps them, else from the
+    file with the metric filter pushed into the Parquet reader; ``open_windows``
+    then keeps what this call took from each file
+    (:mod:`metrics_lake.core.speed.open_windows`), and the rows carry its
+    :data:`~metrics_lake.core.speed.open_windows.SOURCE` column (each row's file).
+    """
+    table = tables.latest(store, WINDOWS)
+    candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
+    names = tuple(columns or WINDOW_STATE.names)
+    wanted = frozenset(metrics)
+    target = pa.schema([METRIC_WINDOWS_1M.field(c) for c in names])
+    filesystem, _ = store.arrow_fs()
+    of_metrics = pc.field("metric").isin(pa.array(sorted(wanted), pa.string()))
+    selections = {}
+    for data_file in candidates:
+        kept = open_windows.selection_of(data_file, wanted, names) if open_windows is not None else None
+        if kept is None:
+            kept = read_data_file(data_file, METRIC_WINDOWS_1M, filesystem, list(names), rows=of_metrics)
+        selections[data_file.relative] = kept.cast(target)
+    if open_windows is not None:
+        open_windows.keep_selections(wanted, names, selections)
+    if not selections:
+        rows = target.empty_table()
+    else:  # which file each row came from: the stream reuses minutes merged from the same files before
+        rows = with_sources(selections) if open_windows is not None else pa.concat_tables(selections.values())
+    start = pc.cast(rows.column("window_start"), pa.int64())
+    return rows.filter(pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)))
