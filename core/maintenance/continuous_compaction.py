@@ -62,9 +62,9 @@ from deltalake import DeltaTable
 from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, remove_action, retry_on_conflict
-from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import LatestTables
-from metrics_lake.core.tables.snapshots import DataFile, read_data_files, snapshot_files
+from metrics_lake.core.tables.file_merge import merge_data_files
+from metrics_lake.core.tables.snapshots import DataFile, snapshot_files
 from metrics_lake.lake_schemas.errors import LeaseHeldError
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
@@ -210,8 +210,7 @@ def _merge(
         adds, removes = [], []
         for group in groups:
             renew()
-            rows = read_data_files(store, group, TABLES[name].schema)
-            adds += write_data_files(store, name, rows, prefix="compacted-")
+            adds.append(merge_data_files(store, name, group))  # a row group at a time: bounded memory
             removes += [remove_action(f, data_change=False) for f in group]
         renew()
         commit_changes(
