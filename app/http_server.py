@@ -83,20 +83,19 @@ def check_exposure(
     tls: TlsFiles | None,
     tokens: bool,
     insecure: bool,
-    *,
-    tls_hint: str = "TLS (--tls-cert/--tls-key)",
 ) -> str | None:
     """Refuse to serve ``what`` on a routable ``host`` without TLS and tokens, unless ``insecure``.
 
-    ``tokens``: whether the lake has an active token (so requests need one);
-    ``tls_hint``: how the message names the missing TLS.
+    ``tokens``: whether the lake has an active token (so requests need one).
     Returns a warning to print when ``insecure`` lets an unprotected
     server face the network; raises :class:`ConfigError` saying what is
     missing otherwise.
     """
     if is_loopback(host):
         return None
-    missing = [name for name, ok in ((tls_hint, tls), ("tokens (lake tokens create)", tokens)) if not ok]
+    missing = [
+        name for name, ok in (("TLS (--tls-cert/--tls-key)", tls), ("tokens (lake tokens create)", tokens)) if not ok
+    ]
     if not missing:
         return None
     if not insecure:

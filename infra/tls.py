@@ -18,10 +18,14 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["write_ca", "write_certificate"]
+__all__ = ["TRUSTSTORE_PASSWORD", "write_ca", "write_certificate", "write_java_truststore"]
 
+#: The password of :func:`write_java_truststore`'s store: Java's customary one (its own ``cacerts``'). A trust store
+#: holds public certificates only; Java asks for a password to check the file's integrity, not to keep a secret.
+TRUSTSTORE_PASSWORD = "changeit"
 VALIDITY = dt.timedelta(days=3650)
 SKEW = dt.timedelta(minutes=5)
 
@@ -101,3 +105,15 @@ def write_certificate(ca: tuple[Path, Path], folder: Path, stem: str, names: lis
     _private(key_path, _key_pem(key))
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+def write_java_truststore(ca_cert: Path, path: Path) -> Path:
+    """``path``: a PKCS#12 trust store holding the PEM certificate ``ca_cert`` as a trusted entry, for Java clients
+    (beeline's and the Hive JDBC driver's ``sslTrustStore``, DBeaver), password :data:`TRUSTSTORE_PASSWORD`.
+    Rewritten on every call (it holds nothing secret); returns ``path``."""
+    certificate = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    entry = pkcs12.PKCS12Certificate(certificate, b"metrics-lake-ca")
+    path.write_bytes(
+        pkcs12.serialize_java_truststore([entry], serialization.BestAvailableEncryption(TRUSTSTORE_PASSWORD.encode()))
+    )
+    return path

@@ -125,12 +125,17 @@ def sql_server(
     host: Annotated[str, typer.Option(help="Address both listeners bind.")] = "127.0.0.1",
     connect_port: Annotated[int, typer.Option(min=1, max=65535, help="Spark Connect (gRPC) port.")] = 15002,
     jdbc_port: Annotated[int, typer.Option(min=1, max=65535, help="JDBC/ODBC (HiveServer2 Thrift) port.")] = 10000,
+    tls_cert: Annotated[
+        str | None, typer.Option(help="Serve both listeners over TLS with this PEM certificate chain (LAKE_TLS_CERT).")
+    ] = None,
+    tls_key: Annotated[str | None, typer.Option(help="PEM private key of --tls-cert (default LAKE_TLS_KEY).")] = None,
     insecure: InsecureOption = False,
 ) -> None:
     """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C; once the
-    lake has tokens, a read or admin token connects (Connect: ;token=..., JDBC: user = its name, password = it)."""
+    lake has tokens, a read or admin token connects (Connect: ;token=..., JDBC: user = its name, password = it);
+    with --tls-cert/--tls-key both listeners speak TLS only (Connect: ;use_ssl=true, JDBC: ;ssl=true)."""
     from metrics_lake.app.auth import Authenticator
-    from metrics_lake.app.http_server import check_exposure
+    from metrics_lake.app.http_server import TlsFiles, check_exposure
     from metrics_lake.core.tokens import Scope, TokenStore
     from metrics_lake.infra.processes import bind_error
     from metrics_lake.spark.jobs.sql_server import serve_sql
@@ -141,19 +146,24 @@ def sql_server(
     if connect_port == jdbc_port:
         raise InputError("--connect-port and --jdbc-port must differ")
     config = settings()
+    if tls_cert is None and tls_key is None:
+        tls_cert, tls_key = config.tls_cert, config.tls_key
+    tls = TlsFiles.of(tls_cert, tls_key)  # mutual TLS is the gateway's and dashboard's: not asked of SQL clients
     store = open_store(config)
     tokens = bool(TokenStore(store).active())
-    warning = check_exposure(
-        "the SQL server", host, None, tokens, insecure, tls_hint="TLS (it has none of its own: a TLS proxy in front)"
-    )
+    warning = check_exposure("the SQL server", host, tls, tokens, insecure)
     if warning:
         err.print(f"[bold red]{warning}[/]")
     access = "a read token required" if tokens else "open: the lake has no tokens"
 
     def ready(names: list[str]) -> None:
         err.print(f"serving {len(names)} lake tables read-only ({access}): {', '.join(names)}", highlight=False)
-        err.print(f"  Spark Connect: sc://{host}:{connect_port}", highlight=False)
-        err.print(f"  JDBC/ODBC:     jdbc:hive2://{host}:{jdbc_port}/default", highlight=False)
+        if tls is None:
+            err.print(f"  Spark Connect: sc://{host}:{connect_port}", highlight=False)
+            err.print(f"  JDBC/ODBC:     jdbc:hive2://{host}:{jdbc_port}/default", highlight=False)
+        else:
+            err.print(f"  Spark Connect (TLS): sc://{host}:{connect_port}/;use_ssl=true", highlight=False)
+            err.print(f"  JDBC/ODBC (TLS):     jdbc:hive2://{host}:{jdbc_port}/default;ssl=true", highlight=False)
         err.print("Ctrl-C stops the server")
 
     auth = Authenticator(config, store)
@@ -163,7 +173,13 @@ def sql_server(
 
     try:
         serve_sql(
-            config, host=host, connect_port=connect_port, jdbc_port=jdbc_port, ready=ready, authenticate=authenticate
+            config,
+            host=host,
+            connect_port=connect_port,
+            jdbc_port=jdbc_port,
+            ready=ready,
+            authenticate=authenticate,
+            tls=None if tls is None else (tls.cert, tls.key),
         )
     finally:
         auth.close()

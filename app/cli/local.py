@@ -73,18 +73,22 @@ def infra_tls(
     ] = None,
 ) -> None:
     """Mint a local CA, a server certificate and a client certificate (for mutual TLS), and print the `export
-    LAKE_TLS_...` lines that make the gateway, the dashboard and the agents use them: eval "$(lake infra tls)"."""
+    LAKE_TLS_...` lines that make the gateway, the dashboard, the SQL server and the agents use them: eval "$(lake
+    infra tls)". The CA is also written as a Java trust store (ca-truststore.p12) for JDBC clients."""
     import socket
 
-    from metrics_lake.infra.tls import write_ca, write_certificate
+    from metrics_lake.infra.tls import TRUSTSTORE_PASSWORD, write_ca, write_certificate, write_java_truststore
 
     names = host or ["localhost", "127.0.0.1", socket.gethostname()]
     ca = write_ca(data_dir.resolve(), "metrics-lake local CA")
     cert, key = write_certificate(ca, data_dir.resolve(), "server", names)
     client_cert, client_key = write_certificate(ca, data_dir.resolve(), "client", ["lake-client"])
+    truststore = write_java_truststore(ca[0], data_dir.resolve() / "ca-truststore.p12")
     err.print(
         f"CA {ca[0]}; server certificate for {', '.join(names)}; client certificate {client_cert} "
-        "(for --tls-client-ca, mutual TLS)"
+        f"(for --tls-client-ca, mutual TLS); the CA for Java clients (JDBC): {truststore}, password "
+        f"{TRUSTSTORE_PASSWORD}",
+        soft_wrap=True,  # paths are copied from here: never broken across lines
     )
     for name, value in (("LAKE_TLS_CERT", cert), ("LAKE_TLS_KEY", key), ("LAKE_TLS_CA", ca[0])):
         print(f"export {name}={shlex.quote(str(value))}")

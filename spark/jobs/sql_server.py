@@ -25,10 +25,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,6 +39,7 @@ from metrics_lake.core.config import LakeSettings
 from metrics_lake.lake_schemas.errors import TokenError
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.session import build_session, stop_session
+from metrics_lake.spark.sql_server_tls import TlsProxy, write_keystore
 
 __all__ = ["REFRESH_SECONDS", "CredentialChecker", "serve_sql", "server_settings", "warm_up"]
 
@@ -54,18 +57,30 @@ WARM_UP_QUERIES = (
 )
 
 
-def listener_config(host: str, connect_port: int, jdbc_port: int) -> dict[str, str]:
+def listener_config(
+    host: str, connect_port: int, jdbc_port: int, keystore: tuple[Path, str] | None = None
+) -> dict[str, str]:
     """Spark settings for the Connect plugin and the Thrift server, bound to ``host``, both checking tokens through
-    the lake's JVM classes (``spark/jvm/metricslake/spark/LakeAuth.java``)."""
-    return {
+    the lake's JVM classes (``spark/jvm/metricslake/spark/LakeAuth.java``).
+
+    ``keystore`` (path, password): HiveServer2 serves TLS from it, and Connect's gRPC server listens on
+    ``127.0.0.1:connect_port`` behind the TLS listener (:class:`~metrics_lake.spark.sql_server_tls.TlsProxy`)."""
+    config = {
         "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
-        "spark.connect.grpc.binding.address": host,
+        "spark.connect.grpc.binding.address": host if keystore is None else "127.0.0.1",
         "spark.connect.grpc.binding.port": str(connect_port),
         "spark.connect.grpc.interceptor.classes": "metricslake.spark.LakeConnectAuthInterceptor",
         "spark.hadoop.hive.server2.thrift.bind.host": host,
         "spark.hadoop.hive.server2.thrift.port": str(jdbc_port),
         "spark.hadoop.hive.server2.authentication": "CUSTOM",
     }
+    if keystore is not None:
+        config |= {
+            "spark.hadoop.hive.server2.use.SSL": "true",
+            "spark.hadoop.hive.server2.keystore.path": str(keystore[0]),
+            "spark.hadoop.hive.server2.keystore.password": keystore[1],
+        }
+    return config
 
 
 class CredentialChecker:
@@ -84,8 +99,13 @@ class CredentialChecker:
     class Java:
         implements = ["metricslake.spark.LakeAuth$Checker"]
 
-    def __init__(self, authenticate: Callable[[str | None, str | None], str]) -> None:
+    def __init__(
+        self,
+        authenticate: Callable[[str | None, str | None], str],
+        client_of: Callable[[int], str | None] | None = None,
+    ) -> None:
         self.authenticate = authenticate
+        self.client_of = client_of  # Connect behind the TLS listener: the relay's port -> the client's address
 
     def check(self, credential: str | None, user: str | None, source: str, client: str) -> str:
         """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises.
@@ -93,6 +113,8 @@ class CredentialChecker:
         ``user``: a JDBC login's user name, which must be the token's name, or empty or ``anonymous`` (what the
         Hive JDBC driver sends for none); None for Spark Connect."""
         address = source.rsplit(":", 1)[0] if client == "connect" else source  # Connect's source is host:port
+        if client == "connect" and self.client_of is not None:  # the TLS listener's relay, not the client
+            address = self.client_of(int(source.rsplit(":", 1)[1])) or "unknown"
         known = None if address == "unknown" else address
         try:
             caller = self.authenticate(credential, known)
@@ -176,22 +198,34 @@ def serve_sql(
     ready: Callable[[list[str]], None],
     authenticate: Callable[[str | None, str | None], str],
     stop: threading.Event | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> None:
     """Serve the lake on ``host``: Spark Connect on ``connect_port``, JDBC on ``jdbc_port``, until SIGINT/SIGTERM.
 
     ``ready`` gets the table names once both listeners accept connections.
     ``authenticate`` checks every client's token (:class:`CredentialChecker`);
     until it is installed, right after Spark starts, clients are refused.
-    Stopping stops the Thrift server and the Spark application (its JVM and
-    Python workers with it). ``stop``, if given, ends serving when set.
+    ``tls`` (PEM certificate chain, key): both listeners serve TLS only
+    (:mod:`metrics_lake.spark.sql_server_tls`). Stopping stops the Thrift
+    server and the Spark application (its JVM and Python workers with it).
+    ``stop``, if given, ends serving when set.
     """
     stop = stop or threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     settings = server_settings(settings)
-    spark = build_session(settings, "lake-sql-server", extra_config=listener_config(host, connect_port, jdbc_port))
+    secrets_dir = tempfile.TemporaryDirectory(prefix="lake-sql-server-tls-")  # 0700; gone when serving ends
+    keystore = proxy = None
+    grpc_port = connect_port
+    if tls is not None:
+        keystore = write_keystore(tls[0], tls[1], Path(secrets_dir.name))
+        grpc_port = free_loopback_port()
+        proxy = TlsProxy(host, connect_port, grpc_port, tls[0], tls[1])
+    config = listener_config(host, grpc_port, jdbc_port, keystore)
+    spark = build_session(settings, "lake-sql-server", extra_config=config)
     thrift = None
-    checker = CredentialChecker(authenticate)  # referenced here while the JVM holds it through py4j
+    # Referenced here while the JVM holds it through py4j.
+    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None)
     try:
         _install_checker(spark, checker)
         names = register_lake_tables(spark, settings, shared=True)
@@ -208,6 +242,8 @@ def serve_sql(
         thrift = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
             spark._jsparkSession.sqlContext()
         )
+        if proxy is not None:
+            proxy.start()
         ready(names)
         while not stop.wait(REFRESH_SECONDS):
             try:
@@ -215,6 +251,16 @@ def serve_sql(
             except Exception as exc:  # noqa: BLE001 - the store may be briefly unreachable: keep serving
                 log.warning("looking for new lake tables failed: %s", exc)
     finally:
+        if proxy is not None:
+            proxy.stop()
         if thrift is not None:
             thrift.stop()
         stop_session(spark)
+        secrets_dir.cleanup()
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the operating system's choice), for a listener only this host reaches."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

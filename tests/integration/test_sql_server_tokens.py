@@ -117,7 +117,7 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         timeout=60,
     )
     assert exposed.returncode == 2, exposed.stderr
-    assert "will not listen on 0.0.0.0 without TLS (it has none of its own" in exposed.stderr
+    assert "will not listen on 0.0.0.0 without TLS (--tls-cert/--tls-key): anyone" in exposed.stderr
 
     server_log = tmp_path / "sql-server.log"
     with open(server_log, "wb") as output:
@@ -133,7 +133,7 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         client_env = {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
 
         # The analysts' page's beeline command, verbatim but for the port and the token.
-        beeline = docs_block("bash", "bin/beeline").replace("10000", str(jdbc_port))
+        beeline = docs_block("bash", "JDBC/ODBC (HiveServer2)").replace("10000", str(jdbc_port))
         shown, refused = (
             subprocess.run(
                 ["bash", "-c", beeline],
@@ -172,7 +172,7 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         assert all("Error validating the login" in a["error"] for a in answers[3:])
 
         # PyHive: the analysts' page's block, and without a password.
-        pyhive = docs_block("python", "from pyhive import hive").replace("10000", str(jdbc_port))
+        pyhive = docs_block("python", 'auth="CUSTOM"').replace("10000", str(jdbc_port))
         counted = run_python(
             pyhive + "\nprint(cursor.fetchall()[0][0])", {**client_env, "LAKE_TOKEN_NAME": "ana", "LAKE_TOKEN": read}
         )
@@ -183,7 +183,7 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
         assert anonymous.returncode != 0 and "Error validating the login" in anonymous.stderr
 
         # Spark Connect: the analysts' page's block; then no token, a write token and a wrong one.
-        connect = docs_block("python", "sc://localhost:15002").replace("15002", str(connect_port))
+        connect = docs_block("python", "Spark Connect from a notebook").replace("15002", str(connect_port))
         shown = run_python(
             connect + "\nprint(spark.sql('SELECT count(*) AS n FROM bronze_events').collect()[0].n)",
             {**client_env, "LAKE_TOKEN": read},
