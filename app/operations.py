@@ -80,11 +80,11 @@ def rollup_days(settings: LakeSettings, days: list[str]) -> list[dict]:
 def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Evaluate the stored queries for ``days`` into ``query_results`` (``lake queries``)."""
     from metrics_lake.core.registry import Registry
-    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
+    from metrics_lake.spark.jobs.evaluate_queries import evaluate_queries_for_day
 
     queries = Registry(open_store(settings)).current().queries()
     spark = _spark(settings, "lake-queries")
-    return [_jsonable(asdict(evaluate_day(spark, settings, queries, day))) for day in _days(days)]
+    return [_jsonable(asdict(evaluate_queries_for_day(spark, settings, queries, day))) for day in _days(days)]
 
 
 def backfill_pending_queries(settings: LakeSettings) -> list[dict]:
@@ -100,10 +100,10 @@ def backfill_pending_queries(settings: LakeSettings) -> list[dict]:
 def evaluate_alert_days(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Evaluate the threshold rules over ``days``' final stored query results (``lake alerts --date``); appends the
     episodes the live evaluation missed to ``alerts``. One summary per day."""
-    from metrics_lake.core.maintenance.nightly_alerts import evaluate_day
+    from metrics_lake.core.maintenance.nightly_alerts import evaluate_alerts_for_day
 
     store = open_store(settings)
-    return [_jsonable(asdict(evaluate_day(store, day))) for day in _days(days)]
+    return [_jsonable(asdict(evaluate_alerts_for_day(store, day))) for day in _days(days)]
 
 
 def notify_alerts(settings: LakeSettings) -> dict:

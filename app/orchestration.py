@@ -5,7 +5,7 @@ Only the DAG files import this module (it needs Airflow, an optional extra:
 parses these files every few seconds, so tasks import what they need when
 they run. The one exception is the registry (pyarrow schemas, about 0.3 s
 to import): the Assets are derived from the tables, and each task's outlets
-from the operation it runs (:mod:`metrics_lake.lake_schemas.operations`,
+from the operation it runs (:mod:`metrics_lake.lake_schemas.table_access`,
 re-exported here so that DAG files import this module only), so that neither
 can drift from what the steps commit. Configuration reaches tasks the way it reaches the CLI, through
 ``LAKE_*`` environment variables (or ``lake.toml``) on the worker; nothing
@@ -19,7 +19,16 @@ import datetime as dt
 from airflow.sdk import Asset
 
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.operations import ALERTS, QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM, Operation
+from metrics_lake.lake_schemas.table_access import (
+    ALERTS,
+    QUALITY,
+    QUERIES,
+    RECOMPUTE,
+    REPLAY,
+    ROLLUP,
+    STREAM,
+    Operation,
+)
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
 __all__ = [
@@ -50,7 +59,7 @@ TABLE_ASSETS: dict[Table, Asset] = {
 def outlets(*operations: Operation) -> list[Asset]:
     """The Assets a task running ``operations`` updates: the tables they write, each once, in order.
 
-    Derived from the declarations of :mod:`metrics_lake.lake_schemas.operations`,
+    Derived from the declarations of :mod:`metrics_lake.lake_schemas.table_access`,
     so a DAG's outlets cannot drift from what its steps commit.
     """
     return [TABLE_ASSETS[name] for name in dict.fromkeys(name for op in operations for name in op.writes)]

@@ -30,7 +30,7 @@ from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.speed import cardinality
+from metrics_lake.core.speed import cardinality_gate
 from metrics_lake.core.speed.batch_plan import configured_limits
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import LocalStore
@@ -69,7 +69,7 @@ def run(work, args, with_bomb: bool, limited: bool = True) -> dict:
     returns batch seconds and table rows."""
     store = LocalStore(work / f"{'bomb' if with_bomb else 'steady'}-{'limits' if limited else 'no-limits'}")
     limits = configured_limits(LakeSettings(root=str(store.root)), PARTITIONS) if limited else CardinalityLimits()
-    cardinality._CACHE.clear()
+    cardinality_gate._CACHE.clear()
     log = SegmentLog(store)
     start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 600_000
     seconds, refused, sent = [], {}, 0

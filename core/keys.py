@@ -26,7 +26,7 @@ The seven prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
 :data:`NOTIFICATIONS_PREFIX` and :data:`AUTH_PREFIX` are the units the
 object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
 :func:`grants` says which of them an operation
-(:mod:`metrics_lake.lake_schemas.operations`) needs.
+(:mod:`metrics_lake.lake_schemas.table_access`) needs.
 
 Names that become part of a key (topics, tables) must match
 :data:`NAME_PATTERN`: a lower-case letter followed by at most 63 lower-case
@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 
 from metrics_lake.lake_schemas.errors import InputError
-from metrics_lake.lake_schemas.operations import Access, LogAccess, Operation
+from metrics_lake.lake_schemas.table_access import Access, LogAccess, Operation
 
 __all__ = [
     "AUTH_PREFIX",
@@ -185,7 +185,7 @@ def inventory_pin_key(group: str, topic: str, inventory_end: int) -> str:
 
 def limit_states_prefix(group: str, topic: str, partition: int) -> str:
     """``log/_consumers/<group>/<topic>.limits/<partition>``: the cardinality-limit states of ``group``'s reading of
-    one partition (``metrics_lake.core.speed.cardinality``)."""
+    one partition (``metrics_lake.core.speed.cardinality_gate``)."""
     return f"{consumer_group_prefix(group)}/{check_name('topic', topic)}.limits/{int(partition)}"
 
 

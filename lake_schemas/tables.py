@@ -12,7 +12,7 @@ Great Expectations suite checks it. Retention, the Airflow assets, the
 quality suites and the window jobs read these facts from :data:`TABLES`
 instead of repeating them; ``tests/lake_schemas/test_tables.py`` checks that
 they cover the same tables. Which operation reads and writes which table is
-declared in :mod:`metrics_lake.lake_schemas.operations`.
+declared in :mod:`metrics_lake.lake_schemas.table_access`.
 
 The module constants :data:`BRONZE_EVENTS` ... are the tables' pyarrow
 schemas; the names are the members of :class:`Table`.

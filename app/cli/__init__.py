@@ -41,7 +41,7 @@ from metrics_lake.core.arrow_memory import use_system_allocator
 from metrics_lake.core.keys import grants
 from metrics_lake.infra.seaweedfs import least_privileged_identity
 from metrics_lake.lake_schemas.errors import EXIT_BUG, EXIT_INTERRUPTED, AccessDeniedError
-from metrics_lake.lake_schemas.operations import (
+from metrics_lake.lake_schemas.table_access import (
     ALERTS,
     ANALYSIS,
     COMPACT,
@@ -62,7 +62,7 @@ from metrics_lake.lake_schemas.operations import (
 
 __all__ = ["COMMAND_OPERATIONS", "LakeGroup", "app", "main", "report"]
 
-#: The operation each command runs (:mod:`metrics_lake.lake_schemas.operations`), for the hint on access errors.
+#: The operation each command runs (:mod:`metrics_lake.lake_schemas.table_access`), for the hint on access errors.
 COMMAND_OPERATIONS: dict[str, Operation] = {
     "produce": PRODUCE,
     "agent": PRODUCE,

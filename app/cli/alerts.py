@@ -27,7 +27,7 @@ from metrics_lake.app.cli.registry_edits import (
 )
 from metrics_lake.app.console import err, out
 from metrics_lake.lake_schemas.errors import AlertRuleError, CheckFailedError, ConfigError
-from metrics_lake.lake_schemas.operations import ALERTS
+from metrics_lake.lake_schemas.table_access import ALERTS
 from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["alerts_app"]
@@ -71,7 +71,7 @@ def alerts(
 
 
 def _evaluate_days(chosen: list[dt.date]) -> None:
-    from metrics_lake.core.maintenance.nightly_alerts import evaluate_day
+    from metrics_lake.core.maintenance.nightly_alerts import evaluate_alerts_for_day
     from metrics_lake.core.storage import open_store
 
     config = settings()
@@ -80,7 +80,7 @@ def _evaluate_days(chosen: list[dt.date]) -> None:
     rules = open_registry().current().alert_rules()
     err.print(f"evaluating {len(rules)} alert rules over {len(chosen)} day(s) of {Table.QUERY_RESULTS} ...")
     for day in chosen:
-        result = evaluate_day(store, day, rules)
+        result = evaluate_alerts_for_day(store, day, rules)
         what = "already evaluated" if result.skipped else f"{result.episodes} episode(s) the live evaluation missed"
         err.print(f"{day}: {what} -> {result.rows} transitions ({result.seconds:.1f} s)")
 

@@ -192,7 +192,7 @@ def series(
 ) -> None:
     """A metric's series (servers) and its labels' top values by series count, beside the cardinality limits."""
     from metrics_lake.core.kernels.cardinality import top_label_values
-    from metrics_lake.core.speed.cardinality import series_report
+    from metrics_lake.core.speed.cardinality_gate import series_report
     from metrics_lake.core.speed.progress import CONSUMER
 
     config = settings()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, days, open_tables, settings
 from metrics_lake.app.console import err
-from metrics_lake.lake_schemas.operations import RECOMPUTE, ROLLUP
+from metrics_lake.lake_schemas.table_access import RECOMPUTE, ROLLUP
 from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["recompute", "rollup"]

@@ -17,7 +17,7 @@ from rich.markup import escape
 
 from metrics_lake.app.cli.options import open_tables, settings
 from metrics_lake.app.console import err, out
-from metrics_lake.lake_schemas.operations import INVENTORY
+from metrics_lake.lake_schemas.table_access import INVENTORY
 
 __all__ = ["inventory_app"]
 

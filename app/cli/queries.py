@@ -27,7 +27,7 @@ from metrics_lake.app.cli.registry_edits import (
 )
 from metrics_lake.app.console import err, out
 from metrics_lake.lake_schemas.errors import StoredQueryError
-from metrics_lake.lake_schemas.operations import QUERIES
+from metrics_lake.lake_schemas.table_access import QUERIES
 from metrics_lake.lake_schemas.tables import Table
 
 __all__ = ["queries_app"]
@@ -69,7 +69,7 @@ def queries(
 
 
 def _evaluate_days(chosen: list) -> None:
-    from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
+    from metrics_lake.spark.jobs.evaluate_queries import evaluate_queries_for_day
     from metrics_lake.spark.session import build_session
 
     config = settings()
@@ -78,7 +78,7 @@ def _evaluate_days(chosen: list) -> None:
     err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
     spark = build_session(config, "lake-queries")
     for day in chosen:
-        result = evaluate_day(spark, config, declared, day)
+        result = evaluate_queries_for_day(spark, config, declared, day)
         err.print(f"{day}: {result.queries} queries -> {result.rows:,} rows ({result.seconds:.1f} s)")
 
 

@@ -91,7 +91,7 @@ class CardinalityLimits:
     """The limits one partition enforces (0: off). ``partitions`` and the global values are kept for reasons.
 
     Build with :meth:`local`; :meth:`to_json`/:meth:`from_json` record them with a partition hour's state, so
-    an hour is judged by the limits it started with (:mod:`metrics_lake.core.speed.cardinality`).
+    an hour is judged by the limits it started with (:mod:`metrics_lake.core.speed.cardinality_gate`).
     """
 
     series_per_metric: int = 0

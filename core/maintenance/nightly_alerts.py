@@ -57,7 +57,7 @@ from metrics_lake.core.tables.delta import ensure_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.tables import QUERY_RESULTS, Table
 
-__all__ = ["NightlyAlerts", "episodes", "evaluate_day", "nightly_app_id"]
+__all__ = ["NightlyAlerts", "episodes", "evaluate_alerts_for_day", "nightly_app_id"]
 
 _US = 1_000_000
 
@@ -155,7 +155,7 @@ def _live_firings(alert_log: AlertLog) -> dict[tuple[str, str | None], list[tupl
     return intervals
 
 
-def evaluate_day(store: Store, day: dt.date, rules: list[AlertRule] | None = None) -> NightlyAlerts:
+def evaluate_alerts_for_day(store: Store, day: dt.date, rules: list[AlertRule] | None = None) -> NightlyAlerts:
     """Evaluate the threshold ``rules`` (default: the registry's) over ``day``'s ``query_results`` and append the
     episodes the live evaluation missed to ``alerts`` in one commit (module docstring).
 

@@ -47,7 +47,7 @@ from metrics_lake.core.tables.commits import commit_changes, remove_action, retr
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import ensure_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
-from metrics_lake.lake_schemas.operations import QUERIES
+from metrics_lake.lake_schemas.table_access import QUERIES
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, QUERY_RESULTS
 
 __all__ = ["BackfillResult", "backfill_queries", "pending_backfills", "purge_query"]

@@ -81,7 +81,7 @@ class BatchPlan:
     ``pins``: which inventory version events are joined with from which
     offsets (:mod:`metrics_lake.core.speed.enrichment`); ``limits``: the
     cardinality limits an hour without a state starts with
-    (:mod:`metrics_lake.core.speed.cardinality`); ``unread``: the partitions
+    (:mod:`metrics_lake.core.speed.cardinality_gate`); ``unread``: the partitions
     the batch leaves records in (their events bound the threshold rules'
     evaluation steps: :func:`~metrics_lake.core.speed.micro_batch.threshold_clock_us`).
     """

@@ -23,7 +23,7 @@ from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.alerting import SEEN, seen_rows
 from metrics_lake.core.speed.batch_plan import BRONZE, LAST_SEEN, QUARANTINE, QUERIES, WINDOWS, BatchPlan, Chunk
-from metrics_lake.core.speed.cardinality import LimitGate
+from metrics_lake.core.speed.cardinality_gate import LimitGate
 from metrics_lake.core.speed.enrichment import Pin, labels_at
 from metrics_lake.core.speed.progress import CONSUMER, WINDOW_SECONDS
 from metrics_lake.core.storage import Store

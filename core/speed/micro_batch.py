@@ -88,7 +88,7 @@ from metrics_lake.core.speed.batch_plan import (
     BatchPlan,
     plan_batch,
 )
-from metrics_lake.core.speed.cardinality import save_states
+from metrics_lake.core.speed.cardinality_gate import save_states
 from metrics_lake.core.speed.chunk_processing import ChunkResult, process_partition
 from metrics_lake.core.speed.enrichment import expected_servers
 from metrics_lake.core.speed.live_queries import upsert_query_results
@@ -180,7 +180,9 @@ def commit_batch(
     registry = Registry(store).current() if queries is None or rules is None else None
     queries = registry.queries() if queries is None else queries
     rules = registry.alert_rules() if rules is None else rules
-    for result in results:  # before any table takes a decision the states hold (metrics_lake.core.speed.cardinality)
+    for (
+        result
+    ) in results:  # before any table takes a decision the states hold (metrics_lake.core.speed.cardinality_gate)
         for partition, states in result.limit_states.items():
             save_states(store, CONSUMER, plan.topic, partition, states)
     rows = {}

@@ -35,7 +35,7 @@ from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import LatestTables, open_table
-from metrics_lake.lake_schemas.operations import STREAM
+from metrics_lake.lake_schemas.table_access import STREAM
 from metrics_lake.lake_schemas.tables import TABLES, Table
 from metrics_lake.lake_schemas.types import utc_time
 

@@ -7,7 +7,7 @@ are filtered to ``from_time <= ts < to_time`` exactly.
 
 The rows go through the speed layer's own functions
 (:func:`metrics_lake.core.speed.chunk_processing.split_log_rows`, its cardinality limits as it judged those
-positions (:mod:`metrics_lake.core.speed.cardinality`), the inventory labels the
+positions (:mod:`metrics_lake.core.speed.cardinality_gate`), the inventory labels the
 speed layer pinned for those positions (:mod:`metrics_lake.core.speed.enrichment`), then data files and one
 Delta commit per table and chunk). Idempotence comes from the log position:
 before writing, every row whose ``(topic, partition, offset)`` is already in
@@ -35,7 +35,7 @@ from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.keys import check_name
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed.cardinality import LimitGate
+from metrics_lake.core.speed.cardinality_gate import LimitGate
 from metrics_lake.core.speed.chunk_processing import enrich, limited_rows, split_log_rows
 from metrics_lake.core.speed.enrichment import read_pins
 from metrics_lake.core.speed.progress import CONSUMER

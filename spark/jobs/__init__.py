@@ -1,4 +1,4 @@
-"""Spark jobs, one per operation of :mod:`metrics_lake.lake_schemas.operations` that runs on Spark.
+"""Spark jobs, one per operation of :mod:`metrics_lake.lake_schemas.table_access` that runs on Spark.
 
 - :mod:`.stream_metrics`: the speed layer (a streaming query, or ``--once``);
 - :mod:`.recompute`: the batch layer's day rebuild of the windows, and reconciliation;

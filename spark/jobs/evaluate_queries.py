@@ -30,11 +30,11 @@ from metrics_lake.core.kernels.stored_queries import StoredQuery, query_rows, qu
 from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.delta import ensure_table
-from metrics_lake.lake_schemas.operations import QUERIES
+from metrics_lake.lake_schemas.table_access import QUERIES
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written
 
-__all__ = ["QueriesResult", "evaluate_day"]
+__all__ = ["QueriesResult", "evaluate_queries_for_day"]
 
 SOURCE, (TARGET,) = Table.METRIC_WINDOWS_1M, QUERIES.writes
 
@@ -49,7 +49,7 @@ class QueriesResult:
     seconds: float
 
 
-def evaluate_day(spark, settings: LakeSettings, queries: list[StoredQuery], day: dt.date) -> QueriesResult:
+def evaluate_queries_for_day(spark, settings: LakeSettings, queries: list[StoredQuery], day: dt.date) -> QueriesResult:
     """Evaluate ``queries`` for ``day`` and replace that day of ``query_results`` in one commit."""
     started = time.monotonic()
     store = open_store(settings)

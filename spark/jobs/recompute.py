@@ -48,7 +48,7 @@ from metrics_lake.core.kernels.windows import aggregate_events, finalize
 from metrics_lake.core.storage import open_store
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import ensure_table, table_dataset
-from metrics_lake.lake_schemas.operations import RECOMPUTE
+from metrics_lake.lake_schemas.table_access import RECOMPUTE
 from metrics_lake.lake_schemas.tables import TABLES, Table
 from metrics_lake.spark.datasources.delta_reader import table_files
 from metrics_lake.spark.jobs.day_partitions import compute_day_files, replace_day, rows_written

@@ -7,7 +7,7 @@ from collections import Counter
 import pyarrow.compute as pc
 
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.speed import cardinality
+from metrics_lake.core.speed import cardinality_gate
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.tables import Table
 from tests.app.conftest import one_line
@@ -16,7 +16,7 @@ from tests.core.speed.test_micro_batch import batch, produce
 
 
 def test_series_counts_servers_per_label_value_and_shows_the_admitted_series(lake, store):
-    cardinality._CACHE.clear()
+    cardinality_gate._CACHE.clear()
     produce(SegmentLog(store), events(), partitions=2)
     batch(store, limits=LIMITS)
     bronze = open_table(store, Table.BRONZE_EVENTS).to_pyarrow_table()

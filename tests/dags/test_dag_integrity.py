@@ -77,8 +77,8 @@ def test_every_table_of_the_registry_is_an_asset(dagbag):
 
 
 def test_each_task_s_outlets_are_the_tables_its_operation_writes(dagbag):
-    """Outlets come from lake_schemas/operations.py: a task updates exactly the Assets of what its step commits."""
-    from metrics_lake.lake_schemas.operations import ALERTS, QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM
+    """Outlets come from lake_schemas/table_access.py: a task updates exactly the Assets of what its step commits."""
+    from metrics_lake.lake_schemas.table_access import ALERTS, QUALITY, QUERIES, RECOMPUTE, REPLAY, ROLLUP, STREAM
 
     expected = {
         ("lake_speed_layer", "micro_batches"): STREAM,

@@ -18,7 +18,7 @@ import pytest
 
 from metrics_lake.core import keys
 from metrics_lake.infra.seaweedfs import GRANTS, identity_actions, least_privileged_identity
-from metrics_lake.lake_schemas.operations import (
+from metrics_lake.lake_schemas.table_access import (
     ANALYSIS,
     COMPACT,
     CONSUMERS,

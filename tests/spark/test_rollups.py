@@ -16,7 +16,7 @@ from metrics_lake.core.speed.chunk_processing import split_log_rows
 from metrics_lake.core.tables.commits import commit_files
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.lake_schemas.log_records import LOG_ROW
-from metrics_lake.spark.jobs.evaluate_queries import evaluate_day
+from metrics_lake.spark.jobs.evaluate_queries import evaluate_queries_for_day
 from metrics_lake.spark.jobs.recompute import recompute
 from metrics_lake.spark.jobs.rollups import rollup
 from tests.helpers import assert_quantile_within_bound
@@ -118,7 +118,7 @@ def test_stored_queries_hopping_and_fleet_wide(spark, settings, store, fleet_day
         ),
         parse_query("cpu_two", "FROM sim-0000,sim-0002 SELECT host.cpu.utilization WINDOW 30m COMPUTE count, max"),
     ]
-    result = evaluate_day(spark, settings, queries, DAY)
+    result = evaluate_queries_for_day(spark, settings, queries, DAY)
     rows = table_rows(store, "query_results")
     assert {r["event_date"] for r in rows} == {DAY}
     by_query = defaultdict(dict)
@@ -164,5 +164,5 @@ def test_stored_queries_hopping_and_fleet_wide(spark, settings, store, fleet_day
     assert result.rows == len(rows)
 
     # The shipped declarations parse and run.
-    shipped = evaluate_day(spark, settings, load_stored_queries(), DAY)
+    shipped = evaluate_queries_for_day(spark, settings, load_stored_queries(), DAY)
     assert shipped.queries == len(load_stored_queries()) and shipped.rows > 0

@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from metrics_lake.core.kernels.alert_rules import Transition, parse_rule, transitions_table
 from metrics_lake.core.kernels.stored_queries import parse_query
-from metrics_lake.core.maintenance.nightly_alerts import episodes, evaluate_day
+from metrics_lake.core.maintenance.nightly_alerts import episodes, evaluate_alerts_for_day
 from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.tables.commits import commit_changes
 from metrics_lake.core.tables.data_files import write_data_files
@@ -85,7 +85,7 @@ def test_the_nightly_run_records_the_episodes_live_missed_once(store):
         alerts, Table.ALERTS, write_data_files(store, Table.ALERTS, live_rows), [], transactions=[], operation="TEST"
     )
 
-    done = evaluate_day(store, DAY)
+    done = evaluate_alerts_for_day(store, DAY)
     assert (done.episodes, done.rows, done.skipped) == (2, 4, False)  # a's second episode and b's were missed
     recorded = (
         open_table(store, Table.ALERTS).to_pyarrow_table().sort_by([("server", "ascending"), ("at", "ascending")])
@@ -98,6 +98,6 @@ def test_the_nightly_run_records_the_episodes_live_missed_once(store):
         ("b", "resolved", 3),
     ]
     assert all("found by the nightly evaluation" in r["summary"] for r in nightly)
-    again = evaluate_day(store, DAY)
+    again = evaluate_alerts_for_day(store, DAY)
     assert again.skipped and again.rows == 0
     assert open_table(store, Table.ALERTS).to_pyarrow_table().num_rows == 6

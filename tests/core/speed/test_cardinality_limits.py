@@ -16,7 +16,7 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core import keys
 from metrics_lake.core.kernels.cardinality import CardinalityLimits, limit_hours
 from metrics_lake.core.log.consumer import end_offsets, read_range
-from metrics_lake.core.speed import cardinality
+from metrics_lake.core.speed import cardinality_gate
 from metrics_lake.core.speed import micro_batch as speed_layer
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.speed.replay import ReplayRange, replay
@@ -111,14 +111,14 @@ def assert_limited_exactly(store, log, limits: CardinalityLimits = LIMITS, topic
 def forget_states(store) -> None:
     """Lose every limit state: the objects and this process's memory of them."""
     shutil.rmtree(store.path(f"{keys.consumer_group_prefix(CONSUMER)}/{TOPIC}.limits"), ignore_errors=True)
-    cardinality._CACHE.clear()
+    cardinality_gate._CACHE.clear()
 
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-    cardinality._CACHE.clear()
+    cardinality_gate._CACHE.clear()
     yield
-    cardinality._CACHE.clear()
+    cardinality_gate._CACHE.clear()
 
 
 def test_limits_quarantine_exactly_the_over_limit_events_in_any_split(store, log):
