@@ -43,7 +43,7 @@ evaluates the threshold rules at every evaluation step, and since the
 stream would have recorded. The state at ``eval_time`` is what the
 transitions up to it leave. Absence rules and ``LakeNoData`` are about
 append times, which a file cannot set: they are evaluated by the same
-kernel (:func:`~metrics_lake.core.kernels.alert_rules.evaluate`) at every
+kernel (:func:`~metrics_lake.core.kernels.alert_evaluation.evaluate`) at every
 step, with each series' samples taken as appended at their event times.
 
 Outcome (:func:`run_test_file`): per expectation a pass or a diff; the CLI
@@ -68,17 +68,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import yaml
 
+from metrics_lake.core.kernels.alert_evaluation import ActiveAlert, apply, epoch_us, evaluate
 from metrics_lake.core.kernels.alert_rules import (
     ABSENCE,
     DAY_S,
     NO_DATA_RULE,
     THRESHOLD,
-    ActiveAlert,
     AlertRule,
-    apply,
     check_against_queries,
-    epoch_us,
-    evaluate,
     no_data_rule,
     parse_rule,
 )

@@ -65,7 +65,7 @@ import requests
 
 from metrics_lake.core import keys
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.alert_rules import epoch_us
+from metrics_lake.core.kernels.alert_evaluation import epoch_us
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertLog
 from metrics_lake.core.storage import Store, open_store

@@ -39,7 +39,8 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.alert_rules import ABSENCE, epoch_us
+from metrics_lake.core.kernels.alert_evaluation import epoch_us
+from metrics_lake.core.kernels.alert_rules import ABSENCE
 from metrics_lake.core.kernels.selectors import Selector, selector_mask
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states

@@ -23,17 +23,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from metrics_lake.core.kernels.alert_rules import (
-    OPERATORS,
+from metrics_lake.core.kernels.alert_evaluation import (
     RESOLVED,
-    THRESHOLD,
     ActiveAlert,
-    AlertRule,
     SeriesValues,
     Transition,
     evaluate,
     series_rows,
 )
+from metrics_lake.core.kernels.alert_rules import OPERATORS, THRESHOLD, AlertRule
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 
 __all__ = ["SeriesTimeline", "advance", "evaluate_steps", "evaluation_steps"]
@@ -128,7 +126,7 @@ class SeriesTimeline:
 
 def advance(active: dict[str, ActiveAlert], transitions: list[Transition]) -> dict[str, ActiveAlert]:
     """``active`` after ``transitions`` (in order), as a new dict: what
-    :func:`~metrics_lake.core.kernels.alert_rules.apply` makes of their ``alerts`` rows."""
+    :func:`~metrics_lake.core.kernels.alert_evaluation.apply` makes of their ``alerts`` rows."""
     result = dict(active)
     for t in transitions:
         if t.state == RESOLVED:
@@ -153,7 +151,7 @@ def evaluate_steps(
     (:class:`SeriesTimeline`); a rule without one has no series (its alerts
     resolve). Absence rules are not evaluated here (they run on the append
     clock), but alerts of rules no longer in ``rules`` are resolved at the
-    first step, as :func:`~metrics_lake.core.kernels.alert_rules.evaluate` does.
+    first step, as :func:`~metrics_lake.core.kernels.alert_evaluation.evaluate` does.
     A rule with no active alert whose condition holds for no window of a
     step is skipped at that step (nothing can change for it): over a
     backlog most rules are quiet most of the time.

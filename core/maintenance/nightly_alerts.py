@@ -34,19 +34,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
-from metrics_lake.core.kernels.alert_rules import (
+from metrics_lake.core.kernels.alert_evaluation import (
     FIRING,
     INACTIVE,
-    OPERATORS,
     RESOLVED,
-    THRESHOLD,
-    AlertRule,
     Transition,
     epoch_us,
-    format_duration,
     series_rows,
     transitions_table,
 )
+from metrics_lake.core.kernels.alert_rules import OPERATORS, THRESHOLD, AlertRule, format_duration
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertLog

@@ -12,7 +12,7 @@ positions):
    windows (:func:`initial_last_seen`), so servers already silent are
    expected too.
 2. ``alerts``: every alert rule evaluated once
-   (:func:`metrics_lake.core.kernels.alert_rules.evaluate`), its transitions
+   (:func:`metrics_lake.core.kernels.alert_evaluation.evaluate`), its transitions
    appended. The state carried from one evaluation to the next is what the
    table's transitions leave active (:class:`AlertLog`), so a batch replayed
    after a crash, or after the checkpoint was lost, continues from what was
@@ -59,18 +59,8 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, Transaction
 
 from metrics_lake.core.config import LakeSettings
-from metrics_lake.core.kernels.alert_rules import (
-    ABSENCE,
-    DAY_S,
-    THRESHOLD,
-    ActiveAlert,
-    AlertRule,
-    Transition,
-    apply,
-    evaluate,
-    no_data_rule,
-    transitions_table,
-)
+from metrics_lake.core.kernels.alert_evaluation import ActiveAlert, Transition, apply, evaluate, transitions_table
+from metrics_lake.core.kernels.alert_rules import ABSENCE, DAY_S, THRESHOLD, AlertRule, no_data_rule
 from metrics_lake.core.kernels.alert_steps import SeriesTimeline, evaluate_steps, evaluation_steps
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.kernels.windows import dictionary_codes, reduce_at
@@ -389,7 +379,7 @@ def evaluate_alerts(
     :data:`SEEN`), capped at ``read_through_ms``, or, when the caller saw
     every partition read to its end, at least ``observed_end_ms`` (epoch
     ms). ``expected``: the inventory's servers, as for
-    :func:`~metrics_lake.core.kernels.alert_rules.evaluate`.
+    :func:`~metrics_lake.core.kernels.alert_evaluation.evaluate`.
     """
     rules = [*rules, no_data_rule(options.nodata_s, topic)]
     clocks: list[Transaction] = []
@@ -447,7 +437,7 @@ class AlertLog:
     :meth:`refresh` reads only the files added since the last call; a file
     that disappeared (compaction, retention) makes it read the table again
     from scratch. Transitions apply in commit order (``recorded_at``, then
-    ``seq``; :func:`~metrics_lake.core.kernels.alert_rules.apply`).
+    ``seq``; :func:`~metrics_lake.core.kernels.alert_evaluation.apply`).
     Thread-safe.
     """
 

@@ -59,7 +59,8 @@ import pyarrow as pa
 from deltalake import Transaction
 
 from metrics_lake.core.inventory import write_servers_table
-from metrics_lake.core.kernels.alert_rules import AlertRule, transitions_table
+from metrics_lake.core.kernels.alert_evaluation import transitions_table
+from metrics_lake.core.kernels.alert_rules import AlertRule
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states

@@ -15,15 +15,15 @@ import pytest
 from metrics_lake.app.notifier import AlertNotifier, deliver_all, receiver_name, start_notifiers
 from metrics_lake.core import keys
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.kernels.alert_rules import (
+from metrics_lake.core.kernels.alert_evaluation import (
     FIRING,
     INACTIVE,
     PENDING,
     RESOLVED,
     Transition,
-    parse_rule,
     transitions_table,
 )
+from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.tables.commits import commit_changes
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import ensure_table

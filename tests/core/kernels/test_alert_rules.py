@@ -8,16 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from metrics_lake.core.kernels.alert_rules import (
-    SeriesValues,
-    apply,
-    check_against_queries,
-    evaluate,
-    fingerprint,
-    format_duration,
-    parse_rule,
-    transitions_table,
-)
+from metrics_lake.core.kernels.alert_evaluation import SeriesValues, apply, evaluate, fingerprint, transitions_table
+from metrics_lake.core.kernels.alert_rules import check_against_queries, format_duration, parse_rule
 from metrics_lake.core.kernels.alert_steps import SeriesTimeline, evaluation_steps
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.lake_schemas.errors import AlertRuleError

@@ -6,7 +6,8 @@ import datetime as dt
 
 import pyarrow as pa
 
-from metrics_lake.core.kernels.alert_rules import Transition, parse_rule, transitions_table
+from metrics_lake.core.kernels.alert_evaluation import Transition, transitions_table
+from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.maintenance.nightly_alerts import episodes, evaluate_alerts_for_day
 from metrics_lake.core.registry import ALERT, Change, Registry

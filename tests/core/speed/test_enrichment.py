@@ -7,7 +7,8 @@ import pyarrow as pa
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.inventory import Change, Inventory
-from metrics_lake.core.kernels.alert_rules import FIRING, evaluate, parse_rule
+from metrics_lake.core.kernels.alert_evaluation import FIRING, evaluate
+from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.enrichment import expected_servers, read_pins
