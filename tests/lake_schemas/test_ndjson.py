@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from metrics_lake.lake_schemas import ndjson
+from metrics_lake.lake_schemas import ndjson, ndjson_columns
 from metrics_lake.lake_schemas.contract import MAX_RAW_BYTES, to_log_records
 from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD
 from metrics_lake.lake_schemas.ndjson import MAX_BRACKETS, records_from_lines
@@ -80,13 +80,13 @@ def test_blocks_whose_lines_all_carry_the_same_tag_names_match_the_per_line_vali
     gives."""
     calls = {"_tags": 0, "_fields_in_order": 0}
     for name in calls:
-        real = getattr(ndjson, name)
+        real = getattr(ndjson_columns, name)
 
         def counted(*args, name=name, real=real):
             calls[name] += 1
             return real(*args)
 
-        monkeypatch.setattr(ndjson, name, counted)
+        monkeypatch.setattr(ndjson_columns, name, counted)
     lines = []
     for i in range(300):
         tags = {name: f"{name}-{i % 7}" for name in (names if i % 2 else reversed(names))}
