@@ -3,14 +3,17 @@ larger than asked, Delta statistics of the rows, and nulls for a column an old f
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from metrics_lake.core import keys
 from metrics_lake.core.parquet_layout import write_options
+from metrics_lake.core.tables import file_merge
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.file_merge import merge_data_files
 from metrics_lake.core.tables.snapshots import DataFile, read_data_files
@@ -85,3 +88,45 @@ def test_files_of_two_partitions_are_refused(store):
     assert len(files) == 2  # two days
     with pytest.raises(ValueError, match="2 partitions"):
         merge_data_files(store, BRONZE, files)
+
+
+def test_a_merge_holds_about_a_row_group_not_the_whole_group(store, monkeypatch):
+    """Arrow's allocations while merging 16 files of 25,000 rows, row groups of 20,000: at any write, far below
+    the group's 400,000 rows (read whole, the merge held them all, and a stream kept that peak resident)."""
+    day = dt.datetime(2026, 11, 20, tzinfo=dt.UTC)
+    n = 25_000
+    files = []
+    for part in range(16):
+        offsets = np.arange(part * n, (part + 1) * n)
+        ts = pa.array([day + dt.timedelta(milliseconds=int(o)) for o in offsets], BRONZE_EVENTS.field("ts").type)
+        rows = pa.table(
+            {
+                "topic": pa.array(["metrics"] * n),
+                "partition": pa.array(np.zeros(n, np.int32)),
+                "offset": pa.array(offsets),
+                "ts": ts,
+                "server": pa.array([f"server-{o % 500:04d}" for o in offsets]),
+                "metric": pa.array([f"app.metric_{o % 40}" for o in offsets]),
+                "value": pa.array(np.random.default_rng(part).random(n)),
+                "tags": pa.array([[("dc", f"dc-{o % 3}")] for o in offsets], BRONZE_EVENTS.field("tags").type),
+                "ingested_at": ts,
+                "event_date": pa.array([day.date()] * n),
+                "labels": pa.nulls(n, BRONZE_EVENTS.field("labels").type),
+            },
+            schema=BRONZE_EVENTS,
+        )
+        files += [data_file(store, written) for written in write_data_files(store, BRONZE, rows)]
+    whole = read_data_files(store, files, BRONZE_EVENTS).nbytes  # what a merge that reads the group holds
+    del rows
+    baseline, peaks = pa.total_allocated_bytes(), []
+    real_writer = file_merge.pq.ParquetWriter
+
+    class SampledWriter(real_writer):
+        def write_table(self, table, *args, **kwargs):
+            peaks.append(pa.total_allocated_bytes() - baseline)
+            return super().write_table(table, *args, **kwargs)
+
+    monkeypatch.setattr(file_merge.pq, "ParquetWriter", SampledWriter)
+    merged = merge_data_files(store, BRONZE, files, row_group_rows=20_000)
+    assert json.loads(merged.stats)["numRecords"] == 16 * n and len(peaks) >= 16  # a write per 20,000 rows or more
+    assert max(peaks) < whole / 4, (max(peaks), whole)
