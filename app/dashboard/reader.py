@@ -4,11 +4,13 @@ No Spark: every read is a delta-rs snapshot scanned with Arrow datasets,
 pruned by the ``event_date`` partition and the files' ``window_start``
 statistics.
 
-**Resolution.** A series has at most :data:`MAX_POINTS` points. At the
+**Resolution.** A series has at most
+:data:`~metrics_lake.app.dashboard.panel_series.MAX_POINTS` points (the step for a range:
+:func:`~metrics_lake.app.dashboard.panel_series.choose_step`). At the
 query's own step (its ``EVERY``, or its window when tumbling) the values are
 the stored query's rows in ``query_results``, which the speed layer keeps
 live. A range too long for that step is shown at the smallest step of
-:data:`STEPS` that fits, with the query evaluated over *tumbling* windows of
+:data:`~metrics_lake.app.dashboard.panel_series.STEPS` that fits, with the query evaluated over *tumbling* windows of
 that step (the way Datadog rolls a series up at query time): from 1-minute
 windows for steps under an hour, else from ``metric_rollup_1h`` for the days
 it holds and 1-minute windows for the rest (today, before the nightly run).
@@ -38,10 +40,11 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from metrics_lake.app.dashboard.panel_series import STEPS, choose_step, series_json
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.kernels.alert_evaluation import epoch_us
 from metrics_lake.core.kernels.alert_rules import ABSENCE
-from metrics_lake.core.kernels.selectors import Selector, selector_mask
+from metrics_lake.core.kernels.selectors import Selector
 from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, query_rows, window_states
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
@@ -57,21 +60,14 @@ from metrics_lake.lake_schemas.types import TAGS
 
 __all__ = [
     "CACHE_AFTER_SECONDS",
-    "MAX_POINTS",
     "RANGES",
     "SILENT_AFTER_SECONDS",
-    "STEPS",
     "DashboardReader",
-    "choose_step",
     "utc_days",
 ]
 
 #: The range picker's choices, in seconds.
 RANGES = {"15m": 900, "1h": 3600, "6h": 21_600, "24h": 86_400, "7d": 604_800, "30d": 2_592_000}
-#: Most points per series.
-MAX_POINTS = 1500
-#: Steps (seconds) a range may be shown at when the query's own step gives too many points.
-STEPS = (60, 300, 900, 3600, 21_600, 86_400)
 #: Windows that ended longer ago than this are cached.
 CACHE_AFTER_SECONDS = 600
 #: A server not heard from for this long is shown silent when no absence rule says how long is too long.
@@ -80,26 +76,6 @@ SILENT_AFTER_SECONDS = 60
 RECENT_TRANSITIONS = 20
 HOUR, DAY = 3600, 86_400
 _US = 1_000_000
-
-
-def choose_step(query: StoredQuery, seconds: int, step: int | None = None) -> int:
-    """The step (seconds) for ``query`` over ``seconds``: ``step`` checked, or the finest with <= MAX_POINTS points.
-
-    Raises :class:`RangeError` (parameter ``step``) if ``step`` is not a
-    whole number of minutes at least the query's step, or gives more than
-    ten times :data:`MAX_POINTS` points.
-    """
-    native = query.slide_s
-    if step is not None:
-        if step % 60 or step < native:
-            raise RangeError("step", f"step must be a whole number of minutes, at least the query's {native} s")
-        if seconds / step > 10 * MAX_POINTS:
-            raise RangeError("step", f"step {step} s gives over {10 * MAX_POINTS} points for this range")
-        return step
-    for candidate in (native, *(s for s in STEPS if s > native)):
-        if seconds / candidate <= MAX_POINTS:
-            return candidate
-    return STEPS[-1]
 
 
 @dataclass
@@ -272,7 +248,7 @@ class DashboardReader:
             "step": step,
             "from": lo * 1000,
             "to": hi * 1000,
-            "series": _series(rows, query, top, select),
+            "series": series_json(rows, query, top, select),
         }
 
     def preview(self, text: str, lo_s: int, hi_s: int, top: int = 5) -> dict:
@@ -294,7 +270,7 @@ class DashboardReader:
             "step": step,
             "from": lo * 1000,
             "to": hi * 1000,
-            "series": _series(rows, query, top),
+            "series": series_json(rows, query, top),
         }
 
     def _keep(self, query, version, step, block, run_lo, run_hi, rows, now) -> None:
@@ -598,54 +574,3 @@ def _runs(starts: list[int], block: int) -> list[tuple[int, int]]:
         else:
             runs.append([start, start + block])
     return [(lo, hi) for lo, hi in runs]
-
-
-def _series(rows: pa.Table, query: StoredQuery, top: int, select: Selector | None = None) -> list[dict]:
-    """JSON series from result rows: the fleet (server null), and the ``top`` servers of a per-server query or
-    groups of a grouped one (highest mean of the first aggregate) among those ``select`` matches."""
-    if rows.num_rows == 0:
-        return []
-    rows = rows.sort_by([("window_start", "ascending")])
-    grouped = bool(query.group_by)
-    # A series is a server, a group (its labels as sorted text) or the fleet (null).
-    key = (
-        rows.column("server") if not grouped else pa.array([_group_name(x) for x in rows.column("labels").to_pylist()])
-    )
-    rows = rows.append_column("series", key)
-    mine = pc.is_valid(rows.column("series"))
-    if select is not None and not select.everything:
-        matched = selector_mask(select, pc.fill_null(rows.column("server"), ""), rows.column("labels"))
-        rows = rows.filter(pc.or_(pc.invert(mine), matched))
-        mine = pc.is_valid(rows.column("series"))
-    chosen: list[str | None] = [] if grouped else [None]
-    if query.per_server or grouped:
-        first = query.aggregates[0].label
-        own = rows.filter(pc.and_(mine, pc.equal(rows.column("aggregate"), first)))
-        if own.num_rows:
-            means = own.group_by("series").aggregate([("value", "mean")]).sort_by([("value_mean", "descending")])
-            chosen += means.column("series").to_pylist()[:top]
-    out = []
-    series = rows.column("series")
-    for name in chosen:
-        picked_rows = rows.filter(pc.is_null(series) if name is None else pc.equal(series, name))
-        labels = picked_rows.column("labels")[0].as_py() if picked_rows.num_rows else None
-        for aggregate in query.aggregates:
-            picked = picked_rows.filter(pc.equal(picked_rows.column("aggregate"), aggregate.label))
-            if picked.num_rows == 0:
-                continue
-            ms = (pc.cast(picked.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False) // 1000).tolist()
-            values = [None if v is None or v != v else v for v in picked.column("value").to_pylist()]
-            out.append(
-                {
-                    "server": None if grouped else name,
-                    "labels": dict(labels) if labels is not None else None,
-                    "aggregate": aggregate.label,
-                    "points": [list(p) for p in zip(ms, values, strict=True)],
-                }
-            )
-    return out
-
-
-def _group_name(labels: list[tuple[str, str]] | None) -> str:
-    """A group's name in charts: ``dc=eu-west,role=web`` (``{}`` for series that lack every grouped label)."""
-    return ",".join(f"{k}={v}" for k, v in sorted(labels or [])) or "{}"
