@@ -27,7 +27,9 @@ it, 3.0-4.7 s in four without (2.4-3.4 s with the same tunables set through
 part of the minute each time; the benchmark now measures whole minutes, so
 its figures since then are not comparable with these. The price is that a process keeps its high-water mark of
 memory: the in-process speed layer's peak RSS 1.3-1.7 GiB instead of
-0.5-0.7 GiB.
+0.5-0.7 GiB. So a long-running process gives the kept memory back after its
+rare large steps (:func:`release_freed_memory`: the stream, after every
+compaction round), or it would keep the largest of them resident for good.
 
 Threads get arenas of their own from glibc, heaps of at most 64 MiB, and a
 thread's arena still maps every larger block fresh. The stream's driver
@@ -54,7 +56,7 @@ import sys
 
 import pyarrow as pa
 
-__all__ = ["MALLOC_ENV", "POOL_ENV", "keep_freed_memory", "use_system_allocator"]
+__all__ = ["MALLOC_ENV", "POOL_ENV", "keep_freed_memory", "release_freed_memory", "use_system_allocator"]
 
 #: Arrow's own environment variable for its default pool (``system``, ``jemalloc`` or ``mimalloc``).
 POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
@@ -112,3 +114,19 @@ def keep_freed_memory() -> bool:
         return False
     settings = ((_M_MMAP_MAX, 0), (_M_ARENA_MAX, 1), (_M_TRIM_THRESHOLD, _KEEP_BYTES))
     return all(mallopt(parameter, value) == 1 for parameter, value in settings)
+
+
+def release_freed_memory() -> bool:
+    """Give the memory malloc keeps free back to the operating system (``malloc_trim(0)``, glibc's malloc(3)).
+
+    For a long-running process after work it does seldom (a compaction
+    round): :func:`keep_freed_memory` keeps every freed block for the next
+    batch, so without this the process keeps the high-water mark of its
+    rarest, largest step for good. Costs one page fault per page the next
+    batch uses again. Returns False where there is no ``malloc_trim`` (not
+    glibc), else whether memory was released.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    return bool(trim(0)) if trim is not None else False

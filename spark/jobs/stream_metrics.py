@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from metrics_lake.core.arrow_memory import release_freed_memory
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
@@ -331,17 +332,23 @@ def compact(
     before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`).
 
     The log's segments are not the stream's to merge: it may only read ``log/`` (``lake compact --log-only`` and
-    the compaction DAG do, with write access there)."""
+    the compaction DAG do, with write access there). Afterwards the process gives the memory malloc keeps free
+    back to the system (:func:`~metrics_lake.core.arrow_memory.release_freed_memory`)."""
     store = store or open_store(settings)
     tables = tables or LatestTables()
     watermark_ms = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(settings.topic))
-    return compact_speed_tables(
-        store,
-        compaction_policy(settings),
-        sealed_before_us=None if watermark_ms is None else watermark_ms * 1000,
-        vacuum=vacuum,
-        tables=tables,
-    )
+    try:
+        return compact_speed_tables(
+            store,
+            compaction_policy(settings),
+            sealed_before_us=None if watermark_ms is None else watermark_ms * 1000,
+            vacuum=vacuum,
+            tables=tables,
+        )
+    finally:
+        # A round's merges are this process's largest, rarest allocations: malloc keeps freed memory for the
+        # next batch (metrics_lake.core.arrow_memory), and would keep their peak resident for good.
+        release_freed_memory()
 
 
 def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:

@@ -87,3 +87,24 @@ def test_large_blocks_come_from_the_heap_and_are_reused_on_any_thread_unless_the
         [sys.executable, "-c", HEAP_PROBE, how], env={**clean, **env}, capture_output=True, text=True, check=True
     )
     assert probe.stdout.split() == expected
+
+
+RELEASE = """
+import psutil, pyarrow as pa
+from metrics_lake.core.arrow_memory import release_freed_memory, use_system_allocator
+use_system_allocator()
+process = psutil.Process()
+blocks = [pa.array(range(10**7 + i)) for i in range(8)]  # about 640 MB, freed next
+peak = process.memory_info().rss
+del blocks
+kept = process.memory_info().rss
+print(peak > 600 * 2**20, kept > peak - 100 * 2**20, release_freed_memory(), process.memory_info().rss < kept / 2)
+"""
+
+
+def test_freed_memory_is_kept_until_released():
+    """What malloc keeps for reuse (the large blocks freed) stays resident until ``release_freed_memory``, which a
+    stream calls after each compaction round; then the process's RSS falls back."""
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV and k != POOL_ENV}
+    probe = subprocess.run([sys.executable, "-c", RELEASE], env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["True", "True", "True", "True"], probe.stdout + probe.stderr
