@@ -214,10 +214,10 @@ def serve_sql(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     settings = server_settings(settings)
-    secrets_dir = tempfile.TemporaryDirectory(prefix="lake-sql-server-tls-")  # 0700; gone when serving ends
-    keystore = proxy = None
+    keystore = proxy = secrets_dir = None
     grpc_port = connect_port
-    if tls is not None:
+    if tls is not None:  # the key store's folder: 0700, removed when serving ends (or at exit, if Spark fails)
+        secrets_dir = tempfile.TemporaryDirectory(prefix="lake-sql-server-tls-")
         keystore = write_keystore(tls[0], tls[1], Path(secrets_dir.name))
         grpc_port = free_loopback_port()
         proxy = TlsProxy(host, connect_port, grpc_port, tls[0], tls[1])
@@ -251,12 +251,15 @@ def serve_sql(
             except Exception as exc:  # noqa: BLE001 - the store may be briefly unreachable: keep serving
                 log.warning("looking for new lake tables failed: %s", exc)
     finally:
-        if proxy is not None:
-            proxy.stop()
-        if thrift is not None:
-            thrift.stop()
-        stop_session(spark)
-        secrets_dir.cleanup()
+        try:
+            if proxy is not None:
+                proxy.stop()
+            if thrift is not None:
+                thrift.stop()
+            stop_session(spark)
+        finally:
+            if secrets_dir is not None:
+                secrets_dir.cleanup()
 
 
 def free_loopback_port() -> int:
