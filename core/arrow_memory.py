@@ -1,50 +1,25 @@
 """The memory the lake's processes allocate from: the system allocator, which keeps what they free for reuse.
 
-pyarrow's default pool in this build is mimalloc. The speed layer's tasks
-allocate a few large, short-lived buffers per chunk of the log (columns of
-millions of rows, copied by filters and casts, then written to Parquet),
-and mimalloc maps fresh pages for them again and again, each one a page
-fault the kernel zeroes. Measured here (one log partition of 3 M events
-through :func:`metrics_lake.core.speed.chunk_processing.process_partition`, a
-new process each time, three alternating runs): the first partition took
-1.8-2.1 s with the system allocator and 2.9-3.5 s with mimalloc (jemalloc
-2.1 s), with 0.6-1.0 s instead of 1.7-2.4 s of system time; ``lake produce
---from-file`` of 12 M events 6.7 s instead of 6.8-7.2 s, with 80 MiB less
-peak RSS. The pool is Arrow's to choose (``ARROW_DEFAULT_MEMORY_POOL``,
-Arrow's "Memory Management" documentation); a user's choice there wins.
+- :func:`use_system_allocator`: pyarrow's default pool becomes the system
+  allocator (glibc's malloc) instead of this build's mimalloc, unless
+  ``ARROW_DEFAULT_MEMORY_POOL`` (Arrow's "Memory Management" documentation)
+  names one. The speed layer's tasks allocate a few large, short-lived
+  buffers per chunk of the log, and mimalloc maps fresh pages for them
+  again and again, each a page fault the kernel zeroes.
+- :func:`keep_freed_memory`: malloc serves large blocks from its heap and
+  keeps them when freed (``mallopt``, glibc's "Memory Allocation Tunables"),
+  with every thread on the main arena, so a stream driver that rebuilds its
+  open minute's windows every second reuses the same memory instead of
+  faulting it in again; unless glibc's own variables tune malloc.
+- :func:`release_freed_memory`: the price of keeping freed memory is that a
+  process keeps its high-water mark, so a long-running process gives it back
+  after its rare large steps (the stream: after every compaction round).
 
-The system allocator, glibc's malloc, itself maps every block over its
-mmap threshold (at most 32 MiB) fresh and unmaps it on free, so a stream
-driver that rebuilds its open minute's windows every second (columns of
-100-300 MB at 200,000 series) faults in and zeroes the same amount of
-memory every batch. :func:`keep_freed_memory` makes malloc serve those
-blocks from its heap and keep them when freed (``mallopt``, glibc's
-"Memory Allocation Tunables"). Measured with ``bench/steady_load.py
---rates 200000 --seconds 60``: windows lag p99 2.8-3.2 s in three runs with
-it, 3.0-4.7 s in four without (2.4-3.4 s with the same tunables set through
-``GLIBC_TUNABLES``; the same speed layer without Spark 1.6-1.8 s instead of
-1.9-3.3 s). Those runs measured the last 45 s of each 60 s run, a different
-part of the minute each time; the benchmark now measures whole minutes, so
-its figures since then are not comparable with these. The price is that a process keeps its high-water mark of
-memory: the in-process speed layer's peak RSS 1.3-1.7 GiB instead of
-0.5-0.7 GiB. So a long-running process gives the kept memory back after its
-rare large steps (:func:`release_freed_memory`: the stream, after every
-compaction round), or it would keep the largest of them resident for good.
-
-Threads get arenas of their own from glibc, heaps of at most 64 MiB, and a
-thread's arena still maps every larger block fresh. The stream's driver
-merges and writes a large open minute on a thread per core
-(:func:`metrics_lake.core.speed.window_upserts._merge_and_write_windows`), so
-:func:`keep_freed_memory` also keeps every thread on the main arena
-(``M_ARENA_MAX`` 1). Measured in process, 200,000 series, the windows
-upsert of a minute's last 25 one-second batches: 0.36-0.54 s with two
-outliers at 0.63 s, against 0.41-0.48 s with six outliers at 0.70-1.0 s and
-0.5-0.7 s of system time each with an arena per thread. Few, large blocks
-are allocated per batch, so the threads seldom wait for the arena's lock.
-
-The ``lake`` process sets both first thing (:func:`metrics_lake.app.cli.main`),
-and so does Spark's Python worker daemon before it forks
-(``metrics_lake.spark.worker_daemon``): the speed layer's tasks run there.
+The ``lake`` process sets the first two first thing
+(:func:`metrics_lake.app.cli.main`), and so does Spark's Python worker daemon
+before it forks (``metrics_lake.spark.worker_daemon``): the speed layer's
+tasks run there. What each choice was measured to save, and against what, is
+on the documentation's performance page ("Memory allocation").
 """
 
 from __future__ import annotations
