@@ -31,6 +31,7 @@ __all__ = [
     "dictionary_bounds",
     "footer_stats",
     "stat_value",
+    "store_data_file",
     "write_data_files",
 ]
 
@@ -195,30 +196,46 @@ def write_data_files(
         for column, value in group.items() if len(groups) > 1 else ():  # one group: all rows, not a copy
             part = part.filter(pc.equal(part.column(column), pa.scalar(value, schema.field(column).type)))
         values = {column: stat_value(value) for column, value in group.items()}
-        directory = "/".join(f"{column}={value}" for column, value in values.items())
-        relative = f"{directory}/{prefix}{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
         body = part.drop_columns(partition_by)
         if body.num_rows > (row_group_rows or DEFAULT_ROW_GROUP_ROWS):  # statistics per row group: Arrow's
             body = body.cast(pa.schema([schema.field(column) for column in body.column_names]))
-        key = keys.table_key(name, relative)
         sink = pa.BufferOutputStream()
         # Arrow would record dictionary types in the file's Arrow schema, and readers would return them.
         plain = not any(has_dictionary(field) for field in body.schema)
         pq.write_table(body, sink, row_group_size=row_group_rows, store_schema=plain, **write_options(body.schema))
-        encoded = sink.getvalue()
-        footer = pq.read_metadata(pa.BufferReader(encoded))
-        store.create(key, encoded)
-        written.append(
-            WrittenFile(
-                table=name,
-                path=relative,
-                size=encoded.size,
-                partition_values={k: str(v) for k, v in values.items()},
-                stats=footer_stats(footer, body.schema, body),
-                modification_time=int(time.time() * 1000),
-            )
-        )
+        written.append(store_data_file(store, name, values, sink.getvalue(), body.schema, prefix=prefix, rows=body))
     return written
+
+
+def store_data_file(
+    store: Store,
+    name: str,
+    partition_values: dict,
+    encoded: pa.Buffer,
+    schema: pa.Schema,
+    *,
+    prefix: str,
+    rows: pa.Table | None = None,
+) -> WrittenFile:
+    """Create the encoded Parquet file ``encoded`` as a new, uncommitted data file of table ``name``.
+
+    It is named ``<prefix><uuid>.zstd.parquet`` in the folder of ``partition_values`` (partition column -> value,
+    in the table's order), so no two writers' files collide. ``schema``: the file's Arrow schema (partition
+    columns dropped); its Delta statistics come from its footer (:func:`footer_stats`, with ``rows`` for the
+    dictionary-encoded columns the lake writes without Parquet statistics).
+    """
+    directory = "/".join(f"{column}={value}" for column, value in partition_values.items())
+    relative = f"{directory}/{prefix}{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
+    footer = pq.read_metadata(pa.BufferReader(encoded))
+    store.create(keys.table_key(name, relative), encoded)
+    return WrittenFile(
+        table=name,
+        path=relative,
+        size=encoded.size,
+        partition_values={column: str(value) for column, value in partition_values.items()},
+        stats=footer_stats(footer, schema, rows),
+        modification_time=int(time.time() * 1000),
+    )
 
 
 def _conformed(data: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -16,16 +16,12 @@ are held.
 
 from __future__ import annotations
 
-import time
-import uuid
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from metrics_lake.core import keys
 from metrics_lake.core.parquet_layout import write_options
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.data_files import DEFAULT_ROW_GROUP_ROWS, WrittenFile, footer_stats
+from metrics_lake.core.tables.data_files import DEFAULT_ROW_GROUP_ROWS, WrittenFile, store_data_file
 from metrics_lake.core.tables.delta import table_layout
 from metrics_lake.core.tables.snapshots import DataFile
 
@@ -45,10 +41,9 @@ def merge_data_files(
 ) -> WrittenFile:
     """Write the rows of ``files`` (all of one partition of table ``name``), in order, as one new data file.
 
-    The file is named ``<prefix><uuid>.zstd.parquet`` under the partition's
-    folder and is not committed (the caller commits it, and removes
-    ``files``, in one Delta version); its Delta statistics come from its
-    Parquet footer. Columns a source file lacks (written before the column
+    The file is stored as :func:`~metrics_lake.core.tables.data_files.store_data_file` stores every data file
+    (its name, folder and Delta statistics) and is not committed (the caller commits it, and removes ``files``,
+    in one Delta version). Columns a source file lacks (written before the column
     was added) are null. Raises :class:`ValueError` for no files or files of
     different partitions: a caller's mistake, never a user's.
     """
@@ -60,8 +55,6 @@ def merge_data_files(
     schema, partition_by = table_layout(store, name)
     body = pa.schema([field for field in schema if field.name not in partition_by])
     values = dict(files[0].partition_values)
-    directory = "/".join(f"{column}={values[column]}" for column in partition_by)
-    relative = f"{directory}/{prefix}{uuid.uuid4().hex}.zstd.parquet".lstrip("/")
     filesystem, _ = store.arrow_fs()
     sink = pa.BufferOutputStream()
     pending: list[pa.RecordBatch] = []
@@ -81,17 +74,8 @@ def merge_data_files(
                 if pending_rows >= row_group_rows:
                     flush()
         flush()
-    encoded = sink.getvalue()
-    footer = pq.read_metadata(pa.BufferReader(encoded))
-    store.create(keys.table_key(name, relative), encoded)
-    return WrittenFile(
-        table=name,
-        path=relative,
-        size=encoded.size,
-        partition_values={column: str(values[column]) for column in partition_by},
-        stats=footer_stats(footer, body),
-        modification_time=int(time.time() * 1000),
-    )
+    partition = {column: values[column] for column in partition_by}
+    return store_data_file(store, name, partition, sink.getvalue(), body, prefix=prefix)
 
 
 def _batches(data_file: DataFile, body: pa.Schema, filesystem):
