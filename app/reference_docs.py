@@ -80,8 +80,9 @@ def _default(field) -> str:
 
 def _type_name(annotation) -> str:
     """A field's annotation as short text: ``int``, ``str | None``, ``SecretStr | None``."""
-    text = getattr(annotation, "__name__", None) if not hasattr(annotation, "__args__") else None
-    return text or str(annotation).replace("typing.", "").replace("pydantic.types.", "")
+    if hasattr(annotation, "__args__"):  # a union or generic: its own text, without module prefixes
+        return str(annotation).replace("typing.", "").replace("pydantic.types.", "")
+    return annotation.__name__
 
 
 def _cell(text: str) -> str:
