@@ -19,7 +19,7 @@ import pytest
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.tables.delta import open_table
-from metrics_lake.core.tokens import Scope, TokenStore
+from metrics_lake.core.tokens import Scope, TokenStore, parse_token
 from tests.helpers import free_port_block
 from tests.integration.test_kill_restart import LAKE, lake_env
 from tests.integration.test_sql_server_tokens import docs_block, run_python, wait_for_text
@@ -118,7 +118,7 @@ def test_both_listeners_serve_tls_to_the_documented_clients_and_a_wrong_ca_fails
         assert denied.returncode != 0 and "UNAUTHENTICATED" in denied.stderr, denied.stderr[-2000:]
         text = " ".join(re.sub(r"sql_server\.py:\d+", "", server_log.read_text(errors="replace")).split())
         assert "refused a connect client from 127.0.0.1: wrong secret for token 'ana'" in text, text[-3000:]
-        assert read.rsplit("_", 1)[1] not in text.replace(" ", "")
+        assert parse_token(read)[1] not in text.replace(" ", "")
     finally:
         children = psutil.Process(server.pid).children(recursive=True)
         server.send_signal(signal.SIGTERM)
