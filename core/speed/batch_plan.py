@@ -83,7 +83,7 @@ class BatchPlan:
     cardinality limits an hour without a state starts with
     (:mod:`metrics_lake.core.speed.cardinality_gate`); ``unread``: the partitions
     the batch leaves records in (their events bound the threshold rules'
-    evaluation steps: :func:`~metrics_lake.core.speed.micro_batch.threshold_clock_us`).
+    evaluation steps: :func:`~metrics_lake.core.speed.table_commits.alerts.threshold_clock_us`).
     """
 
     topic: str

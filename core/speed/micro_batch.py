@@ -12,13 +12,10 @@ alert rules evaluated over the committed query results and ``last_seen``:
 :func:`~metrics_lake.core.speed.batch_plan.plan_batch` and :func:`commit_batch` on the driver,
 :func:`~metrics_lake.core.speed.chunk_processing.process_partition` in the tasks.
 
-The steps, one module each: the plan (:mod:`~metrics_lake.core.speed.batch_plan`: every table's position and the
-chunks of the log to read), the tasks' work on a chunk (:mod:`~metrics_lake.core.speed.chunk_processing`: bronze and
-quarantine files, window states), and the driver's commits, each table's with its positions
-(:mod:`~metrics_lake.core.speed.position_commits`): the windows
-(:mod:`~metrics_lake.core.speed.window_upserts`), the stored queries' results
-(:mod:`~metrics_lake.core.speed.live_queries`), and, here, bronze, quarantine, ``last_seen`` and ``alerts``
-(:func:`commit_batch`).
+The steps: the plan (:mod:`~metrics_lake.core.speed.batch_plan`: every table's position and the chunks of the
+log to read), the tasks' work on a chunk (:mod:`~metrics_lake.core.speed.chunk_processing`: bronze and
+quarantine files, window states), and the driver's commits, one per table and each with its positions, in the
+order of :data:`TABLE_COMMITS` (:mod:`metrics_lake.core.speed.table_commits`).
 
 **Exactly once, held by the tables.** Each table records the log position
 it holds, per partition, as a Delta ``txn`` action committed in the same
@@ -50,72 +47,52 @@ Late events are in bronze; the nightly recompute counts them.
 
 from __future__ import annotations
 
-import datetime as dt
-import logging
 import time
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-from deltalake import Transaction
-
 from metrics_lake.core.inventory import write_servers_table
-from metrics_lake.core.kernels.alert_evaluation import transitions_table
 from metrics_lake.core.kernels.alert_rules import AlertRule
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.kernels.stored_queries import StoredQuery
-from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.registry import Registry
-from metrics_lake.core.speed.alerting import (
-    SEEN,
-    AlertOptions,
-    append_clock_us,
-    evaluate_alerts,
-    event_clock_us,
-    initial_last_seen,
-    read_last_seen,
-    shared_alert_log,
-    updated_last_seen,
-    watched_app_id,
-    watched_metrics,
-)
-from metrics_lake.core.speed.batch_plan import (
-    ALERTS,
-    BRONZE,
-    LAST_SEEN,
-    QUARANTINE,
-    QUERIES,
-    WINDOWS,
-    BatchPlan,
-    plan_batch,
-)
+from metrics_lake.core.speed.alerting import AlertOptions, watched_metrics
+from metrics_lake.core.speed.batch_plan import BRONZE, QUARANTINE, WINDOWS, BatchPlan, plan_batch
 from metrics_lake.core.speed.cardinality_gate import save_states
 from metrics_lake.core.speed.chunk_processing import ChunkResult, process_partition
-from metrics_lake.core.speed.enrichment import expected_servers
-from metrics_lake.core.speed.live_queries import upsert_query_results
 from metrics_lake.core.speed.open_windows import OpenWindows
-from metrics_lake.core.speed.position_commits import commit_with_positions
 from metrics_lake.core.speed.progress import CONSUMER
-from metrics_lake.core.speed.window_upserts import upsert_windows
+from metrics_lake.core.speed.table_commits.alerts import AlertsCommit
+from metrics_lake.core.speed.table_commits.batch import ProcessedBatch, TableCommit
+from metrics_lake.core.speed.table_commits.last_seen import LastSeenCommit
+from metrics_lake.core.speed.table_commits.log_files import LogFilesCommit
+from metrics_lake.core.speed.table_commits.query_results import QueryResultsCommit
+from metrics_lake.core.speed.table_commits.windows import WindowsCommit
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.commits import commit_changes, offset_transactions, remove_action
-from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import LatestTables
-from metrics_lake.core.tables.snapshots import snapshot_files
 
 __all__ = [
+    "TABLE_COMMITS",
     "BatchOutcome",
     "commit_batch",
     "run_batch_in_process",
-    "threshold_clock_us",
 ]
 
-log = logging.getLogger(__name__)
+TABLE_COMMITS: tuple[TableCommit, ...] = (
+    LogFilesCommit(BRONZE),
+    LogFilesCommit(QUARANTINE),
+    WindowsCommit(),
+    QueryResultsCommit(),  # reads the windows just committed
+    LastSeenCommit(),
+    AlertsCommit(),  # reads the query results and last_seen just committed
+)
+"""A micro-batch's commits, one per table, in order: each later one reads what the earlier ones committed."""
 
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """A committed micro-batch: records read, rows committed per table, windows written, late events, seconds,
+    """A committed micro-batch: records read, rows committed per table (``metric_windows_1m``'s: the windows
+    written, also ``windows_written``), late events, seconds,
     events new to bronze whose server the inventory does not hold (kept, with empty labels), and events new to
     quarantine for a cardinality limit, per limit name (``limited``).
 
@@ -167,63 +144,26 @@ def commit_batch(
     meanwhile (see the module docstring).
     """
     started = started or time.monotonic()
-    stages = dict(stages or {})
-    lap = time.monotonic()
-
-    def timed(stage: str) -> None:
-        nonlocal lap
-        now = time.monotonic()
-        stages[stage] = now - lap
-        lap = now
-
-    alerting = alerting or AlertOptions()
-    tables = tables or LatestTables()
     registry = Registry(store).current() if queries is None or rules is None else None
-    queries = registry.queries() if queries is None else queries
-    rules = registry.alert_rules() if rules is None else rules
-    for (
-        result
-    ) in results:  # before any table takes a decision the states hold (metrics_lake.core.speed.cardinality_gate)
+    batch = ProcessedBatch(
+        store=store,
+        tables=tables or LatestTables(),
+        plan=plan,
+        results=results,
+        watermark_seconds=watermark_seconds,
+        queries=registry.queries() if queries is None else queries,
+        rules=registry.alert_rules() if rules is None else rules,
+        alerting=alerting or AlertOptions(),
+        open_windows=open_windows,
+        stages=dict(stages or {}),
+    )
+    for result in results:  # before any table takes a decision the states hold (core/speed/cardinality_gate.py)
         for partition, states in result.limit_states.items():
             save_states(store, CONSUMER, plan.topic, partition, states)
     rows = {}
-    for name in (BRONZE, QUARANTINE):
-        files = [f for r in results for f in r.files if f.table == name]
-        committed = commit_with_positions(
-            store,
-            tables,
-            plan,
-            name,
-            lambda table, advances, name=name, files=files: commit_changes(
-                table,
-                name,
-                files,
-                [],
-                transactions=offset_transactions(CONSUMER, plan.topic, advances),
-                operation="STREAMING UPDATE",
-            ),
-        )
-        rows[name] = sum(r.counts.get(name, 0) for r in results) if committed else 0
-        timed(name)
-    times = [r.event_time_max_ms for r in results if r.event_time_max_ms is not None]
-    candidates = [max(times) - watermark_seconds * 1000] if times else []
-    watermark = max([*candidates, *([plan.watermark_ms] if plan.watermark_ms is not None else [])], default=None)
-    states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
-    timed("windows merge")
-    written = upsert_windows(store, tables, plan, states, watermark, open_windows)
-    timed(WINDOWS)
-    touched: dict[str, set[int]] = {}
-    for result in results:
-        for metric, minutes in result.touched.items():
-            touched.setdefault(metric, set()).update(minutes)
-    rows[QUERIES] = upsert_query_results(store, tables, plan, touched, queries, watermark, open_windows)
-    timed(QUERIES)
-    seen = pa.concat_tables([r.seen for r in results]) if results else SEEN.empty_table()
-    rows[LAST_SEEN] = _upsert_last_seen(store, tables, plan, seen, rules, alerting.absence_lookback_s)
-    timed(LAST_SEEN)
-    clock = threshold_clock_us(plan, results, watermark, watermark_seconds, alerting.evaluation_delay_s)
-    rows[ALERTS] = _commit_alerts(store, tables, plan, rules, queries, clock, alerting)
-    timed(ALERTS)
+    for step in TABLE_COMMITS:
+        rows[step.table] = step.commit(batch)
+        batch.lap(step.table)
     if plan.pins:
         write_servers_table(store)  # the inventory's current state, for SQL and the dashboard
     if plan.ends:
@@ -236,117 +176,14 @@ def commit_batch(
     return BatchOutcome(
         records=plan.records,
         rows=rows,
-        windows_written=written,
+        windows_written=rows[WINDOWS],
         late_events=sum(r.counts.get("late", 0) for r in results),
         unknown_servers=sum(r.counts.get("unknown_servers", 0) for r in results),
         limited=limited,
         watermark_ms=plan.watermark_ms,
         seconds=time.monotonic() - started,
-        stages=stages,
+        stages=batch.stages,
     )
-
-
-def threshold_clock_us(
-    plan: BatchPlan, results: list[ChunkResult], watermark_ms: int | None, watermark_seconds: int, delay_s: float
-) -> int | None:
-    """How far threshold rules may step after this batch (epoch µs; None: no step this batch).
-
-    The event clock minus the delay (:func:`~metrics_lake.core.speed.alerting.event_clock_us`) when the batch
-    reads every partition to its end. Else no later than the oldest of the newest event times it read in the
-    partitions it leaves records in: a window is final only once every partition's events before its end are
-    read, and a batch catching up unevenly must not evaluate a window another partition still adds to. None when
-    it read nothing of one of those (a later batch reads on).
-    """
-    clock = event_clock_us(watermark_ms, watermark_seconds, delay_s)
-    if clock is None or not plan.unread:
-        return clock
-    newest: dict[int, int] = {}
-    for r in results:
-        if r.partition is not None and r.event_time_max_ms is not None:
-            newest[r.partition] = max(newest.get(r.partition, r.event_time_max_ms), r.event_time_max_ms)
-    if any(p not in newest for p in plan.unread):
-        return None
-    return min(clock, int((min(newest[p] for p in plan.unread) - delay_s * 1000) * 1000))
-
-
-def _upsert_last_seen(
-    store: Store, tables: LatestTables, plan: BatchPlan, seen: pa.Table, rules: list[AlertRule], lookback_s: int
-) -> int:
-    """Rewrite ``last_seen`` with the batch's newest times merged in (and a newly watched metric's first rows from
-    the windows), with its positions; returns the rows it now holds."""
-    watched = watched_metrics(rules)
-    written = 0
-
-    def commit(table, advances: dict[int, int]) -> None:
-        nonlocal written
-        old_files = snapshot_files(store, LAST_SEEN, table)
-        existing = read_last_seen(store, table, old_files)
-        new_metrics = [m for m in watched if table.transaction_version(watched_app_id(m)) is None]
-        clock = append_clock_us(pa.concat_tables([existing.cast(SEEN), seen.cast(SEEN)]))
-        initial = SEEN.empty_table()
-        if new_metrics and clock is not None:
-            initial = initial_last_seen(store, new_metrics, clock, lookback_s)
-        rows = updated_last_seen(existing, seen, initial, watched, lookback_s)
-        commit_changes(
-            table,
-            LAST_SEEN,
-            write_data_files(store, LAST_SEEN, rows),
-            [remove_action(f) for f in old_files],
-            transactions=offset_transactions(CONSUMER, plan.topic, advances)
-            + [Transaction(watched_app_id(m), 1) for m in new_metrics],
-            operation="STREAMING LAST SEEN",
-        )
-        written = rows.num_rows
-
-    return written if commit_with_positions(store, tables, plan, LAST_SEEN, commit) else 0
-
-
-def _commit_alerts(
-    store: Store,
-    tables: LatestTables,
-    plan: BatchPlan,
-    rules: list[AlertRule],
-    queries: list[StoredQuery],
-    event_clock: int | None,
-    options: AlertOptions,
-) -> int:
-    """Evaluate every alert rule on the committed tables (threshold rules at each evaluation step up to
-    ``event_clock``, epoch µs) and append the transitions to ``alerts`` with the batch's positions and clocks
-    (:func:`~metrics_lake.core.speed.alerting.evaluate_alerts`); returns the transitions recorded."""
-    alert_log = shared_alert_log(store)
-    recorded = 0
-
-    def commit(table, advances: dict[int, int]) -> None:
-        nonlocal recorded
-        active = alert_log.refresh(table)  # what the committed transitions leave active: the state to go on from
-        evaluation = evaluate_alerts(
-            store,
-            table,
-            tables.latest(store, QUERIES),
-            read_last_seen(store, tables.latest(store, LAST_SEEN)),
-            rules,
-            queries,
-            active,
-            topic=plan.topic,
-            options=options,
-            event_clock=event_clock,
-            read_through_ms=plan.read_through_ms,
-            expected=expected_servers(store),
-        )
-        rows = transitions_table(evaluation.transitions, dt.datetime.now(dt.UTC))
-        commit_changes(
-            table,
-            ALERTS,
-            write_data_files(store, ALERTS, rows),
-            [],
-            transactions=offset_transactions(CONSUMER, plan.topic, advances) + evaluation.clocks,
-            operation="STREAMING ALERTS",
-        )
-        recorded = rows.num_rows
-        if recorded:
-            log.info("alerts: %s", "; ".join(f"{t.state} {t.summary}" for t in evaluation.transitions[:20]))
-
-    return recorded if commit_with_positions(store, tables, plan, ALERTS, commit) else 0
 
 
 def run_batch_in_process(

@@ -18,6 +18,7 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.speed import chunk_processing
 from metrics_lake.core.speed.alerting import SEEN, AlertLog, AlertOptions, forget_alert_logs, seen_rows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
+from metrics_lake.core.speed.table_commits.alerts import AlertsCommit
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, Table
@@ -186,11 +187,11 @@ def test_a_crash_before_the_alerts_commit_is_caught_up_by_the_next_batch_once(st
     def crash(*args, **kwargs):
         raise RuntimeError("killed after last_seen committed")
 
-    real = speed_layer._commit_alerts
-    monkeypatch.setattr(speed_layer, "_commit_alerts", crash)
+    real = AlertsCommit.commit
+    monkeypatch.setattr(AlertsCommit, "commit", crash)
     with pytest.raises(RuntimeError):
         batch(store, log, queries=[], rules=rules)
-    monkeypatch.setattr(speed_layer, "_commit_alerts", real)
+    monkeypatch.setattr(AlertsCommit, "commit", real)
     forget_alert_logs()  # a new process: the state comes from the table alone
     outcome = batch(store, log, queries=[], rules=rules)
     assert outcome.rows[Table.BRONZE_EVENTS] == 0 and outcome.rows[Table.ALERTS] == 1

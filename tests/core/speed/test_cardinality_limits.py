@@ -17,9 +17,9 @@ from metrics_lake.core import keys
 from metrics_lake.core.kernels.cardinality import CardinalityLimits, limit_hours
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.speed import cardinality_gate
-from metrics_lake.core.speed import micro_batch as speed_layer
 from metrics_lake.core.speed.progress import CONSUMER
 from metrics_lake.core.speed.replay import ReplayRange, replay
+from metrics_lake.core.speed.table_commits import log_files as log_files_commit
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.lake_schemas.log_records import LOG_RECORD
 from metrics_lake.lake_schemas.tables import Table
@@ -151,17 +151,17 @@ def test_a_crash_between_bronze_and_quarantine_and_lost_states_refuse_the_same_e
     produce(log, events(), partitions=PARTITIONS)
     ends = end_offsets(log, TOPIC)
     batch(store, {p: end // 3 for p, end in ends.items()}, chunk_records=50, limits=LIMITS)
-    real = speed_layer.commit_changes
+    real = log_files_commit.commit_changes
 
     def crash(table, name, *args, **kwargs):
         if name == Table.QUARANTINE_EVENTS:
             raise RuntimeError("killed after bronze committed")
         return real(table, name, *args, **kwargs)
 
-    monkeypatch.setattr(speed_layer, "commit_changes", crash)
+    monkeypatch.setattr(log_files_commit, "commit_changes", crash)
     with pytest.raises(RuntimeError, match="killed"):
         batch(store, {p: 2 * end // 3 for p, end in ends.items()}, chunk_records=50, limits=LIMITS)
-    monkeypatch.setattr(speed_layer, "commit_changes", real)
+    monkeypatch.setattr(log_files_commit, "commit_changes", real)
     forget_states(store)  # and the process restarts without its memory or the state objects
     batch(store, ends, chunk_records=64, limits=LIMITS)
     assert_limited_exactly(store, log)

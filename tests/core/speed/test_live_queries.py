@@ -17,6 +17,7 @@ import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.speed.table_commits import query_results as query_results_commit
 from metrics_lake.core.tables.delta import table_uri
 from tests.helpers import assert_query_results
 
@@ -77,16 +78,16 @@ def test_a_crash_before_the_query_results_commit_is_caught_up_and_a_replay_chang
     rng = random.Random(8)
     first = events_between(rng, START_MS, START_MS + 300_000, 800)
     produce_and_batch(store, log, first)
-    real = speed_layer.upsert_query_results
+    real = query_results_commit.upsert_query_results
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed before the query results commit")
 
-    monkeypatch.setattr(speed_layer, "upsert_query_results", crash)
+    monkeypatch.setattr(query_results_commit, "upsert_query_results", crash)
     second = events_between(rng, START_MS + 300_000, START_MS + 600_000, 800)
     with pytest.raises(RuntimeError):
         produce_and_batch(store, log, second)
-    monkeypatch.setattr(speed_layer, "upsert_query_results", real)
+    monkeypatch.setattr(query_results_commit, "upsert_query_results", real)
     version = DeltaTable(table_uri(store, "query_results")).version()
     produce_and_batch(store, log, [])  # the next batch: nothing new in the log, query results catch up
     assert_query_results_exact(store, first + second)

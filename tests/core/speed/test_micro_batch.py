@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import metrics_lake.core.speed.micro_batch as speed_layer
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.kernels.windows import QUANTILES, WINDOW_STATE, series_shards
@@ -23,12 +22,14 @@ from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.maintenance.table_compaction import compact_table
-from metrics_lake.core.speed import chunk_processing, live_queries, progress, window_upserts
+from metrics_lake.core.speed import chunk_processing, progress
 from metrics_lake.core.speed.batch_plan import BRONZE, QUARANTINE, QUERIES, WINDOWS, plan_batch
 from metrics_lake.core.speed.chunk_processing import process_partition, split_log_rows
 from metrics_lake.core.speed.micro_batch import commit_batch, run_batch_in_process
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import CONSUMER, starting_offsets
+from metrics_lake.core.speed.table_commits import query_results as query_results_commit
+from metrics_lake.core.speed.table_commits import windows as windows_commit
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tables.commits import commit_changes, committed_offsets, remove_action
 from metrics_lake.core.tables.data_files import write_data_files
@@ -155,15 +156,15 @@ def test_batches_in_any_split_give_exact_tables_and_a_replay_commits_nothing(sto
 
 def test_a_crash_between_table_commits_is_caught_up_without_duplicates(store, log, monkeypatch):
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=120, seed=2, start_ms=START_MS).generate())
-    real = speed_layer.upsert_windows
+    real = windows_commit.upsert_windows
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed after bronze and quarantine committed")
 
-    monkeypatch.setattr(speed_layer, "upsert_windows", crash)
+    monkeypatch.setattr(windows_commit, "upsert_windows", crash)
     with pytest.raises(RuntimeError):
         batch(store)
-    monkeypatch.setattr(speed_layer, "upsert_windows", real)
+    monkeypatch.setattr(windows_commit, "upsert_windows", real)
     ends = end_offsets(log, TOPIC)
     bronze = committed_offsets(open_table(store, BRONZE), CONSUMER, TOPIC, ends)
     assert {p: position or 0 for p, position in bronze.items()} == ends
@@ -192,6 +193,7 @@ def test_a_batch_committed_twice_counts_once_and_a_moved_position_is_refused(sto
     assert commit_batch(store, again, again_results, watermark_seconds=120).rows == {
         BRONZE: 0,
         QUARANTINE: 0,
+        Table.METRIC_WINDOWS_1M: 0,
         QUERIES: 0,
         Table.LAST_SEEN: 0,
         Table.ALERTS: 0,
@@ -218,7 +220,7 @@ def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothi
     open_day = progress.first_open_day(store)
     assert open_day == dt.datetime.fromtimestamp(START_MS / 1000, dt.UTC).date()
     produce(log, FleetSimulator(servers=3, metrics=2, seconds=60, seed=7, start_ms=START_MS + 120_000).generate())
-    real = window_upserts.commit_changes
+    real = windows_commit.commit_changes
     compacted = []
 
     def compaction_meanwhile(table, name, *args, **kwargs):
@@ -226,7 +228,7 @@ def test_compaction_during_a_windows_commit_leaves_the_open_days_alone_and_nothi
             compacted.append(compact_table(store, WINDOWS, target_bytes=1 << 20))  # finds the open day itself
         return real(table, name, *args, **kwargs)
 
-    monkeypatch.setattr(window_upserts, "commit_changes", compaction_meanwhile)
+    monkeypatch.setattr(windows_commit, "commit_changes", compaction_meanwhile)
     batch(store, tables=tables)
     assert compacted[0].partitions_rewritten == 1  # yesterday's minute files merged; today's left alone
     assert_exact(store, log)
@@ -285,14 +287,14 @@ def test_kept_open_windows_give_the_tables_reading_gives_and_files_they_do_not_h
     produce(log, events, ["not json"])
     produce(SegmentLog(reading), events, ["not json"])
     step, read_at = 0, []  # the batches whose windows upsert read the kept lake's window files
-    real_read = window_upserts.read_data_files
+    real_read = windows_commit.read_data_files
 
     def read_data_files(read_store, files, schema, columns=None, **options):
         if read_store is store and schema is METRIC_WINDOWS_1M and columns is None and files:
             read_at.append(step)
         return real_read(read_store, files, schema, columns, **options)
 
-    monkeypatch.setattr(window_upserts, "read_data_files", read_data_files)
+    monkeypatch.setattr(windows_commit, "read_data_files", read_data_files)
     ends = end_offsets(log, TOPIC)
     kept = OpenWindows()
     for step in (1, 2, 3, 5, 8, 13, 21, 34):  # batches of a few seconds to a minute of events, out of 34 parts
@@ -324,8 +326,8 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
     produce(log, events, ["not json"])
     produce(SegmentLog(single), events, ["not json"])
     threads, reads, lake = set(), [], [store]  # lake: the one batching now
-    real_merge, real_read = window_upserts.merge_into_rows, window_upserts.read_data_files
-    default_rows = window_upserts.UPSERT_ROWS_PER_SHARD
+    real_merge, real_read = windows_commit.merge_into_rows, windows_commit.read_data_files
+    default_rows = windows_commit.UPSERT_ROWS_PER_SHARD
 
     def merge_into_rows(*args, **options):
         if lake[0] is store:
@@ -337,16 +339,16 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
             reads.append(len(files))
         return real_read(read_store, files, schema, columns, **options)
 
-    monkeypatch.setattr(window_upserts, "merge_into_rows", merge_into_rows)
-    monkeypatch.setattr(window_upserts, "read_data_files", read_data_files)
-    monkeypatch.setattr(window_upserts, "UPSERT_THREADS", 3)
+    monkeypatch.setattr(windows_commit, "merge_into_rows", merge_into_rows)
+    monkeypatch.setattr(windows_commit, "read_data_files", read_data_files)
+    monkeypatch.setattr(windows_commit, "UPSERT_THREADS", 3)
     ends, kept = end_offsets(log, TOPIC), OpenWindows()
     for step in (1, 2, 4, 7, 11):  # 18 series: every batch's rows make three shards of at least 4
         cut = {p: end * step // 11 for p, end in ends.items()}
-        monkeypatch.setattr(window_upserts, "UPSERT_ROWS_PER_SHARD", 4)
+        monkeypatch.setattr(windows_commit, "UPSERT_ROWS_PER_SHARD", 4)
         lake[0] = store
         assert batch(store, cut, open_windows=kept).records > 0
-        monkeypatch.setattr(window_upserts, "UPSERT_ROWS_PER_SHARD", default_rows)
+        monkeypatch.setattr(windows_commit, "UPSERT_ROWS_PER_SHARD", default_rows)
         lake[0] = single
         batch(single, cut)
         files = [f for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS)) if f.relative in kept.paths]
@@ -416,7 +418,7 @@ def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metr
     produce(SegmentLog(reading), events)
     queried = {"app.rpc.latency_ms", "host.cpu.utilization"}  # of the simulator's three, the default queries'
     step, reads = 0, []  # (batch, Delta log path) of every window file the kept lake's query evaluation read
-    real_read = live_queries.read_data_file
+    real_read = query_results_commit.read_data_file
 
     def read_data_file(data_file, schema, filesystem, columns=None, **options):
         rows = real_read(data_file, schema, filesystem, columns, **options)
@@ -426,7 +428,7 @@ def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metr
             reads.append((step, data_file.relative))
         return rows
 
-    monkeypatch.setattr(live_queries, "read_data_file", read_data_file)
+    monkeypatch.setattr(query_results_commit, "read_data_file", read_data_file)
     ends = end_offsets(log, TOPIC)
     kept, unkept_at_restart = OpenWindows(), set()
     for step in range(1, 21):  # 20 s of events a batch: a 60 s watermark seals a minute every third batch

@@ -9,6 +9,7 @@ exact after a crash or a lost checkpoint, and the rows are those the nightly eva
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +20,6 @@ from metrics_lake.core.kernels.stored_queries import StoredQuery, affected_windo
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.speed.batch_plan import QUERIES, WINDOWS, BatchPlan
 from metrics_lake.core.speed.open_windows import OpenWindows, with_sources
-from metrics_lake.core.speed.position_commits import commit_with_positions
 from metrics_lake.core.speed.progress import (
     CONSUMER,
     backfill_revision_app_id,
@@ -28,7 +28,9 @@ from metrics_lake.core.speed.progress import (
     query_progress,
     window_start_bounds,
 )
-from metrics_lake.core.speed.window_upserts import write_window_files
+from metrics_lake.core.speed.table_commits.batch import ProcessedBatch
+from metrics_lake.core.speed.table_commits.positions import commit_with_positions
+from metrics_lake.core.speed.table_commits.windows import write_window_files
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, offset_transactions, remove_action
 from metrics_lake.core.tables.delta import LatestTables
@@ -36,6 +38,7 @@ from metrics_lake.core.tables.snapshots import days_between, read_data_file, rea
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, QUERY_RESULTS
 
 __all__ = [
+    "QueryResultsCommit",
     "upsert_query_results",
 ]
 
@@ -236,3 +239,21 @@ def _windows_between(
         rows = with_sources(selections) if open_windows is not None else pa.concat_tables(selections.values())
     start = pc.cast(rows.column("window_start"), pa.int64())
     return rows.filter(pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)))
+
+
+@dataclass(frozen=True)
+class QueryResultsCommit:
+    """Evaluates again every stored query window holding a minute the batch's windows touched and replaces its
+    rows in ``query_results`` (:func:`upsert_query_results`); :meth:`commit` returns the rows written."""
+
+    table: str = QUERIES
+
+    def commit(self, batch: ProcessedBatch) -> int:
+        """Commit the touched query windows' rows; returns them (0 if the table held the positions)."""
+        touched: dict[str, set[int]] = {}
+        for result in batch.results:
+            for metric, minutes in result.touched.items():
+                touched.setdefault(metric, set()).update(minutes)
+        return upsert_query_results(
+            batch.store, batch.tables, batch.plan, touched, batch.queries, batch.watermark_ms, batch.open_windows
+        )

@@ -21,18 +21,20 @@ import datetime as dt
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
-from metrics_lake.core.kernels.windows import merge_into_rows, series_shards
+from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_into_rows, merge_states, series_shards
 from metrics_lake.core.log.producer import group_by_partition
 from metrics_lake.core.speed.batch_plan import WINDOWS, BatchPlan
 from metrics_lake.core.speed.open_windows import OpenWindows
-from metrics_lake.core.speed.position_commits import commit_with_positions
 from metrics_lake.core.speed.progress import CONSUMER, WINDOW_SECONDS, watermark_app_id
+from metrics_lake.core.speed.table_commits.batch import ProcessedBatch
+from metrics_lake.core.speed.table_commits.positions import commit_with_positions
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, offset_transactions, remove_action
 from metrics_lake.core.tables.data_files import WrittenFile, write_data_files
@@ -43,6 +45,7 @@ from metrics_lake.lake_schemas.types import utc_dates
 
 __all__ = [
     "UPSERT_ROWS_PER_SHARD",
+    "WindowsCommit",
     "UPSERT_THREADS",
     "upsert_windows",
     "write_window_files",
@@ -180,3 +183,19 @@ def upsert_windows(
             open_windows.remember(open_files)
 
     return written if commit_with_positions(store, tables, plan, WINDOWS, commit) else 0
+
+
+@dataclass(frozen=True)
+class WindowsCommit:
+    """Merges the tasks' window states (one row per window each chunk touched) and upserts them into
+    ``metric_windows_1m`` with the new watermark (:func:`upsert_windows`); :meth:`commit` returns the windows
+    written. The merge's seconds are the batch's ``windows merge`` stage."""
+
+    table: str = WINDOWS
+
+    def commit(self, batch: ProcessedBatch) -> int:
+        """Commit the batch's windows; returns the windows written (0 if the table held the positions)."""
+        results = batch.results
+        states = merge_states(pa.concat_tables([r.states for r in results])) if results else WINDOW_STATE.empty_table()
+        batch.lap("windows merge")
+        return upsert_windows(batch.store, batch.tables, batch.plan, states, batch.watermark_ms, batch.open_windows)
