@@ -5,7 +5,7 @@
 - :mod:`.gateway`: ``lake gateway``, the HTTP ingest server, and the protocols it decodes;
 - :mod:`.dashboard`: ``lake dashboard``, the stored queries as a web page and a JSON API;
 - :mod:`.operations`: the scheduled steps that Airflow tasks call;
-- :mod:`.orchestration`: what the DAGs share (Assets and outlets derived from the registry, default arguments);
+- :mod:`.orchestration`: what the DAGs share (Assets and outlets derived from the table registry, default arguments);
 - :mod:`.console`: where output goes; :mod:`.http_server`: an ASGI app on uvicorn in a thread.
 
 Kept free of import-time work: ``dags/`` import :mod:`.orchestration` at parse time.

@@ -14,13 +14,13 @@ the dashboard command (``lake demo --dashboard`` serves it right away).
 **Labels.** Before the agents start, the demo puts the simulated servers in
 the inventory (:func:`demo_inventory`: a ``dc``, ``role`` and ``team`` each;
 only what differs from the inventory is appended), keeps the stored query
-:data:`DEMO_QUERY` (RPC latency p99 by team and dc) in the registry, and
+:data:`DEMO_QUERY` (RPC latency p99 by team and dc) in the config store, and
 ends by showing its newest window per group.
 
 **Missing data is a signal.** The last simulated server goes silent from a
 quarter of the run to 60 % of it, and the demo keeps an absence rule,
 ``demo_server_silent`` (``FOR`` a sixth of the run, at least 3 s), in the
-registry: its alert fires during the silence and resolves when the server
+config store: its alert fires during the silence and resolves when the server
 sends again. Unless ``LAKE_ALERTMANAGER_URL`` names one, the demo starts
 Debian's ``prometheus-alertmanager`` for the run (in a temporary directory,
 stopped at the end; with ``--dashboard`` when the dashboard stops) with a
@@ -109,7 +109,7 @@ def run_demo(
     With ``dashboard_port`` it then serves the dashboard on that port until
     Ctrl-C or SIGTERM.
     """
-    from metrics_lake.core.registry import ALERT, Change, Registry
+    from metrics_lake.core.config_store import ALERT, Change, ConfigStore
 
     wall_start = time.monotonic()
     store = open_store(settings)
@@ -119,21 +119,21 @@ def run_demo(
         f"topic          {settings.topic} ({settings.partitions} partitions for a new topic)"
     )
     silent, quiet_from, quiet_to, for_s = demo_silence(servers, seconds)
-    registry = Registry(store)
-    registry.ensure_seeded()
+    config_store = ConfigStore(store)
+    config_store.ensure_seeded()
     rule = f"ABSENT host.cpu.utilization FROM sim-* FOR {for_s}s LABELS severity=info"
-    registry.apply(
+    config_store.apply(
         [Change("put", DEMO_RULE, rule, "lake demo: a simulated server goes silent part way", ALERT)], by="lake demo"
     )
     console.print(
         f"alert rule     {DEMO_RULE}: {rule} (sim-{silent:04d} is silent from {quiet_from:.0f} s to {quiet_to:.0f} s)"
     )
+    from metrics_lake.core.config_store import QUERY
     from metrics_lake.core.inventory import Inventory, diff
-    from metrics_lake.core.registry import QUERY
 
-    if registry.current().of_kind(QUERY).get(DEMO_QUERY) is None:
+    if config_store.current().of_kind(QUERY).get(DEMO_QUERY) is None:
         description = "lake demo: RPC latency p99 per team and dc (inventory labels)"
-        registry.apply([Change("put", DEMO_QUERY, DEMO_QUERY_TEXT, description, QUERY)], by="lake demo")
+        config_store.apply([Change("put", DEMO_QUERY, DEMO_QUERY_TEXT, description, QUERY)], by="lake demo")
     inventory = Inventory(store)
     changes = diff(inventory.current(), demo_inventory(servers), full=False)
     if changes:

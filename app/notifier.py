@@ -65,8 +65,8 @@ import requests
 
 from metrics_lake.core import keys
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.kernels.alert_evaluation import epoch_us
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertLog
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.lake_schemas.errors import AlertmanagerError, ConfigError, LakeError
@@ -180,7 +180,7 @@ class AlertNotifier:
         self.receiver = receiver_name(self.base_url)
         self.store = store or open_store(settings)
         self.alert_log = alert_log or AlertLog(self.store)
-        self.registry = Registry(self.store)
+        self.config_store = ConfigStore(self.store)
         self.clock = clock
         self.session = requests.Session()
         self._delivered: set[str] | None = None
@@ -265,7 +265,7 @@ class AlertNotifier:
         rows_to_send = list(latest.values()) + due
         descriptions = {}
         if rows_to_send:
-            descriptions = {name: e.description for name, e in self.registry.current().rules.items()}
+            descriptions = {name: e.description for name, e in self.config_store.current().rules.items()}
         payload = [
             alert_payload(
                 {**r, "description": descriptions.get(r["rule"], "")},

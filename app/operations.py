@@ -79,21 +79,21 @@ def rollup_days(settings: LakeSettings, days: list[str]) -> list[dict]:
 
 def evaluate_queries(settings: LakeSettings, days: list[str]) -> list[dict]:
     """Evaluate the stored queries for ``days`` into ``query_results`` (``lake queries``)."""
-    from metrics_lake.core.registry import Registry
+    from metrics_lake.core.config_store import ConfigStore
     from metrics_lake.spark.jobs.evaluate_queries import evaluate_queries_for_day
 
-    queries = Registry(open_store(settings)).current().queries()
+    queries = ConfigStore(open_store(settings)).current().queries()
     spark = _spark(settings, "lake-queries")
     return [_jsonable(asdict(evaluate_queries_for_day(spark, settings, queries, day))) for day in _days(days)]
 
 
 def backfill_pending_queries(settings: LakeSettings) -> list[dict]:
     """Backfill the stored queries added or changed since their last backfill (``lake queries backfill``)."""
+    from metrics_lake.core.config_store import ConfigStore
     from metrics_lake.core.maintenance.query_backfill import backfill_queries, pending_backfills
-    from metrics_lake.core.registry import Registry
 
     store = open_store(settings)
-    pending = pending_backfills(store, Registry(store).current().queries())
+    pending = pending_backfills(store, ConfigStore(store).current().queries())
     return [asdict(r) for r in backfill_queries(store, settings.topic, pending)]
 
 

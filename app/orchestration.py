@@ -3,7 +3,7 @@
 Only the DAG files import this module (it needs Airflow, an optional extra:
 ``pip install metrics-lake[airflow]``). Kept free of heavy imports (Spark, delta-rs, GX): the DAG processor
 parses these files every few seconds, so tasks import what they need when
-they run. The one exception is the registry (pyarrow schemas, about 0.3 s
+they run. The one exception is the table registry (pyarrow schemas, about 0.3 s
 to import): the Assets are derived from the tables, and each task's outlets
 from the operation it runs (:mod:`metrics_lake.lake_schemas.table_access`,
 re-exported here so that DAG files import this module only), so that neither
@@ -49,7 +49,7 @@ __all__ = [
     "previous_day",
 ]
 
-#: One Asset per Delta table of the registry; a task that commits to a table
+#: One Asset per Delta table of the table registry; a task that commits to a table
 #: lists it in ``outlets``, so DAGs scheduled on it run when new data lands.
 TABLE_ASSETS: dict[Table, Asset] = {
     name: Asset(name=str(name), uri=spec.asset_uri, group="metrics-lake") for name, spec in TABLES.items()

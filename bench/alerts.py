@@ -59,12 +59,12 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.notifier import AlertNotifier
 from metrics_lake.core import keys
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.config_store import ALERT, QUERY, Change, ConfigStore
 from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer, producer_for
-from metrics_lake.core.registry import ALERT, QUERY, Change, Registry
 from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.storage import LocalStore
@@ -217,9 +217,9 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
     )
     store = LocalStore(settings.root)
     SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
-    registry = Registry(store)
-    registry.ensure_seeded()
-    registry.apply(
+    config_store = ConfigStore(store)
+    config_store.ensure_seeded()
+    config_store.apply(
         [Change("put", "spike", SPIKE_QUERY), Change("put", "spike", SPIKE_RULE, kind=ALERT)]
         + [Change("put", "quiet", QUIET_RULE, kind=ALERT)]
     )
@@ -243,7 +243,7 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
                 )  # fmt: skip
                 if outcome is None:  # nothing new: the same idle evaluation as the stream's
                     evaluate_idle(
-                        store, settings.topic, registry.current().alert_rules(), AlertOptions.from_settings(settings),
+                        store, settings.topic, config_store.current().alert_rules(), AlertOptions.from_settings(settings),
                         int(time.time() * 1000),
                     )  # fmt: skip
                 notifier.wake()
@@ -262,7 +262,7 @@ def run_probes(runner: str, rate: int, crossings: int, silences: int) -> dict:
         if runner == "lake":
             subprocess.run([LAKE, "queries", "add", "cpu_max", "FROM * SELECT host.cpu.utilization WINDOW 1m COMPUTE max"], env=env, check=True, capture_output=True)  # fmt: skip
         else:
-            registry.apply([Change("put", "cpu_max", "FROM * SELECT host.cpu.utilization WINDOW 1m COMPUTE max", kind=QUERY)])  # fmt: skip
+            config_store.apply([Change("put", "cpu_max", "FROM * SELECT host.cpu.utilization WINDOW 1m COMPUTE max", kind=QUERY)])  # fmt: skip
         while not (state := query_results_state(settings.root, "cpu_max"))[1]:
             time.sleep(0.05)
         query = {"batches": state[0] - before, "seconds": time.monotonic() - added}

@@ -432,7 +432,7 @@ def load_settings(**overrides) -> LakeSettings:
 
 
 def default_author() -> str:
-    """Who a change is recorded as when the caller does not say (registry edits, tokens): ``LAKE_AUTHOR``, else
+    """Who a change is recorded as when the caller does not say (config store edits, tokens): ``LAKE_AUTHOR``, else
     the OS user."""
     try:
         return os.environ.get("LAKE_AUTHOR") or getpass.getuser()

@@ -14,15 +14,15 @@ or ``s3://bucket/prefix``)::
     tables/<name>/                                table_prefix: a Delta table (_delta_log/ and data files)
     tables/_leases/<name>.json                    table_lease_key: a table's maintenance lease
     quality/<path>                                quality_key: data docs and the trend plot
-    registry/versions/<version>.json              registry_version_key: stored queries and alert rules, one
-                                                  immutable object per version (core/registry.py)
+    registry/versions/<version>.json              config_version_key: stored queries and alert rules, one
+                                                  immutable object per version (core/config_store.py)
     notifications/<receiver>.json                 notifications_key: which alert transitions a receiver
                                                   (Alertmanager) has accepted: the outbox's delivery record
     auth/tokens.json                              TOKENS_KEY: the gateway's and dashboard's access tokens
                                                   (salted hashes only; core/tokens.py)
 
 The seven prefixes :data:`LOG_PREFIX`, :data:`CONSUMERS_PREFIX`,
-:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX`, :data:`REGISTRY_PREFIX`,
+:data:`TABLES_PREFIX`, :data:`QUALITY_PREFIX`, :data:`CONFIG_PREFIX`,
 :data:`NOTIFICATIONS_PREFIX` and :data:`AUTH_PREFIX` are the units the
 object-store identities are granted (``metrics_lake.infra.seaweedfs``), and
 :func:`grants` says which of them an operation
@@ -51,8 +51,8 @@ __all__ = [
     "NAME_PATTERN",
     "NOTIFICATIONS_PREFIX",
     "QUALITY_PREFIX",
-    "REGISTRY_PREFIX",
-    "REGISTRY_VERSIONS_PREFIX",
+    "CONFIG_PREFIX",
+    "CONFIG_VERSIONS_PREFIX",
     "TABLES_PREFIX",
     "TOKENS_KEY",
     "check_group",
@@ -70,7 +70,7 @@ __all__ = [
     "partition_key",
     "partition_prefix",
     "quality_key",
-    "registry_version_key",
+    "config_version_key",
     "table_key",
     "table_lease_key",
     "table_prefix",
@@ -85,10 +85,11 @@ CONSUMERS_PREFIX = f"{LOG_PREFIX}/_consumers"
 TABLES_PREFIX = "tables"
 #: Data-quality reports copied from the local GX project (for an S3 lake).
 QUALITY_PREFIX = "quality"
-#: The registry of stored queries and alert rules: operators' configuration, versioned.
-REGISTRY_PREFIX = "registry"
-#: One immutable object per registry version.
-REGISTRY_VERSIONS_PREFIX = f"{REGISTRY_PREFIX}/versions"
+#: The config store of stored queries and alert rules: operators' configuration, versioned. (The folder keeps
+#: the name it had before the store was called the config store: existing lakes hold their versions there.)
+CONFIG_PREFIX = "registry"
+#: One immutable object per config version.
+CONFIG_VERSIONS_PREFIX = f"{CONFIG_PREFIX}/versions"
 #: What each alert receiver has accepted (the outbox's delivery records).
 NOTIFICATIONS_PREFIX = "notifications"
 #: Access tokens of the gateway and the dashboard: read by the servers that check them, written by admins only.
@@ -215,11 +216,11 @@ def quality_key(relative: str) -> str:
     return f"{QUALITY_PREFIX}/{relative}"
 
 
-def registry_version_key(version: int) -> str:
+def config_version_key(version: int) -> str:
     """``registry/versions/<version>.json``, zero-padded to 12 digits so that listing order is version order."""
     if not 1 <= version < 10**12:
-        raise ValueError(f"registry version {version} out of range")  # programming error
-    return f"{REGISTRY_VERSIONS_PREFIX}/{version:012d}.json"
+        raise ValueError(f"config version {version} out of range")  # programming error
+    return f"{CONFIG_VERSIONS_PREFIX}/{version:012d}.json"
 
 
 def notifications_key(receiver: str) -> str:
@@ -246,10 +247,10 @@ def grants(operation: Operation) -> frozenset[tuple[str, str]]:
         needed.add(("write", TABLES_PREFIX))
     if operation.reports:
         needed |= {("read", QUALITY_PREFIX), ("write", QUALITY_PREFIX)}
-    if operation.registry is not None:
-        needed.add(("read", REGISTRY_PREFIX))
-    if operation.registry is Access.WRITE:
-        needed.add(("write", REGISTRY_PREFIX))
+    if operation.config_store is not None:
+        needed.add(("read", CONFIG_PREFIX))
+    if operation.config_store is Access.WRITE:
+        needed.add(("write", CONFIG_PREFIX))
     if operation.notifies:
         needed |= {("read", NOTIFICATIONS_PREFIX), ("write", NOTIFICATIONS_PREFIX)}
     if operation.tokens is not None:

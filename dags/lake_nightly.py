@@ -87,7 +87,7 @@ def lake_nightly():
 
     @task(outlets=outlets(QUERIES))
     def stored_queries(day: str) -> list[dict]:
-        """Evaluate the registry's stored queries for the day into the stored query results."""
+        """Evaluate the config store's stored queries for the day into the stored query results."""
         from metrics_lake.app.operations import evaluate_queries
         from metrics_lake.core.config import load_settings
 

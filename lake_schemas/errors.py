@@ -12,7 +12,7 @@ colon where it differs from the parent's)::
     ├── InputError (ValueError)           an argument, option, file or request is unusable
     │   ├── ContractViolation             an event breaks the event contract (its reason goes to quarantine)
     │   ├── StoredQueryError              a stored query, or the file declaring them, is malformed
-    │   ├── AlertRuleError                an alert rule is malformed or names what the registry lacks
+    │   ├── AlertRuleError                an alert rule is malformed or names what the config store lacks
     │   ├── SelectorError                 a series selector (a query's FROM, the label filter) is malformed
     │   ├── RangeError                    a dashboard API range or step is malformed (names the parameter)
     │   ├── RemoteReadError               a Prometheus remote-read request is malformed or too large
@@ -35,7 +35,7 @@ colon where it differs from the parent's)::
     │   ├── LeaseHeldError                a partition or table is leased to another live writer
     │   ├── FencedError                   this writer's lease was taken over
     │   ├── ConcurrentWriterError         another speed layer commits to the same tables
-    │   └── RegistryConflictError         another edit of the registry won; nothing of this one applied
+    │   └── ConfigConflictError           another edit of the config store won; nothing of this one applied
     ├── IntegrityError (ValueError): 65   an object under the lake root is not what the lake wrote
     └── CheckFailedError: 1               a check ran and failed
         ├── QualityGateError              a critical data-quality expectation failed
@@ -89,7 +89,7 @@ __all__ = [
     "NotFoundError",
     "QualityGateError",
     "RangeError",
-    "RegistryConflictError",
+    "ConfigConflictError",
     "RemoteReadError",
     "SelectorError",
     "SequenceConflictError",
@@ -148,7 +148,7 @@ class StoredQueryError(InputError):
 
 
 class AlertRuleError(InputError):
-    """An alert rule is malformed, or names a stored query (or aggregate) the registry lacks; names rule and clause."""
+    """An alert rule is malformed, or names a stored query (or aggregate) the config store lacks; names rule and clause."""
 
 
 class SelectorError(InputError):
@@ -255,8 +255,8 @@ class ConcurrentWriterError(ConflictError):
     """Another speed layer committed positions to the same table meanwhile: two streams on one topic."""
 
 
-class RegistryConflictError(ConflictError):
-    """The registry (stored queries, alert rules) changed after the edit read it; nothing of the edit was applied."""
+class ConfigConflictError(ConflictError):
+    """The config store (stored queries, alert rules) changed after the edit read it; nothing of the edit was applied."""
 
 
 class IntegrityError(LakeError, ValueError):

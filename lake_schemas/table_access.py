@@ -62,7 +62,7 @@ class LogAccess(StrEnum):
 
 
 class Access(StrEnum):
-    """How an operation uses a store prefix other than the log (the registry of stored queries and alert rules)."""
+    """How an operation uses a store prefix other than the log (the config store of stored queries and alert rules)."""
 
     READ = "read"
     WRITE = "write"
@@ -76,8 +76,8 @@ class Operation:
     help texts; ``reads``/``writes``: the tables it reads and commits to
     (writes in commit order); ``log``: its use of the log, if any;
     ``reports``: whether it publishes files under ``quality/`` (data docs);
-    ``registry``: its use of the registry of stored queries and alert rules
-    (``metrics_lake.core.registry``), if any; ``notifies``: whether it sends
+    ``config_store``: its use of the config store of stored queries and alert rules
+    (``metrics_lake.core.config_store``), if any; ``notifies``: whether it sends
     alerts to Alertmanager (and keeps its outbox's delivery record under
     ``notifications/``); ``tokens``: its use of the access tokens under
     ``auth/`` (the gateway and the dashboard read them to check requests,
@@ -90,7 +90,7 @@ class Operation:
     writes: tuple[Table, ...] = ()
     log: LogAccess | None = None
     reports: bool = False
-    registry: Access | None = None
+    config_store: Access | None = None
     notifies: bool = False
     tokens: Access | None = None
 
@@ -121,7 +121,7 @@ STREAM = Operation(
         Table.SERVERS,
     ),
     log=LogAccess.READ,
-    registry=Access.WRITE,  # seeds a new lake's registry from the shipped declarations
+    config_store=Access.WRITE,  # seeds a new lake's config store from the shipped declarations
     notifies=True,
 )
 #: Re-reads a log range through the bronze path, skipping the positions the tables hold.
@@ -146,21 +146,21 @@ ROLLUP = Operation(
     reads=tuple(spec.rollup_of for spec in _ROLLUPS if spec.rollup_of is not None),
     writes=tuple(spec.name for spec in _ROLLUPS),
 )
-#: Stored queries: managing the registry, evaluating whole days (the nightly run) and backfills.
+#: Stored queries: managing the config store, evaluating whole days (the nightly run) and backfills.
 QUERIES = Operation(
     "queries",
     f"manage the stored queries and evaluate them over days into {Table.QUERY_RESULTS}",
     reads=(Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS),
     writes=(Table.QUERY_RESULTS,),
-    registry=Access.WRITE,
+    config_store=Access.WRITE,
 )
-#: Alert rules: managing them in the registry, sending the alerts to Alertmanager, the nightly evaluation.
+#: Alert rules: managing them in the config store, sending the alerts to Alertmanager, the nightly evaluation.
 ALERTS = Operation(
     "alerts",
     f"manage the alert rules, send the alerts to Alertmanager and evaluate rules over whole days into {Table.ALERTS}",
     reads=(Table.QUERY_RESULTS, Table.ALERTS),
     writes=(Table.ALERTS,),
-    registry=Access.WRITE,
+    config_store=Access.WRITE,
     notifies=True,
 )
 #: Great Expectations suites of a day, plus the freshness of the newest windows and query results.
@@ -170,7 +170,7 @@ QUALITY = Operation(
     reads=(*_SUITES, Table.QUERY_RESULTS),
     writes=(Table.DQ_RESULTS,),
     reports=True,
-    registry=Access.READ,
+    config_store=Access.READ,
 )
 #: The server inventory: appends changes to the ``inventory`` topic and folds it into ``servers``.
 INVENTORY = Operation(
@@ -203,7 +203,7 @@ ANALYSIS = Operation(
     "sql",
     "read the tables and the stored queries (Spark SQL, the dashboard, table listings)",
     reads=tuple(TABLES),
-    registry=Access.READ,
+    config_store=Access.READ,
     tokens=Access.READ,  # the dashboard checks its users' tokens
 )
 #: ``lake tokens``: create, list and revoke the gateway's and dashboard's access tokens.
@@ -215,7 +215,7 @@ DEMO = Operation(
     reads=STREAM.reads,
     writes=STREAM.writes,
     log=LogAccess.WRITE,
-    registry=STREAM.registry,
+    config_store=STREAM.config_store,
     notifies=STREAM.notifies,
 )
 

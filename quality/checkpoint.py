@@ -282,10 +282,10 @@ def run_quality(
         finally:
             frame.unpersist()
     if day == now.date() and (tables is None or Table.METRIC_WINDOWS_1M in tables):
-        from metrics_lake.core.registry import Registry
+        from metrics_lake.core.config_store import ConfigStore
         from metrics_lake.quality.freshness import freshness_outcomes
 
-        report.outcomes += freshness_outcomes(settings, Registry(store).current().queries(), now)
+        report.outcomes += freshness_outcomes(settings, ConfigStore(store).current().queries(), now)
     write_results(settings, report, now)
     prune_validations(settings, context)
     write_trend(settings)

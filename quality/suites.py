@@ -32,7 +32,7 @@ import statistics
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
-#: Tables with a suite (``quality_suite`` in the registry), and each one's window size in seconds (None: not a window table).
+#: Tables with a suite (``quality_suite`` in the table registry), and each one's window size in seconds (None: not a window table).
 SUITE_TABLES: dict[str, int | None] = {name: spec.window_seconds for name, spec in TABLES.items() if spec.quality_suite}
 CRITICAL, WARNING = "critical", "warning"
 

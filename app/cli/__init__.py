@@ -2,7 +2,7 @@
 
 Commands live in modules by group (:mod:`.ingest`, :mod:`.speed`,
 :mod:`.batch`, :mod:`.queries`, :mod:`.alerts`, :mod:`.inventory`, :mod:`.maintenance`, :mod:`.analysis`,
-:mod:`.dashboard`, :mod:`.local`; what they share in :mod:`.options` and :mod:`.registry_edits`) and are registered on
+:mod:`.dashboard`, :mod:`.local`; what they share in :mod:`.options` and :mod:`.config_edits`) and are registered on
 :data:`app` here. Configuration comes from ``LAKE_*``
 variables or ``lake.toml`` (:mod:`metrics_lake.core.config`); flags cover
 per-run choices.

@@ -1,4 +1,4 @@
-"""``lake alerts …``: the alert rules in the registry (add, rm, list, show, history, --from-file), the alerts they
+"""``lake alerts …``: the alert rules in the config store (add, rm, list, show, history, --from-file), the alerts they
 raised, their delivery to Alertmanager (notify), and their evaluation over whole days (--date).
 
 Rules are evaluated by the speed layer after every micro-batch (a running
@@ -16,15 +16,15 @@ import typer
 from rich import table as rich_table
 from rich.markup import escape
 
-from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings, stop_on_signals
-from metrics_lake.app.cli.registry_edits import (
+from metrics_lake.app.cli.config_edits import (
     ByOption,
     FromFileOption,
     YesOption,
     group_callback,
-    open_registry,
+    open_config_store,
     print_history,
 )
+from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings, stop_on_signals
 from metrics_lake.app.console import err, out
 from metrics_lake.lake_schemas.errors import AlertRuleError, CheckFailedError, ConfigError
 from metrics_lake.lake_schemas.table_access import ALERTS
@@ -53,7 +53,7 @@ def alerts(
     by: ByOption = None,
 ) -> None:
     """Apply a declarations file of alert rules (--from-file), or evaluate the rules over whole days (--date)."""
-    from metrics_lake.core.registry import ALERT
+    from metrics_lake.core.config_store import ALERT
 
     group_callback(
         ctx,
@@ -77,7 +77,7 @@ def _evaluate_days(chosen: list[dt.date]) -> None:
     config = settings()
     open_tables(config, *ALERTS.tables)
     store = open_store(config)
-    rules = open_registry().current().alert_rules()
+    rules = open_config_store().current().alert_rules()
     err.print(f"evaluating {len(rules)} alert rules over {len(chosen)} day(s) of {Table.QUERY_RESULTS} ...")
     for day in chosen:
         result = evaluate_alerts_for_day(store, day, rules)
@@ -100,26 +100,26 @@ def add(
     by: ByOption = None,
 ) -> None:
     """Add an alert rule (or change one with --replace); the stream evaluates it from its next micro-batch."""
-    from metrics_lake.core.registry import ALERT, Change
+    from metrics_lake.core.config_store import ALERT, Change
 
-    registry = open_registry()
-    current = registry.current()
+    config_store = open_config_store()
+    current = config_store.current()
     if name in current.rules and not replace:
         raise AlertRuleError(f"alert rule {name!r} exists ({current.rules[name].text}); change it with --replace")
-    new = registry.apply([Change("put", name, rule, description, ALERT)], by=by, expected=current.version)
+    new = config_store.apply([Change("put", name, rule, description, ALERT)], by=by, expected=current.version)
     if new.version == current.version:
-        err.print(f"{name}: unchanged (registry version {new.version})")
+        err.print(f"{name}: unchanged (config version {new.version})")
         return
-    err.print(f"{name}: revision {new.rules[name].revision}, registry version {new.version}{_LIVE_HINT}")
+    err.print(f"{name}: revision {new.rules[name].revision}, config version {new.version}{_LIVE_HINT}")
 
 
 @alerts_app.command("rm")
 def rm(name: Annotated[str, typer.Argument(help="The alert rule to remove.")], by: ByOption = None) -> None:
     """Remove an alert rule: its firing and pending alerts are resolved by the stream's next micro-batch."""
-    from metrics_lake.core.registry import ALERT, Change
+    from metrics_lake.core.config_store import ALERT, Change
 
-    new = open_registry().apply([Change("delete", name, kind=ALERT)], by=by)
-    err.print(f"{name}: removed, registry version {new.version}")
+    new = open_config_store().apply([Change("delete", name, kind=ALERT)], by=by)
+    err.print(f"{name}: removed, config version {new.version}")
 
 
 def _active():
@@ -133,7 +133,7 @@ def _active():
 @alerts_app.command("list")
 def list_rules() -> None:
     """List the alert rules (with how many of their alerts fire or pend), then every active alert."""
-    current = open_registry().current()
+    current = open_config_store().current()
     active = _active()
     listing = rich_table.Table(
         "name",
@@ -143,7 +143,7 @@ def list_rules() -> None:
         "pending",
         "rule",
         "description",
-        title=f"registry version {current.version}",
+        title=f"config version {current.version}",
     )
     for rule in current.alert_rules():
         mine = [a for a in active.values() if a.rule == rule.name]
@@ -184,13 +184,13 @@ def show(name: Annotated[str, typer.Argument(help="The alert rule.")]) -> None:
     """Show one alert rule: its text, meaning, active alerts, latest transitions and the edits that touched it."""
     import pyarrow.compute as pc
 
+    from metrics_lake.core.config_store import ALERT
     from metrics_lake.core.kernels.alert_rules import ABSENCE, format_duration
-    from metrics_lake.core.registry import ALERT
     from metrics_lake.core.speed.alerting import AlertLog
     from metrics_lake.core.storage import open_store
 
-    registry = open_registry()
-    entry = registry.current().entry(name, ALERT)
+    config_store = open_config_store()
+    entry = config_store.current().entry(name, ALERT)
     rule = entry.rule()
     out.print(f"[bold]{escape(name)}[/]  revision {entry.revision}, {rule.kind} rule")
     out.print(f"  rule         {escape(rule.text)}", soft_wrap=True)
@@ -213,15 +213,15 @@ def show(name: Annotated[str, typer.Argument(help="The alert rule.")]) -> None:
             f"  {row['at']:%Y-%m-%d %H:%M:%S} {row['previous_state']} -> {row['state']}: {escape(row['summary'])}",
             soft_wrap=True,
         )
-    for version in registry.history(name, ALERT):
+    for version in config_store.history(name, ALERT):
         for change in (c for c in version.changes if c.name == name and c.kind == ALERT):
             out.print(f"  v{version.version} {version.at} {escape(version.by)}: {escape(change.describe())}")
 
 
 @alerts_app.command("history")
 def history(name: Annotated[str | None, typer.Argument(help="Only the edits of this rule.")] = None) -> None:
-    """List the registry's versions: who changed what, when (alert rules and stored queries)."""
-    from metrics_lake.core.registry import ALERT
+    """List the config store's versions: who changed what, when (alert rules and stored queries)."""
+    from metrics_lake.core.config_store import ALERT
 
     print_history(name, None if name is None else ALERT)
 

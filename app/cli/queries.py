@@ -1,10 +1,10 @@
-"""``lake queries …``: the registry of stored queries (add, rm, list, show, history, a declarations file), their
+"""``lake queries …``: the config store of stored queries (add, rm, list, show, history, a declarations file), their
 backfill, and their evaluation over whole days.
 
-Every edit is one new registry version (:mod:`metrics_lake.core.registry`),
+Every edit is one new config version (:mod:`metrics_lake.core.config_store`),
 recorded with ``--by`` (default ``LAKE_AUTHOR`` or the OS user); a running
 ``lake stream`` picks it up on its next micro-batch. ``lake queries
---date D`` evaluates the registry's queries over whole days (the nightly
+--date D`` evaluates the config store's queries over whole days (the nightly
 run); ``lake queries backfill`` fills a new or changed query's past windows.
 """
 
@@ -16,15 +16,15 @@ import typer
 from rich import table as rich_table
 from rich.markup import escape
 
-from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings
-from metrics_lake.app.cli.registry_edits import (
+from metrics_lake.app.cli.config_edits import (
     ByOption,
     FromFileOption,
     YesOption,
     group_callback,
-    open_registry,
+    open_config_store,
     print_history,
 )
+from metrics_lake.app.cli.options import DateOption, FromOption, ToOption, open_tables, settings
 from metrics_lake.app.console import err, out
 from metrics_lake.lake_schemas.errors import StoredQueryError
 from metrics_lake.lake_schemas.table_access import QUERIES
@@ -33,7 +33,7 @@ from metrics_lake.lake_schemas.tables import Table
 __all__ = ["queries_app"]
 
 queries_app = typer.Typer(
-    help="Stored queries: manage the registry (add, rm, list, show, history, --from-file), backfill, and evaluate "
+    help="Stored queries: manage the config store (add, rm, list, show, history, --from-file), backfill, and evaluate "
     "days (--date).",
     invoke_without_command=True,
     no_args_is_help=False,
@@ -50,8 +50,8 @@ def queries(
     yes: YesOption = False,
     by: ByOption = None,
 ) -> None:
-    """Evaluate the registry's stored queries over days into query_results (--date, or --from/--to), or apply a file."""
-    from metrics_lake.core.registry import QUERY
+    """Evaluate the config store's stored queries over days into query_results (--date, or --from/--to), or apply a file."""
+    from metrics_lake.core.config_store import QUERY
 
     group_callback(
         ctx,
@@ -74,7 +74,7 @@ def _evaluate_days(chosen: list) -> None:
 
     config = settings()
     open_tables(config, *QUERIES.tables)
-    declared = open_registry().current().queries()
+    declared = open_config_store().current().queries()
     err.print(f"evaluating {len(declared)} stored queries over {len(chosen)} day(s) into {Table.QUERY_RESULTS} ...")
     spark = build_session(config, "lake-queries")
     for day in chosen:
@@ -97,20 +97,20 @@ def add(
     by: ByOption = None,
 ) -> None:
     """Add a stored query (or change one with --replace); the stream evaluates it from its next micro-batch."""
-    from metrics_lake.core.registry import Change
+    from metrics_lake.core.config_store import Change
 
-    registry = open_registry()
-    current = registry.current()
+    config_store = open_config_store()
+    current = config_store.current()
     if name in current.entries and not replace:
         raise StoredQueryError(
             f"stored query {name!r} exists ({current.entries[name].query}); change it with --replace"
         )
-    new = registry.apply([Change("put", name, query, description)], by=by, expected=current.version)
+    new = config_store.apply([Change("put", name, query, description)], by=by, expected=current.version)
     if new.version == current.version:
-        err.print(f"{name}: unchanged (registry version {new.version})")
+        err.print(f"{name}: unchanged (config version {new.version})")
         return
     entry = new.entry(name)
-    err.print(f"{name}: revision {entry.revision}, registry version {new.version}{_backfill_hint(new.changes)}")
+    err.print(f"{name}: revision {entry.revision}, config version {new.version}{_backfill_hint(new.changes)}")
 
 
 @queries_app.command("rm")
@@ -123,11 +123,11 @@ def rm(
     by: ByOption = None,
 ) -> None:
     """Remove a stored query: its rows stop being updated and are kept until retention, or deleted with --purge."""
-    from metrics_lake.core.registry import Change
+    from metrics_lake.core.config_store import Change
 
-    registry = open_registry()
-    new = registry.apply([Change("delete", name)], by=by)
-    err.print(f"{name}: removed, registry version {new.version}")
+    config_store = open_config_store()
+    new = config_store.apply([Change("delete", name)], by=by)
+    err.print(f"{name}: removed, config version {new.version}")
     if purge:
         from metrics_lake.core.maintenance.query_backfill import purge_query
         from metrics_lake.core.storage import open_store
@@ -139,11 +139,11 @@ def rm(
 @queries_app.command("list")
 def list_queries() -> None:
     """List the stored queries: name, revision, whether the stream and the backfill are at it, query, description."""
-    registry = open_registry()
-    current = registry.current()
+    config_store = open_config_store()
+    current = config_store.current()
     statuses = _statuses(current)
     listing = rich_table.Table(
-        "name", "revision", "status", "query", "description", title=f"registry version {current.version}"
+        "name", "revision", "status", "query", "description", title=f"config version {current.version}"
     )
     for name, entry in sorted(current.entries.items()):
         listing.add_row(name, str(entry.revision), statuses[name], entry.query, entry.description)
@@ -169,10 +169,10 @@ def _statuses(current) -> dict[str, str]:
 @queries_app.command("show")
 def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None:
     """Show one stored query: its text, description, revision, status and the edits that touched it."""
-    from metrics_lake.core.registry import QUERY
+    from metrics_lake.core.config_store import QUERY
 
-    registry = open_registry()
-    current = registry.current()
+    config_store = open_config_store()
+    current = config_store.current()
     entry = current.entry(name)
     parsed = entry.parsed()
     out.print(f"[bold]{escape(name)}[/]  revision {entry.revision} ({_statuses(current)[name]})")
@@ -186,15 +186,15 @@ def show(name: Annotated[str, typer.Argument(help="The stored query.")]) -> None
         + (f", by {','.join(parsed.group_by)}" if parsed.group_by else ""),
         soft_wrap=True,
     )
-    for version in registry.history(name, QUERY):
+    for version in config_store.history(name, QUERY):
         for change in (c for c in version.changes if c.name == name):
             out.print(f"  v{version.version} {version.at} {escape(version.by)}: {escape(change.describe())}")
 
 
 @queries_app.command("history")
 def history(name: Annotated[str | None, typer.Argument(help="Only the edits of this query.")] = None) -> None:
-    """List the registry's versions: who changed what, when (queries and alert rules)."""
-    from metrics_lake.core.registry import QUERY
+    """List the config store's versions: who changed what, when (queries and alert rules)."""
+    from metrics_lake.core.config_store import QUERY
 
     print_history(name, None if name is None else QUERY)
 
@@ -209,10 +209,10 @@ def backfill(
 
     config = settings()
     store = open_store(config)
-    current = open_registry().current()
+    current = open_config_store().current()
     chosen = [current.entry(n).parsed() for n in names] if names else pending_backfills(store, current.queries())
     if not chosen:
-        err.print(f"every stored query of registry version {current.version} is backfilled")
+        err.print(f"every stored query of config version {current.version} is backfilled")
         return
     err.print(f"backfilling {len(chosen)} stored quer{'y' if len(chosen) == 1 else 'ies'} ...")
     backfill_queries(

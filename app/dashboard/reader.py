@@ -42,6 +42,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from metrics_lake.app.dashboard.panel_series import STEPS, choose_step, series_json
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.config_store import ConfigStore, ConfigVersion
 from metrics_lake.core.kernels.alert_evaluation import epoch_us
 from metrics_lake.core.kernels.alert_rules import ABSENCE
 from metrics_lake.core.kernels.selectors import Selector
@@ -49,7 +50,6 @@ from metrics_lake.core.kernels.stored_queries import StoredQuery, parse_query, q
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.log.consumer_groups import lag_report
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.registry import Registry, RegistryVersion
 from metrics_lake.core.speed.alerting import AlertLog, append_clock_us, read_last_seen
 from metrics_lake.core.speed.progress import QueryProgress, newest_window_end, query_progress, watermark_app_id
 from metrics_lake.core.storage import open_store
@@ -87,11 +87,11 @@ class _Entry:
 class DashboardReader:
     """Reads one lake for the dashboard; thread-safe.
 
-    ``queries``: the stored queries shown (default: the lake's registry,
-    :mod:`metrics_lake.core.registry`, so edits show without a restart);
+    ``queries``: the stored queries shown (default: the lake's config store,
+    :mod:`metrics_lake.core.config_store`, so edits show without a restart);
     ``clock``: seconds since the epoch (tests move it); ``cache_ttl_seconds``:
     how long a closed block stays cached (module docstring);
-    ``refresh_seconds``: a table's newest version and the registry's are
+    ``refresh_seconds``: a table's newest version and the config store's are
     looked up at most this often (a listing each time).
     """
 
@@ -107,9 +107,9 @@ class DashboardReader:
     ) -> None:
         self.settings = settings
         self.store = open_store(settings)
-        self.registry = Registry(self.store)
+        self.config_store = ConfigStore(self.store)
         self._fixed = None if queries is None else {q.name: q for q in queries}
-        self._registry: tuple[RegistryVersion, float] | None = None
+        self._config: tuple[ConfigVersion, float] | None = None
         self.clock = clock
         self.cache_ttl_seconds = cache_ttl_seconds
         self.cache_blocks = cache_blocks
@@ -122,28 +122,28 @@ class DashboardReader:
 
     # -- stored queries -----------------------------------------------------------------------------------------
 
-    def registry_version(self) -> RegistryVersion:
-        """The registry's current version (looked up at most every ``refresh_seconds``)."""
+    def config_version(self) -> ConfigVersion:
+        """The config store's current version (looked up at most every ``refresh_seconds``)."""
         now = time.monotonic()
         with self._lock:
-            cached = self._registry
+            cached = self._config
         if cached is None or now - cached[1] >= self.refresh_seconds:
-            cached = (self.registry.current(), now)
+            cached = (self.config_store.current(), now)
             with self._lock:
-                self._registry = cached
+                self._config = cached
         return cached[0]
 
-    def forget_registry(self) -> None:
-        """Look the registry up again on the next request (after this process edited it)."""
+    def forget_config(self) -> None:
+        """Look the config store up again on the next request (after this process edited it)."""
         with self._lock:
-            self._registry = None
+            self._config = None
 
     @property
     def queries(self) -> dict[str, StoredQuery]:
         """The stored queries shown, by name."""
         if self._fixed is not None:
             return self._fixed
-        return {q.name: q for q in self.registry_version().queries()}
+        return {q.name: q for q in self.config_version().queries()}
 
     def query_status(self, query: StoredQuery) -> dict:
         """``{"revision", "live", "backfilled"}``: whether ``query_results`` holds ``query``'s current revision live
@@ -342,10 +342,10 @@ class DashboardReader:
 
         ``{"rules": [{"name", "kind", "rule", "description", "revision", "firing", "pending"}],
         "active": [{"rule", "server", "state", "since", "value", "labels", "summary", "fingerprint"}],
-        "recent": [{"at", "rule", "server", "previous_state", "state", "summary"}], "registry_version"}``;
+        "recent": [{"at", "rule", "server", "previous_state", "state", "summary"}], "config_version"}``;
         times are epoch ms, ``server`` null for a fleet-wide alert.
         """
-        version = self.registry_version()
+        version = self.config_version()
         active = self._active_alerts()
         rows = self.alert_log.transitions()
         # Only the rows shown become Python dicts: the active alerts' latest live transitions and the newest ones.
@@ -393,7 +393,7 @@ class DashboardReader:
             }
             for r in rows.slice(max(rows.num_rows - RECENT_TRANSITIONS, 0)).to_pylist()[::-1]
         ]
-        return {"rules": rules, "active": listed, "recent": recent, "registry_version": version.version}
+        return {"rules": rules, "active": listed, "recent": recent, "config_version": version.version}
 
     def servers(self, select: Selector | None = None) -> dict:
         """Every server's status by the lake's append clock: ``up``, ``silent`` (not heard from for the shortest
@@ -409,7 +409,7 @@ class DashboardReader:
         seen = read_last_seen(self.store, table) if table is not None else pa.table({"server": [], "metric": []})
         rows = seen.filter(pc.is_null(seen.column("metric"))).to_pylist() if seen.num_rows else []
         clock_us = append_clock_us(seen) if seen.num_rows else None
-        absence = [r for r in self.registry_version().alert_rules() if r.kind == ABSENCE]
+        absence = [r for r in self.config_version().alert_rules() if r.kind == ABSENCE]
         alerting: dict[str, list[str]] = {}
         for alert in self._active_alerts().values():
             if alert.server is not None and alert.state == "firing":

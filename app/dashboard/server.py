@@ -8,17 +8,17 @@ Routes (JSON errors are ``{"error": message, "parameter": name}``):
 
 - ``GET /`` the dashboard page; ``GET /static/plotly.min.js``;
 - ``GET /api/queries``: the stored queries (name, text, description, window,
-  step, aggregates, per_server, revision, live, backfilled) and the registry
+  step, aggregates, per_server, revision, live, backfilled) and the config store
   version;
 - ``GET /api/queries/{name}``: one stored query's definition, status and
-  edits (404 if unknown); the registry version is its ``ETag``;
+  edits (404 if unknown); the config version is its ``ETag``;
 - ``PUT /api/queries/{name}`` (JSON ``{"query": …, "description": …}``) adds
   or changes a stored query, ``DELETE /api/queries/{name}`` removes it; both
   need an admin token in ``Authorization: Bearer …`` (``lake tokens create
   --scope admin``, or ``LAKE_ADMIN_TOKEN``): 401 without one, 403 for a
   token of another scope or a lake with no admin credential at all (the
   dashboard is never an open write endpoint). A bad query is a 400 whose error names the clause; an
-  ``If-Match: <registry version>`` that is not the current one a 412, an
+  ``If-Match: <config version>`` that is not the current one a 412, an
   edit that lost a race a 409 (nothing applied either way);
 - ``GET /api/alerts``: the alert rules (with how many of their alerts fire
   or pend), the active alerts and the latest transitions
@@ -73,14 +73,14 @@ from metrics_lake.app.dashboard.login import ReadGate
 from metrics_lake.app.dashboard.reader import RANGES, DashboardReader
 from metrics_lake.app.dashboard.remote_read import RemoteReader
 from metrics_lake.app.http_server import TlsFiles, serve_asgi
+from metrics_lake.core.config_store import ALERT, QUERY, Change
 from metrics_lake.core.kernels.selectors import Selector, parse_selector
-from metrics_lake.core.registry import ALERT, QUERY, Change
 from metrics_lake.core.tokens import Scope
 from metrics_lake.lake_schemas.errors import (
     AlertRuleError,
+    ConfigConflictError,
     NotFoundError,
     RangeError,
-    RegistryConflictError,
     RemoteReadError,
     SelectorError,
     StoredQueryError,
@@ -181,7 +181,7 @@ def build_app(reader: DashboardReader, *, refresh_seconds: int = 10, auth: Authe
                     for q in reader.queries.values()
                 ],
                 "ranges": RANGES,
-                "registry_version": reader.registry_version().version,
+                "config_version": reader.config_version().version,
             }
         )
 
@@ -288,7 +288,7 @@ async def _json_body(request: Request, field: str, shape: str) -> dict | Respons
     return body
 
 
-#: Per kind of registry entry: the JSON field holding its text, and the body a PUT expects.
+#: Per kind of config store entry: the JSON field holding its text, and the body a PUT expects.
 _BODIES = {
     QUERY: ("query", '{"query": "FROM …", "description": "…"}'),
     ALERT: ("rule", '{"rule": "<query>.<aggregate> > <number> …", "description": "…"}'),
@@ -304,7 +304,7 @@ async def _edit(request: Request, reader: DashboardReader, kind: str, auth: Auth
         return denied
     expected = request.headers.get("if-match")
     if expected is not None and not expected.strip('"').isdigit():
-        return _error(400, "If-Match must be a registry version (the ETag of a GET)", "If-Match")
+        return _error(400, "If-Match must be a config version (the ETag of a GET)", "If-Match")
     if request.method == "PUT":
         field, shape = _BODIES[kind]
         body = await _json_body(request, field, shape)
@@ -315,10 +315,10 @@ async def _edit(request: Request, reader: DashboardReader, kind: str, auth: Auth
     else:
         change = Change("delete", name, kind=kind)
     by = f"api:{client_address(request)}"
-    existed = name in (await run_in_threadpool(reader.registry.current)).of_kind(kind)
+    existed = name in (await run_in_threadpool(reader.config_store.current)).of_kind(kind)
     try:
         version = await run_in_threadpool(
-            reader.registry.apply, [change], by=by, expected=None if expected is None else int(expected.strip('"'))
+            reader.config_store.apply, [change], by=by, expected=None if expected is None else int(expected.strip('"'))
         )
     except StoredQueryError as exc:
         return _error(400, str(exc), "query")
@@ -326,9 +326,9 @@ async def _edit(request: Request, reader: DashboardReader, kind: str, auth: Auth
         return _error(400, str(exc), "rule")
     except NotFoundError as exc:
         return _error(404, str(exc), "name")
-    except RegistryConflictError as exc:
+    except ConfigConflictError as exc:
         return _error(412 if expected is not None else 409, str(exc), "If-Match" if expected else None)
-    reader.forget_registry()
+    reader.forget_config()
     if request.method == "DELETE":
         return Response(status_code=204, headers={"ETag": f'"{version.version}"'})
     answer = await run_in_threadpool(_definition if kind == QUERY else _rule_definition, reader, name)
@@ -347,19 +347,19 @@ async def _admin_only(request: Request, auth: Authenticator) -> Response | None:
 
 
 def _edits(reader: DashboardReader, name: str, kind: str) -> list[dict]:
-    """The registry edits that touched entry ``name`` of ``kind``: version, when, who, what."""
+    """The config store edits that touched entry ``name`` of ``kind``: version, when, who, what."""
     return [
         {"version": v.version, "at": v.at, "by": v.by, "change": c.describe()}
-        for v in reader.registry.history(name, kind)
+        for v in reader.config_store.history(name, kind)
         for c in v.changes
         if c.name == name and c.kind == kind
     ]
 
 
 def _rule_definition(reader: DashboardReader, name: str) -> Response:
-    """``GET /api/alerts/{name}``: the rule, its active alerts and the edits that touched it; ETag = registry
+    """``GET /api/alerts/{name}``: the rule, its active alerts and the edits that touched it; ETag = config
     version."""
-    version = reader.registry_version()
+    version = reader.config_version()
     entry = version.rules.get(name)
     if entry is None:
         return _error(404, f"no alert rule named {name!r}; GET /api/alerts lists them", "name")
@@ -376,16 +376,16 @@ def _rule_definition(reader: DashboardReader, name: str) -> Response:
         "changed_at": entry.changed_at,
         "changed_by": entry.changed_by,
         "active": [a for a in reader.alerts()["active"] if a["rule"] == name],
-        "registry_version": version.version,
+        "config_version": version.version,
         "history": edits,
     }
     return JSONResponse(body, headers={"ETag": f'"{version.version}"'})
 
 
 def _definition(reader: DashboardReader, name: str) -> Response:
-    """``GET /api/queries/{name}``: the entry, its status and the edits that touched it; ETag = registry version."""
-    version = reader.registry_version()
-    query = reader.queries.get(name)  # the registry's, or the reader's fixed list (tests, benchmarks)
+    """``GET /api/queries/{name}``: the entry, its status and the edits that touched it; ETag = config version."""
+    version = reader.config_version()
+    query = reader.queries.get(name)  # the config store's, or the reader's fixed list (tests, benchmarks)
     if query is None:
         return _error(404, f"no stored query named {name!r}; GET /api/queries lists them", "name")
     entry = version.entries.get(name)
@@ -397,7 +397,7 @@ def _definition(reader: DashboardReader, name: str) -> Response:
         "changed_at": entry.changed_at if entry else None,
         "changed_by": entry.changed_by if entry else None,
         **reader.query_status(query),
-        "registry_version": version.version,
+        "config_version": version.version,
         "history": edits,
     }
     return JSONResponse(body, headers={"ETag": f'"{version.version}"'})

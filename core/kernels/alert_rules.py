@@ -1,7 +1,7 @@
 """Alert rules: the grammar and its parser (their evaluation: :mod:`metrics_lake.core.kernels.alert_evaluation`).
 
-Two kinds of rule, managed in the registry beside the stored queries
-(:mod:`metrics_lake.core.registry`)::
+Two kinds of rule, managed in the config store beside the stored queries
+(:mod:`metrics_lake.core.config_store`)::
 
     <query>.<aggregate> <op> <number> [FOR <duration>] [LABELS k=v[,k=v...]]
     ABSENT <metric> [FROM <servers>] FOR <duration> [LABELS k=v[,k=v...]]
@@ -88,7 +88,7 @@ class AlertRule:
     """A parsed alert rule (module docstring); ``for_s`` in seconds, ``labels`` sorted ``(name, value)`` pairs.
 
     Threshold rules set ``query``, ``aggregate``, ``op`` and ``threshold``;
-    absence rules ``metric`` and ``servers``. ``revision``: the registry
+    absence rules ``metric`` and ``servers``. ``revision``: the config store
     version at which the text was defined (0 for a file's).
     """
 
@@ -184,7 +184,7 @@ def parse_rule(name: str, text: str, description: str = "", *, absence_lookback_
 
     ``absence_lookback_s``: how long a silent server stays expected; an
     absence rule's ``FOR`` must be shorter. Whether a threshold rule's query
-    exists and computes its aggregate is checked against the registry
+    exists and computes its aggregate is checked against the config store
     (:func:`check_against_queries`), not here.
     """
     if not _NAME.fullmatch(name):

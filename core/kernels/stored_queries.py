@@ -111,7 +111,7 @@ class StoredQuery:
     aggregates: tuple[Aggregate, ...]
     per_server: bool
     description: str = ""
-    #: The registry version at which this text was defined (``metrics_lake.core.registry``); 0 for a file's.
+    #: The config version at which this text was defined (``metrics_lake.core.config_store``); 0 for a file's.
     revision: int = 0
     matchers: tuple[LabelMatcher, ...] = ()
     group_by: tuple[str, ...] = ()

@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.kernels.alert_evaluation import (
     FIRING,
     INACTIVE,
@@ -45,7 +46,6 @@ from metrics_lake.core.kernels.alert_evaluation import (
 )
 from metrics_lake.core.kernels.alert_rules import OPERATORS, THRESHOLD, AlertRule, format_duration
 from metrics_lake.core.kernels.stored_queries import StoredQuery
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertLog
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, retry_on_conflict
@@ -153,7 +153,7 @@ def _live_firings(alert_log: AlertLog) -> dict[tuple[str, str | None], list[tupl
 
 
 def evaluate_alerts_for_day(store: Store, day: dt.date, rules: list[AlertRule] | None = None) -> NightlyAlerts:
-    """Evaluate the threshold ``rules`` (default: the registry's) over ``day``'s ``query_results`` and append the
+    """Evaluate the threshold ``rules`` (default: the config store's) over ``day``'s ``query_results`` and append the
     episodes the live evaluation missed to ``alerts`` in one commit (module docstring).
 
     Run it after the day's stored queries were evaluated (``lake queries
@@ -161,7 +161,7 @@ def evaluate_alerts_for_day(store: Store, day: dt.date, rules: list[AlertRule] |
     winning.
     """
     started = time.monotonic()
-    version = Registry(store).current()
+    version = ConfigStore(store).current()
     rules = version.alert_rules() if rules is None else rules
     queries = {q.name: q for q in version.queries()}
     chosen = [r for r in rules if r.kind == THRESHOLD and r.query in queries]

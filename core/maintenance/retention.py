@@ -38,7 +38,7 @@ from metrics_lake.core.tables.commits import retry_on_conflict
 from metrics_lake.core.tables.delta import list_tables, open_table
 from metrics_lake.lake_schemas.tables import TABLES
 
-#: table -> (partition column holding its day, LakeSettings field with its retention in days), from the registry.
+#: table -> (partition column holding its day, LakeSettings field with its retention in days), from the table registry.
 TABLE_RETENTION: dict[str, tuple[str, str]] = {
     name: (spec.day_column, spec.retention_setting) for name, spec in TABLES.items() if spec.retention_setting
 }

@@ -12,10 +12,10 @@ import logging
 from dataclasses import dataclass
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.inventory import Inventory
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import watched_metrics
 from metrics_lake.core.speed.enrichment import Pin, pin_inventory
 from metrics_lake.core.speed.progress import CONSUMER, POSITION_TABLES, table_positions, watermark_app_id
@@ -136,7 +136,7 @@ def plan_batch(
     tables: LatestTables | None = None,
 ) -> BatchPlan:
     """Plan a micro-batch reading up to ``ends``: each table's position, the watermark, chunks of ``chunk_records``,
-    the metrics absence rules watch (``watched``; default: the registry's rules'), the cardinality limits
+    the metrics absence rules watch (``watched``; default: the config store's rules'), the cardinality limits
     (default: none; :func:`configured_limits` gives the settings'). ``tables``: the tables a stream keeps open
     from one batch to the next (:class:`~metrics_lake.core.tables.delta.LatestTables`; default: opened for this
     call).
@@ -172,7 +172,7 @@ def plan_batch(
         chunks += [Chunk(p, lo, min(lo + chunk_records, end)) for lo in range(start, end, chunk_records)]
     watermark = tables.latest(store, WINDOWS).transaction_version(watermark_app_id(topic))
     if watched is None:
-        watched = watched_metrics(Registry(store).current().alert_rules())
+        watched = watched_metrics(ConfigStore(store).current().alert_rules())
     unread_partitions = tuple(p for p, end in sorted(ends.items()) if end < indexes[p].next_offset)
     behind = [indexes[p].appended_at(ends[p] - 1) for p in unread_partitions if ends[p] > 0]
     read_through = min((at for at in behind if at is not None), default=None)

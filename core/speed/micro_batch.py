@@ -50,12 +50,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.inventory import write_servers_table
 from metrics_lake.core.kernels.alert_rules import AlertRule
 from metrics_lake.core.kernels.cardinality import CardinalityLimits
 from metrics_lake.core.kernels.stored_queries import StoredQuery
 from metrics_lake.core.log.consumer_groups import commit_offsets
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertOptions, watched_metrics
 from metrics_lake.core.speed.batch_plan import BRONZE, QUARANTINE, WINDOWS, BatchPlan, plan_batch
 from metrics_lake.core.speed.cardinality_gate import save_states
@@ -130,8 +130,8 @@ def commit_batch(
     positions. ``stages``: seconds the caller spent before (planning, tasks), reported first in the outcome's.
 
     ``queries`` and ``rules``: the stored queries to keep live and the alert
-    rules to evaluate (default: the lake's registry,
-    :mod:`metrics_lake.core.registry`, read again for every batch, so an edit
+    rules to evaluate (default: the lake's config store,
+    :mod:`metrics_lake.core.config_store`, read again for every batch, so an edit
     takes effect on the next one); ``alerting``: the evaluation delay and
     absence lookback (default :class:`~metrics_lake.core.speed.alerting.AlertOptions`);
     ``open_windows``: the rows of the open windows this stream committed last,
@@ -144,15 +144,15 @@ def commit_batch(
     meanwhile (see the module docstring).
     """
     started = started or time.monotonic()
-    registry = Registry(store).current() if queries is None or rules is None else None
+    config_store = ConfigStore(store).current() if queries is None or rules is None else None
     batch = ProcessedBatch(
         store=store,
         tables=tables or LatestTables(),
         plan=plan,
         results=results,
         watermark_seconds=watermark_seconds,
-        queries=registry.queries() if queries is None else queries,
-        rules=registry.alert_rules() if rules is None else rules,
+        queries=config_store.queries() if queries is None else queries,
+        rules=config_store.alert_rules() if rules is None else rules,
         alerting=alerting or AlertOptions(),
         open_windows=open_windows,
         stages=dict(stages or {}),

@@ -178,10 +178,10 @@ class OpenWindows:
         return pa.concat_tables([kept[at][1] for at in sorted(kept)])
 
     def forget_queries_except(self, names: Iterable[str]) -> None:
-        """Forget the merged minutes of every stored query not in ``names`` (those the registry holds now).
+        """Forget the merged minutes of every stored query not in ``names`` (those the config store holds now).
 
         :meth:`merged_minutes` forgets a query's older revisions when it
-        merges the query again; a query removed from the registry is never
+        merges the query again; a query removed from the config store is never
         merged again, so without this its minutes stayed until the stream
         restarted.
         """

@@ -90,7 +90,7 @@ def backfilled_through_app_id(query: str) -> str:
 class QueryProgress:
     """What ``query_results`` holds of one stored query (``None``: never).
 
-    ``live_revision``: the registry revision the speed layer evaluates (it
+    ``live_revision``: the config store revision the speed layer evaluates (it
     replaced every window ending after its watermark then);
     ``backfilled_revision``: the revision whose closed windows the backfill
     replaced, up to ``backfilled_through_ms`` (a watermark, epoch ms).

@@ -1,7 +1,7 @@
 """Delta tables of the lake through delta-rs (``deltalake``): where they live, opening, creating, listing.
 
 Every table lives at ``<LAKE_ROOT>/tables/<name>`` (:func:`metrics_lake.core.keys.table_prefix`) with
-the schema and partition columns declared in the registry
+the schema and partition columns declared in the table registry
 :data:`metrics_lake.lake_schemas.tables.TABLES`; a table made by ``lake replay
 --into`` carries its own in its Delta metadata.
 """
@@ -68,7 +68,7 @@ def table_folder(store: Store, name: str) -> tuple[pafs.FileSystem, str]:
 def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
     """(schema, partition columns) of table ``name``.
 
-    Declared tables come from the registry :data:`metrics_lake.lake_schemas.tables.TABLES`; any
+    Declared tables come from the table registry :data:`metrics_lake.lake_schemas.tables.TABLES`; any
     other table (one made by ``lake replay --into``) from its own Delta metadata.
     Raises :class:`~metrics_lake.lake_schemas.errors.NotFoundError` if the name is
     neither declared nor an existing table.
@@ -166,10 +166,8 @@ class LatestTables:
     tried.) A table deleted and made again under the same name is not noticed: nothing in the lake does that
     while a stream runs.
 
-    Measured (``bench/steady_load.py`` at 200,000 events/s, medians of a batch's stages in one run each, with and
-    without): planning 0.04 s against 0.07 s, the commits of bronze, quarantine, query results, last seen and
-    alerts 0.15 s against 0.21 s: about 0.09 s of a 1.2 s batch. (Those two runs still measured the last 45 s of a
-    60 s load, before the benchmark measured whole minutes.)
+    Keeping them open saves about 0.09 s of a 1.2 s batch at 200,000 events/s (docs/performance.md, "Tables kept
+    open between batches").
 
     A returned table is the caller's to read and commit on until it asks for the same name again; it must not
     be moved to another version (``load_as_version``). Not for concurrent use (a stream commits one batch at a

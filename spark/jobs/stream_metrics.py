@@ -41,6 +41,7 @@ from pathlib import Path
 
 from metrics_lake.core.arrow_memory import release_freed_memory
 from metrics_lake.core.config import LakeSettings, load_settings
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.maintenance.continuous_compaction import (
@@ -48,7 +49,6 @@ from metrics_lake.core.maintenance.continuous_compaction import (
     CompactionRound,
     compact_speed_tables,
 )
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.batch_plan import BatchPlan, configured_limits, plan_batch
 from metrics_lake.core.speed.chunk_processing import ChunkResult, process_partition
@@ -89,7 +89,7 @@ OFFSET_LOG_VERSION = "v1"
 
 
 def prepare_lake(settings: LakeSettings) -> Store:
-    """Make sure the topic, every table and the registry of stored queries exist; returns the store.
+    """Make sure the topic, every table and the config store of stored queries exist; returns the store.
 
     Cheap and idempotent; commands call it before starting Spark, so a
     wrong root, bad credentials or a missing permission fail in a second
@@ -102,7 +102,7 @@ def prepare_lake(settings: LakeSettings) -> Store:
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
     for name in TABLES:
         ensure_table(store, name)
-    Registry(store).ensure_seeded()  # a new lake's stored queries: the shipped declarations, stored once
+    ConfigStore(store).ensure_seeded()  # a new lake's stored queries: the shipped declarations, stored once
     return store
 
 
@@ -314,7 +314,7 @@ def idle_alerts(settings: LakeSettings, tables: LatestTables | None = None, stor
     :func:`~metrics_lake.core.speed.alerting.evaluate_idle`); returns the transitions recorded."""
     now_ms = int(time.time() * 1000)  # before the log's ends are read: the moment the end was observed at the latest
     store = store or open_store(settings)
-    rules = Registry(store).current().alert_rules()
+    rules = ConfigStore(store).current().alert_rules()
     return evaluate_idle(store, settings.topic, rules, AlertOptions.from_settings(settings), now_ms, tables)
 
 

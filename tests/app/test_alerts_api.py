@@ -12,10 +12,10 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.dashboard import DashboardReader
 from metrics_lake.app.dashboard.server import build_app
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.config_store import ALERT, Change, ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 
 TOKEN = "s3cret-admin-token"
@@ -67,7 +67,7 @@ def test_put_get_delete_a_rule_with_the_admin_token(client):
 def test_a_bad_rule_is_a_400_naming_the_clause_and_nothing_is_applied(client, body, clause):
     answer = client.put("/api/alerts/bad", json=body, headers=ADMIN)
     assert answer.status_code == 400 and clause in answer.json()["error"]
-    assert client.get("/api/alerts").json()["registry_version"] == 0
+    assert client.get("/api/alerts").json()["config_version"] == 0
 
 
 def test_removing_a_query_a_rule_uses_is_a_400_naming_the_rule(client):
@@ -79,7 +79,7 @@ def test_removing_a_query_a_rule_uses_is_a_400_naming_the_rule(client):
 def test_active_alerts_and_server_statuses(tmp_path):
     settings = load_settings(root=str(tmp_path / "lake"), admin_token=TOKEN)
     reader = DashboardReader(settings, refresh_seconds=0)
-    Registry(reader.store).apply(
+    ConfigStore(reader.store).apply(
         [Change("put", "quiet", "ABSENT host.cpu.utilization FROM sim-*,db-9 FOR 1s LABELS severity=info", kind=ALERT)]
     )
     log = SegmentLog(reader.store)

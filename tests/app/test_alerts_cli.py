@@ -1,4 +1,4 @@
-"""`lake alerts …`: rules in the registry (every edit one version), a declarations file applied as a diff, bad input
+"""`lake alerts …`: rules in the config store (every edit one version), a declarations file applied as a diff, bad input
 refused in one line naming the clause with nothing applied, the active alerts listed, delivery to Alertmanager."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import requests
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.infra.alertmanager import LocalAlertmanager, start, stop
 from tests.app.conftest import one_line
@@ -24,16 +24,16 @@ def test_add_show_list_rm_and_history(lake, store):
     listing = lake("alerts", "list").stdout
     assert "server_silent" in listing and "rpc_latency_p99_high" in listing  # the shipped rules
     added = lake("alerts", "add", "slow", RULE, "--description", "RPCs slow for 5 minutes")
-    assert "slow: revision 1, registry version 1" in added.stderr and "next micro-batch" in added.stderr
+    assert "slow: revision 1, config version 1" in added.stderr and "next micro-batch" in added.stderr
     shown = lake("alerts", "show", "slow").stdout
     assert RULE in shown and "RPCs slow for 5 minutes" in shown and "alice" in shown
     assert "fires when fleet_rpc_latency_5m p99 > 300 holds for 5m; labels severity=page" in shown
     assert "exists" in one_line(lake("alerts", "add", "slow", RULE.replace("300", "400"), expect=2))
     lake("alerts", "add", "slow", RULE.replace("300", "400"), "--replace", "--by", "bob")
-    assert Registry(store).current().rules["slow"].revision == 2
+    assert ConfigStore(store).current().rules["slow"].revision == 2
     lake("alerts", "rm", "server_silent")
     listing = lake("alerts", "list").stdout
-    assert "registry version 3" in listing and "server_silent" not in listing and "> 400" in listing
+    assert "config version 3" in listing and "server_silent" not in listing and "> 400" in listing
     history = lake("alerts", "history", "slow").stdout
     assert "alice" in history and "bob" in history and "+ alert slow" in history
     assert "no alert rule 'nope'" in one_line(lake("alerts", "rm", "nope", expect=2))
@@ -51,7 +51,7 @@ def test_add_show_list_rm_and_history(lake, store):
 )
 def test_a_bad_rule_is_one_line_naming_the_clause_and_nothing_changes(lake, store, rule, clause):
     assert clause in one_line(lake("alerts", "add", "bad", rule, expect=2))
-    assert Registry(store).versions() == []
+    assert ConfigStore(store).versions() == []
 
 
 def test_a_declarations_file_shows_its_diff_then_applies_with_yes(lake, store, tmp_path):
@@ -61,14 +61,14 @@ def test_a_declarations_file_shows_its_diff_then_applies_with_yes(lake, store, t
     )
     dry = lake("alerts", "--from-file", str(file))
     assert f"+ alert slow: {RULE}" in dry.stdout and "- alert server_silent" in dry.stdout and "dry run" in dry.stderr
-    assert Registry(store).versions() == []
+    assert ConfigStore(store).versions() == []
     lake("alerts", "--from-file", str(file), "--yes")
-    current = Registry(store).current()
+    current = ConfigStore(store).current()
     assert sorted(current.rules) == ["quiet", "slow"] and "fleet_rpc_latency_5m" in current.entries  # queries kept
     assert "nothing to apply" in lake("alerts", "--from-file", str(file), "--yes").stderr
     file.write_text(file.read_text() + '\n[[alerts]]\nname = "bad"\nrule = "nope.p99 > 1"\n')
     assert "unknown stored query 'nope'" in one_line(lake("alerts", "--from-file", str(file), "--yes", expect=2))
-    assert Registry(store).current().version == 1
+    assert ConfigStore(store).current().version == 1
 
 
 def test_list_shows_firing_alerts_and_notify_once_delivers_them_to_alertmanager(lake, settings, store, log, tmp_path):

@@ -25,8 +25,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from metrics_lake.core.config_store import ALERT, ConfigStore, declared_changes, read_declarations
 from metrics_lake.core.kernels.stored_queries import load_stored_queries
-from metrics_lake.core.registry import ALERT, Registry, declared_changes, read_declarations
 from metrics_lake.core.tables.delta import table_uri
 from tests.app.test_dashboard import HOUR_MS, START_MS, ingest, make_events
 from tests.helpers import LAKE, expected_query_results
@@ -68,9 +68,9 @@ def dashboard(tmp_path, settings, store, log):
     queries_file.write_text(QUERIES_TOML)
     events = make_events(1, START_MS, START_MS + 2 * HOUR_MS, 3000)
     ingest(store, log, events)
-    registry = Registry(store)
-    current = registry.current()  # these queries only: the shipped rules (which use shipped queries) go too
-    registry.apply(
+    config_store = ConfigStore(store)
+    current = config_store.current()  # these queries only: the shipped rules (which use shipped queries) go too
+    config_store.apply(
         declared_changes(current, read_declarations(queries_file)) + declared_changes(current, {}, ALERT), by="test"
     )
     with served(settings) as url:
@@ -202,18 +202,18 @@ def test_a_query_added_through_the_form_is_previewed_saved_and_gets_its_panel(da
         driver.find_element(By.ID, "qf-token").send_keys("wrong")
         driver.find_element(By.ID, "qf-save").click()
         WebDriverWait(driver, 30).until(lambda d: "admin token" in d.find_element(By.ID, "qf-status").text)
-        assert Registry(store).current().entries.get("web_max") is None
+        assert ConfigStore(store).current().entries.get("web_max") is None
         token = driver.find_element(By.ID, "qf-token")
         token.clear()
         token.send_keys(ADMIN_TOKEN)
         saved = time.time()
         driver.find_element(By.ID, "qf-save").click()
         wait_refreshed(driver, saved)
-        assert Registry(store).current().entry("web_max").query == text
+        assert ConfigStore(store).current().entry("web_max").query == text
         panel = driver.find_element(By.CSS_SELECTOR, "[data-query='web_max']")
         assert panel.get_attribute("data-backfilled") == "false"
 
-        # The next micro-batch (here in-process, reading the registry) adopts it: every window is still open.
+        # The next micro-batch (here in-process, reading the config store) adopts it: every window is still open.
         more = make_events(2, to - 600_000, to, 50)
         ingest(store, log, more, queries=None)
         stored = [
@@ -229,7 +229,7 @@ def test_a_query_added_through_the_form_is_previewed_saved_and_gets_its_panel(da
         facts = panel_facts(driver)
         windows = {
             k[2]
-            for k in expected_query_results(events + more, [Registry(store).current().entry("web_max").parsed()])
+            for k in expected_query_results(events + more, [ConfigStore(store).current().entry("web_max").parsed()])
             if to - HOUR_MS <= k[2] < to
         }
         assert facts["web_max"]["points"] == len(windows) == 6
@@ -241,13 +241,13 @@ def test_a_query_added_through_the_form_is_previewed_saved_and_gets_its_panel(da
 def test_the_alerts_and_servers_panels_show_a_silent_server_and_its_firing_alert(settings, store, log):
     """An absence alert raised by the speed layer (in-process) is listed as firing, its server as silent."""
     from metrics_lake.agents.simulator import FleetSimulator
+    from metrics_lake.core.config_store import Change
     from metrics_lake.core.log.consumer import end_offsets
     from metrics_lake.core.log.producer import Producer
-    from metrics_lake.core.registry import Change
     from metrics_lake.core.speed.micro_batch import run_batch_in_process
     from tests.app.test_alerts_api import NOW_MS
 
-    Registry(store).apply([Change("put", "quiet", "ABSENT host.cpu.utilization FROM sim-* FOR 1s", kind=ALERT)])
+    ConfigStore(store).apply([Change("put", "quiet", "ABSENT host.cpu.utilization FROM sim-* FOR 1s", kind=ALERT)])
     for servers, seed in ((4, 0), (3, 1)):  # sim-0003 goes silent
         sim = FleetSimulator(servers=servers, metrics=2, seconds=30, seed=seed, start_ms=NOW_MS + seed * 30_000)
         with Producer(log, settings.topic, partitions=2) as producer:

@@ -1,4 +1,4 @@
-"""`GET/PUT/DELETE /api/queries/{name}`: the registry through HTTP, writes only with the admin token."""
+"""`GET/PUT/DELETE /api/queries/{name}`: the config store through HTTP, writes only with the admin token."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 from metrics_lake.app.dashboard import DashboardReader
 from metrics_lake.app.dashboard.server import build_app
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.registry import Registry
+from metrics_lake.core.config_store import ConfigStore
 
 TOKEN = "s3cret-admin-token"
 LAT = "FROM web-* SELECT app.rpc.latency_ms WINDOW 5m COMPUTE percentile(99), count"
@@ -28,7 +28,7 @@ def test_put_get_delete_with_the_admin_token(client, tmp_path):
     assert body["query"] == LAT and body["revision"] == 1 and body["live"] is False and body["backfilled"] is False
     assert body["changed_by"] == "api:testclient" and created.headers["etag"] == '"1"'
     listing = client.get("/api/queries").json()
-    assert "web_p99" in [q["name"] for q in listing["queries"]] and listing["registry_version"] == 1
+    assert "web_p99" in [q["name"] for q in listing["queries"]] and listing["config_version"] == 1
     changed = client.put(
         "/api/queries/web_p99", json={"query": LAT.replace("99", "95")}, headers={**ADMIN, "If-Match": '"1"'}
     )
@@ -40,7 +40,7 @@ def test_put_get_delete_with_the_admin_token(client, tmp_path):
     assert client.delete("/api/queries/web_p99", headers=ADMIN).status_code == 204
     assert client.get("/api/queries/web_p99").status_code == 404
     assert client.delete("/api/queries/web_p99", headers=ADMIN).status_code == 404
-    assert Registry(DashboardReader(load_settings(root=str(tmp_path / "lake"))).store).current().version == 3
+    assert ConfigStore(DashboardReader(load_settings(root=str(tmp_path / "lake"))).store).current().version == 3
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_put_get_delete_with_the_admin_token(client, tmp_path):
 def test_a_bad_query_is_a_400_naming_the_clause(client, body, clause):
     answer = client.put("/api/queries/bad", json=body, headers=ADMIN)
     assert answer.status_code == 400 and clause in answer.json()["error"]
-    assert client.get("/api/queries").json()["registry_version"] == 0  # nothing applied
+    assert client.get("/api/queries").json()["config_version"] == 0  # nothing applied
 
 
 def test_writes_need_the_admin_token_and_a_lake_without_one_refuses_them(client, tmp_path):
@@ -66,4 +66,4 @@ def test_writes_need_the_admin_token_and_a_lake_without_one_refuses_them(client,
     open_lake = TestClient(build_app(DashboardReader(load_settings(root=str(tmp_path / "lake")))))
     refused = open_lake.put("/api/queries/web_p99", json={"query": LAT}, headers=ADMIN)
     assert refused.status_code == 403 and "LAKE_ADMIN_TOKEN" in refused.json()["error"]
-    assert client.get("/api/queries").json()["registry_version"] == 0
+    assert client.get("/api/queries").json()["config_version"] == 0

@@ -22,13 +22,13 @@ import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
+from metrics_lake.core.config_store import ALERT, Change, ConfigStore
 from metrics_lake.core.kernels.stored_queries import load_stored_queries, parse_query
 from metrics_lake.core.keys import table_lease_key
 from metrics_lake.core.leases import read_lease_at
 from metrics_lake.core.log.consumer import end_offsets, read_range
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.maintenance.continuous_compaction import COMPACTED_TABLES, LEASE_TTL_MS
-from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.tables.delta import open_table
 from metrics_lake.spark.jobs.stream_metrics import checkpoint_location
 from tests.helpers import assert_query_results, expected_windows
@@ -67,9 +67,9 @@ def bronze_version(store) -> int:
 
 def test_sigkilled_stream_restarts_exactly_once(settings, log, store, tmp_path):
     env = lake_env(settings)
-    registry = Registry(store)
-    registry.ensure_seeded()
-    registry.apply(
+    config_store = ConfigStore(store)
+    config_store.ensure_seeded()
+    config_store.apply(
         [
             Change("put", "cpu_1m", CPU_1M.text),
             Change("put", "hot", f"cpu_1m.max > {HOT}", kind=ALERT),

@@ -33,7 +33,7 @@ from metrics_lake.lake_schemas.table_access import (
 from metrics_lake.lake_schemas.tables import TABLES, Table, rollup_chain
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Folders whose Python files must name tables through the registry.
+#: Folders whose Python files must name tables through the table registry.
 SCANNED = ("lake_schemas", "core", "agents", "spark", "infra", "quality", "app", "dags", "bench")
 DECLARED_IN = Path("lake_schemas/tables.py")
 NAME_WORD = re.compile(r"\b(" + "|".join(re.escape(name) for name in Table if "_" in name) + r")\b")

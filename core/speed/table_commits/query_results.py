@@ -59,7 +59,7 @@ def upsert_query_results(
     again), so the rows are those the nightly evaluation would compute from
     the same windows.
 
-    A query whose registry revision ``query_results`` does not hold yet (new
+    A query whose config store revision ``query_results`` does not hold yet (new
     or changed since the last batch) is *adopted*: every window of it ending
     after a cutoff is evaluated and every row of it ending after the cutoff
     replaced, and the revision recorded (``txn``, same commit). The cutoff is

@@ -6,11 +6,11 @@ import datetime as dt
 
 import pyarrow as pa
 
+from metrics_lake.core.config_store import ALERT, Change, ConfigStore
 from metrics_lake.core.kernels.alert_evaluation import Transition, transitions_table
 from metrics_lake.core.kernels.alert_rules import parse_rule
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.maintenance.nightly_alerts import episodes, evaluate_alerts_for_day
-from metrics_lake.core.registry import ALERT, Change, Registry
 from metrics_lake.core.tables.commits import commit_changes
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import ensure_table, open_table
@@ -61,9 +61,9 @@ def test_episodes_are_runs_of_consecutive_windows_long_enough_to_fire():
 
 
 def test_the_nightly_run_records_the_episodes_live_missed_once(store):
-    registry = Registry(store)
-    registry.ensure_seeded()
-    registry.apply([Change("put", "lat", QUERY), Change("put", "hot", "lat.max > 10 FOR 2m", kind=ALERT)])
+    config_store = ConfigStore(store)
+    config_store.ensure_seeded()
+    config_store.apply([Change("put", "lat", QUERY), Change("put", "hot", "lat.max > 10 FOR 2m", kind=ALERT)])
     table = ensure_table(store, Table.QUERY_RESULTS)
     rows = results({"a": [11, 12, 5, 5, 11, 11, 11], "b": [20, 20, 20]})
     commit_changes(
@@ -74,7 +74,7 @@ def test_the_nightly_run_records_the_episodes_live_missed_once(store):
         transactions=[],
         operation="TEST",
     )
-    rule = registry.current().rules["hot"].rule()
+    rule = config_store.current().rules["hot"].rule()
     labels = rule.alert_labels("a")
     live = [  # the live evaluation saw a's first episode (minutes 0-2) fire, and resolve at minute 3
         Transition(rule, "a", labels, "firing", "pending", MIDNIGHT + 2 * MIN, MIDNIGHT, 12.0, None, None, "live"),

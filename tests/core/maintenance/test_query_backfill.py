@@ -8,11 +8,11 @@ import random
 from deltalake import DeltaTable
 
 import metrics_lake.core.speed.micro_batch as speed_layer
+from metrics_lake.core.config_store import Change, ConfigStore
 from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.maintenance.query_backfill import backfill_queries, pending_backfills, purge_query
-from metrics_lake.core.registry import Change, Registry
 from metrics_lake.core.speed.progress import query_progress
 from metrics_lake.core.tables.delta import open_table, table_uri
 from tests.helpers import assert_query_results, expected_query_results
@@ -53,8 +53,8 @@ def rows_of(store, name: str) -> list[dict]:
 def test_added_changed_and_removed_queries_follow_live_and_backfill_to_the_exact_answer(store, log, tmp_path):
     seed = tmp_path / "seed.toml"
     seed.write_text(SEED)
-    registry = Registry(store, seed)
-    registry.ensure_seeded()
+    config_store = ConfigStore(store, seed)
+    config_store.ensure_seeded()
     rng = random.Random(11)
     events: list[dict] = []
     for round_ in range(4):  # 40 minutes over midnight, windows closing as the watermark moves
@@ -63,8 +63,8 @@ def test_added_changed_and_removed_queries_follow_live_and_backfill_to_the_exact
     fleet = parse_query("fleet", SEED.split('query = "')[1].rstrip('"\n'))
     assert_query_results(rows_of(store, "fleet"), events, [fleet])
 
-    registry.apply([Change("put", "hopping", HOPPING)], by="test")
-    hopping = registry.current().entry("hopping").parsed()
+    config_store.apply([Change("put", "hopping", HOPPING)], by="test")
+    hopping = config_store.current().entry("hopping").parsed()
     events += round_of_events(rng, 4)
     batch(store, log, events[-600:])  # the next batch adopts it: live rows for the windows after the watermark
     live = rows_of(store, "hopping")
@@ -75,25 +75,25 @@ def test_added_changed_and_removed_queries_follow_live_and_backfill_to_the_exact
     progress = query_progress(open_table(store, "query_results"), "hopping")
     assert progress.live_revision == hopping.revision and progress.backfilled_revision is None
 
-    assert [q.name for q in pending_backfills(store, registry.current().queries())] == ["hopping"]
-    (result,) = backfill_queries(store, TOPIC, pending_backfills(store, registry.current().queries()))
+    assert [q.name for q in pending_backfills(store, config_store.current().queries())] == ["hopping"]
+    (result,) = backfill_queries(store, TOPIC, pending_backfills(store, config_store.current().queries()))
     assert result.query == "hopping" and result.rows > 0 and result.days == 2
     assert_query_results(rows_of(store, "hopping"), events, [hopping])  # every window, each once, exact
     assert query_progress(open_table(store, "query_results"), "hopping").backfilled(hopping.revision)
-    assert pending_backfills(store, registry.current().queries()) == []
+    assert pending_backfills(store, config_store.current().queries()) == []
 
     # Changed text: the old rows are replaced, live first, then by the backfill; none of the old grid is left.
     changed = "FROM * SELECT m.lat WINDOW 15m COMPUTE min, avg"
-    registry.apply([Change("put", "fleet", changed)], by="test")
-    new_fleet = registry.current().entry("fleet").parsed()
-    backfill_queries(store, TOPIC, pending_backfills(store, registry.current().queries()))  # backfill first...
+    config_store.apply([Change("put", "fleet", changed)], by="test")
+    new_fleet = config_store.current().entry("fleet").parsed()
+    backfill_queries(store, TOPIC, pending_backfills(store, config_store.current().queries()))  # backfill first...
     events += round_of_events(rng, 5)
     batch(store, log, events[-600:])  # ...then the live adoption: no gap between the two
     assert_query_results(rows_of(store, "fleet"), events, [new_fleet])
     assert_query_results(rows_of(store, "hopping"), events, [hopping])
 
     # Removed: its rows stay (until retention) and stop changing; a purge deletes them.
-    registry.apply([Change("delete", "hopping")], by="test")
+    config_store.apply([Change("delete", "hopping")], by="test")
     kept = rows_of(store, "hopping")
     events += round_of_events(rng, 6)
     batch(store, log, events[-600:])

@@ -369,7 +369,7 @@ def test_a_large_upsert_is_merged_and_written_in_shards_of_series_giving_the_tab
 
 def test_a_stream_forgets_the_merged_minutes_of_a_stored_query_removed_from_the_registry(store, log):
     """A stream keeps each stored query's merged minutes between batches; once a query is no longer among the
-    registry's queries, the next batch drops its minutes (else they stayed until the stream restarted), and a query
+    config store's queries, the next batch drops its minutes (else they stayed until the stream restarted), and a query
     that comes back is merged anew, with the results a stream that never dropped it gives."""
     events = FleetSimulator(servers=3, metrics=2, seconds=180, rate=1.0, seed=43, start_ms=START_MS).generate()
     produce(log, events)
@@ -380,7 +380,7 @@ def test_a_stream_forgets_the_merged_minutes_of_a_stored_query_removed_from_the_
     batch(store, cut, queries=[fleet, peak], open_windows=kept)
     assert kept.queries == ["fleet_cpu", "peak_cpu"]
     cut = {p: end * 2 // 3 for p, end in ends.items()}
-    batch(store, cut, queries=[fleet], open_windows=kept)  # peak_cpu was removed from the registry
+    batch(store, cut, queries=[fleet], open_windows=kept)  # peak_cpu was removed from the config store
     assert kept.queries == ["fleet_cpu"]
     batch(store, ends, queries=[fleet, peak], open_windows=kept)  # and added again
     assert kept.queries == ["fleet_cpu", "peak_cpu"]

@@ -1,4 +1,4 @@
-"""A running `lake stream` follows the registry without a restart: a query added with the CLI, changed through the
+"""A running `lake stream` follows the config store without a restart: a query added with the CLI, changed through the
 API and removed again; after a backfill its rows equal an independent computation over every event."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from starlette.testclient import TestClient
 from metrics_lake.app.dashboard import DashboardReader
 from metrics_lake.app.dashboard.server import build_app
 from metrics_lake.core.config import load_settings
+from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.registry import Registry
 from metrics_lake.core.speed.progress import CONSUMER, query_progress
 from metrics_lake.core.tables.commits import committed_offsets
 from metrics_lake.core.tables.delta import open_table, table_uri
@@ -82,7 +82,7 @@ def test_the_stream_follows_queries_added_changed_and_removed_while_it_runs(sett
     try:
         wait_for(
             lambda: (
-                Registry(store).versions()
+                ConfigStore(store).versions()
                 and store.exists("tables/query_results/_delta_log")
                 and open_table(store, "query_results").version() > 1
             ),
@@ -95,7 +95,7 @@ def test_the_stream_follows_queries_added_changed_and_removed_while_it_runs(sett
             return result
 
         run("queries", "add", "web_max", "FROM web-* SELECT m.lat WINDOW 1m COMPUTE max, count PER SERVER")
-        revision = Registry(store).current().entry("web_max").revision
+        revision = ConfigStore(store).current().entry("web_max").revision
         added = wait_for(lambda: live_revision(store, "web_max") == revision and rows_of(store, "web_max"), "web_max")
 
         api = TestClient(build_app(DashboardReader(load_settings(root=settings.root, admin_token=TOKEN))))
@@ -131,6 +131,6 @@ def test_the_stream_follows_queries_added_changed_and_removed_while_it_runs(sett
     finally:
         os.killpg(stream.pid, signal.SIGTERM)
         stream.wait(60)
-    query = Registry(store).current().entry("web_max").parsed()
+    query = ConfigStore(store).current().entry("web_max").parsed()
     assert_query_results(rows_of(store, "web_max"), events, [query])
     print(f"query added -> first live rows after {added:.1f} s (trigger 1 s)")

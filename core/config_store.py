@@ -1,18 +1,18 @@
-"""The registry: the stored queries and alert rules operators manage at run time, as versioned lake state.
+"""The config store: the stored queries and alert rules operators manage at run time, as versioned lake state.
 
 Every edit writes one new immutable object, ``registry/versions/<n>.json``
-(:func:`metrics_lake.core.keys.registry_version_key`), holding the whole
-registry after the edit and the edit itself (what changed, who, when). The
-newest version is the registry; the older ones are its history. An edit is
+(:func:`metrics_lake.core.keys.config_version_key`), holding the whole
+config after the edit and the edit itself (what changed, who, when). The
+newest version is the config store; the older ones are its history. An edit is
 made against the version it read and written with a create-if-absent of the
 next version number (``If-None-Match: *`` on S3, ``O_EXCL``-style on a local
 folder), so of two operators editing at once exactly one wins and the other
-gets :class:`~metrics_lake.lake_schemas.errors.RegistryConflictError` (exit
+gets :class:`~metrics_lake.lake_schemas.errors.ConfigConflictError` (exit
 75: nothing of the loser's edit was applied; read again and retry). The same
 compare-and-create is how Mimir's ruler store and Delta's own log order
 their writers.
 
-The registry holds two kinds of entry, each with its own names: **stored
+The config store holds two kinds of entry, each with its own names: **stored
 queries** (:mod:`metrics_lake.core.kernels.stored_queries`) and **alert
 rules** (:mod:`metrics_lake.core.kernels.alert_rules`). A version is checked
 whole before it is written: every threshold rule must name a stored query of
@@ -65,9 +65,9 @@ from metrics_lake.core.kernels.stored_queries import (
 from metrics_lake.core.storage import ObjectExistsError, Store
 from metrics_lake.lake_schemas.errors import (
     AlertRuleError,
+    ConfigConflictError,
     IntegrityError,
     NotFoundError,
-    RegistryConflictError,
     StoredQueryError,
 )
 
@@ -76,8 +76,8 @@ __all__ = [
     "QUERY",
     "Change",
     "Entry",
-    "Registry",
-    "RegistryVersion",
+    "ConfigStore",
+    "ConfigVersion",
     "declared_changes",
     "read_declarations",
 ]
@@ -93,9 +93,9 @@ _READ_LOOKBACK_S = 10**9
 
 @dataclass(frozen=True)
 class Entry:
-    """One stored query or alert rule as the registry holds it.
+    """One stored query or alert rule as the config store holds it.
 
-    ``text``: the query or the rule; ``revision``: the registry version at
+    ``text``: the query or the rule; ``revision``: the config version at
     which ``text`` last changed; ``changed_at`` (ISO 8601, UTC) and
     ``changed_by``: the last edit of any kind (text or description).
     """
@@ -168,8 +168,8 @@ class Change:
 
 
 @dataclass(frozen=True)
-class RegistryVersion:
-    """The registry as of one version: its entries by name and the edit that made it (``version`` 0: the seed).
+class ConfigVersion:
+    """The config store as of one version: its entries by name and the edit that made it (``version`` 0: the seed).
 
     ``entries``: the stored queries; ``rules``: the alert rules.
     """
@@ -199,7 +199,7 @@ class RegistryVersion:
         if name not in entries:
             known = ", ".join(sorted(entries)) or "none"
             what = _KINDS[kind][2]
-            raise NotFoundError(f"no {what} {name!r} (registry version {self.version}; known: {known})")
+            raise NotFoundError(f"no {what} {name!r} (config version {self.version}; known: {known})")
         return entries[name]
 
     def to_json(self) -> bytes:
@@ -216,12 +216,12 @@ class RegistryVersion:
         return json.dumps(doc, indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, key: str) -> RegistryVersion:
+    def from_json(cls, data: bytes, key: str) -> ConfigVersion:
         """Parse a version object; :class:`IntegrityError` naming ``key`` if it is not one this lake wrote."""
         try:
             doc = json.loads(data)
             if doc.get("format") != FORMAT:
-                raise IntegrityError(f"registry object {key} has format {doc.get('format')!r}, not {FORMAT}")
+                raise IntegrityError(f"config store object {key} has format {doc.get('format')!r}, not {FORMAT}")
             found = {}
             for kind, (section, text_key, _) in _KINDS.items():
                 found[kind] = {
@@ -239,7 +239,7 @@ class RegistryVersion:
             changes = tuple(Change.from_json(c) for c in doc["changes"])
             return cls(int(doc["version"]), doc["at"], doc["by"], changes, found[QUERY], found[ALERT])
         except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"registry object {key} is not a registry version ({exc}); restore it") from None
+            raise IntegrityError(f"config store object {key} is not a config version ({exc}); restore it") from None
 
 
 def _now() -> str:
@@ -270,7 +270,7 @@ def read_declarations(path: str | Path, kind: str = QUERY) -> dict[str, tuple[st
     return declared
 
 
-def declared_changes(current: RegistryVersion, declared: dict[str, tuple[str, str]], kind: str = QUERY) -> list[Change]:
+def declared_changes(current: ConfigVersion, declared: dict[str, tuple[str, str]], kind: str = QUERY) -> list[Change]:
     """The edits that make ``current``'s entries of ``kind`` exactly ``declared`` (``{name: (text, description)}``)."""
     entries = current.of_kind(kind)
     changes = [
@@ -282,10 +282,10 @@ def declared_changes(current: RegistryVersion, declared: dict[str, tuple[str, st
     return changes
 
 
-class Registry:
-    """The registry of one lake (module docstring): read its current version, apply edits, list its history.
+class ConfigStore:
+    """The config store of one lake (module docstring): read its current version, apply edits, list its history.
 
-    ``seed``: the declarations a lake without a registry starts from
+    ``seed``: the declarations a lake without a config store starts from
     (default: the shipped ``stored_queries.toml``); ``absence_lookback_s``:
     the lake's absence lookback (``LAKE_ALERT_ABSENCE_LOOKBACK_SECONDS``),
     which an absence rule's FOR must stay under. Reads are cached by version,
@@ -296,39 +296,39 @@ class Registry:
         self.store = store
         self.seed_file = Path(seed or DEFAULT_FILE)
         self.absence_lookback_s = absence_lookback_s
-        self._cache: dict[int, RegistryVersion] = {}
+        self._cache: dict[int, ConfigVersion] = {}
 
     def versions(self) -> list[int]:
         """Every stored version number, ascending (empty for a lake that has none yet)."""
-        return [int(name.removesuffix(".json")) for name in self.store.list(keys.REGISTRY_VERSIONS_PREFIX)]
+        return [int(name.removesuffix(".json")) for name in self.store.list(keys.CONFIG_VERSIONS_PREFIX)]
 
-    def read(self, version: int) -> RegistryVersion:
+    def read(self, version: int) -> ConfigVersion:
         """Version ``version`` (0: the seed); :class:`NotFoundError` if it does not exist."""
         if version == 0:
             return self._seed_version()
         if version not in self._cache:
-            key = keys.registry_version_key(version)
+            key = keys.config_version_key(version)
             try:
                 data = self.store.read(key)
             except FileNotFoundError:
-                raise NotFoundError(f"no registry version {version}: see `lake queries history`") from None
-            self._cache[version] = RegistryVersion.from_json(data, key)
+                raise NotFoundError(f"no config version {version}: see `lake queries history`") from None
+            self._cache[version] = ConfigVersion.from_json(data, key)
         return self._cache[version]
 
-    def current(self) -> RegistryVersion:
+    def current(self) -> ConfigVersion:
         """The newest version, or the seed (version 0) if nothing was stored yet."""
         versions = self.versions()
         return self.read(versions[-1]) if versions else self._seed_version()
 
-    def history(self, name: str | None = None, kind: str | None = None) -> list[RegistryVersion]:
+    def history(self, name: str | None = None, kind: str | None = None) -> list[ConfigVersion]:
         """Every stored version, oldest first; with ``name`` (and ``kind``), only those whose edit touched it."""
         versions = [self.read(v) for v in self.versions()]
         if name is not None:
             versions = [v for v in versions if any(_touches(c, name, kind) for c in v.changes)]
         return versions
 
-    def ensure_seeded(self) -> RegistryVersion:
-        """Store the seed as version 1 if the lake has no registry yet; the current version either way."""
+    def ensure_seeded(self) -> ConfigVersion:
+        """Store the seed as version 1 if the lake has no config store yet; the current version either way."""
         if not self.versions():
             seed = self._seed_version()
             try:
@@ -346,7 +346,7 @@ class Registry:
                 pass  # another process seeded it first: the same declarations or an edit on top of them
         return self.current()
 
-    def apply(self, changes: list[Change], *, by: str | None = None, expected: int | None = None) -> RegistryVersion:
+    def apply(self, changes: list[Change], *, by: str | None = None, expected: int | None = None) -> ConfigVersion:
         """Apply ``changes`` as one new version; returns it (or the current one if they change nothing).
 
         ``expected``: the version the caller's edit was made against (e.g. an
@@ -354,8 +354,8 @@ class Registry:
         :class:`StoredQueryError` or :class:`AlertRuleError` for a bad entry,
         a duplicate name in ``changes``, or a version whose rules would name a
         missing query or aggregate; :class:`NotFoundError` for deleting an
-        unknown entry (nothing is applied then); :class:`RegistryConflictError`
-        if the registry moved past ``expected`` or another edit won the race.
+        unknown entry (nothing is applied then); :class:`ConfigConflictError`
+        if the config store moved past ``expected`` or another edit won the race.
         """
         base = self.current()
         if expected is not None and expected != base.version:
@@ -377,7 +377,7 @@ class Registry:
                 effective.append(change)
                 continue
             if change.action != "put" or change.text is None:
-                raise ValueError(f"not a registry change: {change}")  # programming error
+                raise ValueError(f"not a config store change: {change}")  # programming error
             text = self._checked_text(change)
             old = entries.get(change.name)
             description = change.description if change.description is not None else (old.description if old else "")
@@ -393,7 +393,7 @@ class Registry:
             found = {
                 k: {n: replace(e, revision=1) if e.revision == 0 else e for n, e in v.items()} for k, v in found.items()
             }
-        new = RegistryVersion(version, at, by, tuple(effective), found[QUERY], found[ALERT])
+        new = ConfigVersion(version, at, by, tuple(effective), found[QUERY], found[ALERT])
         try:
             self._write(new)
         except ObjectExistsError:
@@ -407,23 +407,23 @@ class Registry:
             return rule.text
         return parse_query(change.name, change.text or "", change.description or "").text
 
-    def _write(self, version: RegistryVersion) -> None:
-        self.store.create(keys.registry_version_key(version.version), version.to_json())
+    def _write(self, version: ConfigVersion) -> None:
+        self.store.create(keys.config_version_key(version.version), version.to_json())
         self._cache[version.version] = version
 
-    def _conflict(self, taken: int, expected: int) -> RegistryConflictError:
+    def _conflict(self, taken: int, expected: int) -> ConfigConflictError:
         """The error for an edit made against ``expected`` when version ``taken`` (or later) exists."""
         try:
             winner = self.read(max(self.versions()))
             who = f"version {winner.version} by {winner.by} at {winner.at}"
         except (NotFoundError, ValueError):
             who = f"version {taken}"
-        return RegistryConflictError(
-            f"the registry changed while this edit was made against version {expected} ({who}); "
+        return ConfigConflictError(
+            f"the config store changed while this edit was made against version {expected} ({who}); "
             "nothing was applied: look at `lake queries list` / `lake alerts list` and run the edit again"
         )
 
-    def _seed_version(self) -> RegistryVersion:
+    def _seed_version(self) -> ConfigVersion:
         """Version 0: the seed declarations, revision 0 each, not stored."""
         if 0 not in self._cache:
             found = {}
@@ -439,7 +439,7 @@ class Registry:
                 for kind in _KINDS
                 for name, e in sorted(found[kind].items())
             )
-            self._cache[0] = RegistryVersion(0, "", "seed", changes, found[QUERY], found[ALERT])
+            self._cache[0] = ConfigVersion(0, "", "seed", changes, found[QUERY], found[ALERT])
         return self._cache[0]
 
 
