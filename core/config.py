@@ -162,6 +162,9 @@ class LakeSettings(BaseSettings):
         f"{Table.ALERTS} kept.",
     )
     retention_rollup_1h_days: int = Field(365, ge=1, description=f"Days of {Table.METRIC_ROLLUP_1H} kept.")
+    retention_sql_audit_days: int = Field(
+        90, ge=1, description=f"Days of {Table.SQL_AUDIT} kept: who ran which statement through the SQL endpoint."
+    )
     retention_rollup_1d_days: int | None = Field(
         None, ge=1, description=f"Days of {Table.METRIC_ROLLUP_1D} kept (unset: forever)."
     )

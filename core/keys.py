@@ -42,6 +42,7 @@ import re
 
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.table_access import Access, LogAccess, Operation
+from metrics_lake.lake_schemas.tables import Table
 
 __all__ = [
     "AUTH_PREFIX",
@@ -52,6 +53,7 @@ __all__ = [
     "NOTIFICATIONS_PREFIX",
     "QUALITY_PREFIX",
     "CONFIG_PREFIX",
+    "SQL_AUDIT_PREFIX",
     "CONFIG_VERSIONS_PREFIX",
     "TABLES_PREFIX",
     "TOKENS_KEY",
@@ -83,6 +85,8 @@ LOG_PREFIX = "log"
 CONSUMERS_PREFIX = f"{LOG_PREFIX}/_consumers"
 #: Delta tables.
 TABLES_PREFIX = "tables"
+#: The statement audit's table: the one table its readers write (each the statements they run).
+SQL_AUDIT_PREFIX = f"{TABLES_PREFIX}/{Table.SQL_AUDIT}"
 #: Data-quality reports copied from the local GX project (for an S3 lake).
 QUALITY_PREFIX = "quality"
 #: The config store of stored queries and alert rules: operators' configuration, versioned. (The folder keeps
@@ -243,8 +247,10 @@ def grants(operation: Operation) -> frozenset[tuple[str, str]]:
         needed |= {("read", LOG_PREFIX), ("write", LOG_PREFIX)}
     if operation.reads or operation.writes:
         needed.add(("read", TABLES_PREFIX))
-    if operation.writes:
+    if set(operation.writes) - {Table.SQL_AUDIT}:
         needed.add(("write", TABLES_PREFIX))
+    elif operation.writes:  # the one table readers write: their statements' audit
+        needed.add(("write", SQL_AUDIT_PREFIX))
     if operation.reports:
         needed |= {("read", QUALITY_PREFIX), ("write", QUALITY_PREFIX)}
     if operation.config_store is not None:

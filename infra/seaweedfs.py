@@ -16,7 +16,8 @@ Identities, each scoped to the bucket's prefixes (SeaweedFS ``Action:bucket/path
   ``log/_consumers/``, read/write ``tables/``, ``quality/``, ``registry/``
   (stored queries and alert rules) and ``notifications/`` (what
   Alertmanager has accepted), read ``auth/`` (the dashboard checks tokens);
-- ``analyst``: read ``tables/``, ``quality/``, ``registry/`` and ``auth/`` only;
+- ``analyst``: read ``tables/``, ``quality/``, ``registry/`` and ``auth/``, and
+  write ``tables/sql_audit/`` only (the audit of the statements it runs);
 - ``admin``: bucket administration, used by ``start`` itself, and the only
   identity that writes ``auth/`` (``lake tokens``).
 
@@ -99,6 +100,7 @@ class S3Server:
 GRANTS: dict[str, tuple[tuple[str, str], ...]] = {
     "analyst": (
         ("read", keys.TABLES_PREFIX),
+        ("write", keys.SQL_AUDIT_PREFIX),  # the audit of the statements they run
         ("read", keys.QUALITY_PREFIX),
         ("read", keys.CONFIG_PREFIX),
         ("read", keys.AUTH_PREFIX),

@@ -198,11 +198,12 @@ RETAIN = Operation(
     writes=tuple(TABLES),
     log=LogAccess.REWRITE,
 )
-#: Analysts and the dashboard: every table, read only.
+#: Analysts and the dashboard: every table, read only, but for the audit of the statements they run.
 ANALYSIS = Operation(
     "sql",
     "read the tables and the stored queries (Spark SQL, the dashboard, table listings)",
     reads=tuple(TABLES),
+    writes=(Table.SQL_AUDIT,),
     config_store=Access.READ,
     tokens=Access.READ,  # the dashboard checks its users' tokens
 )

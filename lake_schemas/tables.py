@@ -39,6 +39,7 @@ __all__ = [
     "QUARANTINE_EVENTS",
     "QUERY_RESULTS",
     "SERVERS",
+    "SQL_AUDIT",
     "TABLES",
     "Table",
     "TableSpec",
@@ -65,6 +66,7 @@ class Table(StrEnum):
     ALERTS = "alerts"
     SERVERS = "servers"
     DQ_RESULTS = "dq_results"
+    SQL_AUDIT = "sql_audit"
 
 
 #: ``tables/bronze_events``: every valid event exactly once. ``tags`` are the event's own; ``labels`` the
@@ -208,6 +210,33 @@ DQ_RESULTS = pa.schema(
     ]
 )
 
+
+#: ``tables/sql_audit``: one row per statement a client ran through the SQL endpoint (``lake sql-server``:
+#: ``client`` ``connect`` or ``jdbc``) or ``lake sql`` (``client`` ``lake sql``), recorded once when it ended.
+#: ``kind``: ``statement`` (JDBC), ``query`` (a plan run for its rows: Spark Connect, ``lake sql``) or
+#: ``command`` (Spark Connect: ``spark.sql`` sends its SQL as a command first, which only analyses a query; the
+#: query then runs as a ``query``); ``caller``: the token's name (the endpoint) or the OS user (``lake sql``);
+#: ``statement``: the SQL text (a Spark Connect plan without SQL: the plan as text), at most 65,536 characters; ``duration_ms``: start to end in milliseconds;
+#: ``rows``: rows returned (null where the server does not report them: JDBC); ``files``: data files the lake
+#: tables' scans read after pruning; ``outcome``: ``ok``, ``error`` (with ``error``), ``canceled`` or
+#: ``closed`` (the client went away first). Partitioned by the UTC day the statement started.
+SQL_AUDIT = pa.schema(
+    [
+        pa.field("statement_id", pa.string()),
+        pa.field("session_id", pa.string()),
+        pa.field("client", pa.string()),
+        pa.field("kind", pa.string()),
+        pa.field("caller", pa.string()),
+        pa.field("statement", pa.string()),
+        pa.field("started_at", UTC_US),
+        pa.field("duration_ms", pa.int64()),
+        pa.field("rows", pa.int64()),
+        pa.field("files", pa.int64()),
+        pa.field("outcome", pa.string()),
+        pa.field("error", pa.string()),
+        pa.field("started_date", pa.date32()),
+    ]
+)
 
 #: ``tables/last_seen``: when each server was last heard from, the state of absence alerts and of the
 #: dashboard's server status. One row per server with ``metric`` null (any metric), and one per (metric,
@@ -418,6 +447,14 @@ TABLES: dict[Table, TableSpec] = {
             ("event_date",),
             ("run_id", "table", "expectation", "column", "threshold"),
             "one row per expectation per data-quality run",
+        ),
+        TableSpec(
+            Table.SQL_AUDIT,
+            SQL_AUDIT,
+            ("started_date",),
+            ("statement_id",),
+            "one row per statement run through the SQL endpoint or lake sql: who, what, how long, the outcome",
+            retention_setting="retention_sql_audit_days",
         ),
     )
 }

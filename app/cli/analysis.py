@@ -7,6 +7,7 @@ import datetime as dt
 import json
 import os
 import sys
+import time
 from enum import StrEnum
 from typing import Annotated
 
@@ -16,8 +17,10 @@ from rich import table as rich_table
 from rich.markup import escape
 from rich.text import Text
 
+from metrics_lake.app.cli.boundary import first_line
 from metrics_lake.app.cli.options import InsecureOption, day, settings
 from metrics_lake.app.console import err, out, verbose_output
+from metrics_lake.core.config import default_author
 from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.tables import Table
@@ -76,6 +79,7 @@ def sql(
     from metrics_lake.spark.datasources.delta_reader import SCAN_REPORT_ENV
     from metrics_lake.spark.jobs.sql_query import parse_versions, referenced_tables, run_sql
     from metrics_lake.spark.session import build_session, stop_session
+    from metrics_lake.spark.sql_audit import append_statement
 
     config = settings()
     versions = parse_versions(version or [])
@@ -84,14 +88,36 @@ def sql(
     for name in names:  # fail on access, and on a malformed time-travel clause, before the JVM starts
         open_table(store, name)
     rewrite_time_travel(query, names)
+
+    def audit(rows: int | None = None, error: str | None = None) -> None:
+        """Record the statement in sql_audit; a failure to is a warning, never the command's outcome."""
+        try:
+            append_statement(
+                store,
+                caller=default_author(),
+                client="lake sql",
+                statement=query,
+                started=started,
+                seconds=time.monotonic() - clock,
+                rows=rows,
+                error=error,
+            )
+        except Exception as audit_error:  # noqa: BLE001 - the query's answer stands either way
+            err.print(f"[yellow]warning:[/] the statement was not recorded in {Table.SQL_AUDIT}: {audit_error}")
+
     if verbose_output():
         os.environ[SCAN_REPORT_ENV] = "1"  # inherited by Spark's Python workers, which plan the scans
     spark = build_session(config, "lake-sql")
+    started, clock = dt.datetime.now(dt.UTC), time.monotonic()
     try:
         result = run_sql(spark, config, query, versions).limit(limit).toArrow()
+    except Exception as exc:
+        audit(error=first_line(str(exc)) or type(exc).__name__)
+        raise
     finally:
         stop_session(spark)
     print_arrow(result, format)
+    audit(rows=result.num_rows)
 
 
 def history(
@@ -133,7 +159,8 @@ def sql_server(
 ) -> None:
     """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C; once the
     lake has tokens, a read or admin token connects (Connect: ;token=..., JDBC: user = its name, password = it);
-    with --tls-cert/--tls-key both listeners speak TLS only (Connect: ;use_ssl=true, JDBC: ;ssl=true)."""
+    with --tls-cert/--tls-key both listeners speak TLS only (Connect: ;use_ssl=true, JDBC: ;ssl=true). Every
+    statement is recorded in sql_audit (read it with lake sql); the global --verbose also prints one line each."""
     from metrics_lake.app.auth import Authenticator
     from metrics_lake.app.http_server import TlsFiles, check_exposure
     from metrics_lake.core.tokens import Scope, TokenStore
@@ -180,6 +207,7 @@ def sql_server(
             ready=ready,
             authenticate=authenticate,
             tls=None if tls is None else (tls.cert, tls.key),
+            verbose=verbose_output(),
         )
     finally:
         auth.close()

@@ -36,9 +36,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import TokenError
+from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.session import build_session, stop_session
+from metrics_lake.spark.sql_audit import AuditWriter
 from metrics_lake.spark.sql_server_tls import TlsProxy, write_keystore
 
 __all__ = ["REFRESH_SECONDS", "CredentialChecker", "serve_sql", "server_settings", "warm_up"]
@@ -46,6 +49,8 @@ __all__ = ["REFRESH_SECONDS", "CredentialChecker", "serve_sql", "server_settings
 log = logging.getLogger(__name__)
 #: How often new lake tables are looked for.
 REFRESH_SECONDS = 5.0
+#: Follows both servers' statements into ``sql_audit`` (:mod:`metrics_lake.spark.sql_audit`).
+AUDIT_LISTENER = "metricslake.spark.LakeAudit"
 #: HiveServer2's ``CUSTOM`` authentication: the lake's tokens as passwords.
 PASSWORD_PROVIDER = "metricslake.spark.LakePasswdAuthenticationProvider"
 #: The query shapes :func:`warm_up` runs: analysts' usual filtered aggregate, per-window series and top N.
@@ -73,6 +78,7 @@ def listener_config(
         "spark.hadoop.hive.server2.thrift.bind.host": host,
         "spark.hadoop.hive.server2.thrift.port": str(jdbc_port),
         "spark.hadoop.hive.server2.authentication": "CUSTOM",
+        "spark.extraListeners": AUDIT_LISTENER,
     }
     if keystore is not None:
         config |= {
@@ -110,16 +116,16 @@ class CredentialChecker:
     def check(self, credential: str | None, user: str | None, source: str, client: str) -> str:
         """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises.
 
-        ``user``: a JDBC login's user name, which must be the token's name, or empty or ``anonymous`` (what the
-        Hive JDBC driver sends for none); None for Spark Connect."""
+        ``user``: a JDBC login's user name, which must be the token's name (the JDBC session's statements are
+        audited under it: :mod:`metrics_lake.spark.sql_audit`); None for Spark Connect."""
         address = source.rsplit(":", 1)[0] if client == "connect" else source  # Connect's source is host:port
         if client == "connect" and self.client_of is not None:  # the TLS listener's relay, not the client
             address = self.client_of(int(source.rsplit(":", 1)[1])) or "unknown"
         known = None if address == "unknown" else address
         try:
             caller = self.authenticate(credential, known)
-            if user not in (None, "", "anonymous", caller) and caller != "anonymous":
-                raise TokenError(401, f"the user name must be the token's name ({caller}), or empty")
+            if user is not None and user != caller and caller != "anonymous":  # the audit names the login
+                raise TokenError(401, f"the user name must be the token's name ({caller})")
             return f"ok:{caller}"
         except TokenError as error:
             log.warning("refused a %s client from %s: %s", client, address if known else "an unknown address", error)
@@ -199,6 +205,7 @@ def serve_sql(
     authenticate: Callable[[str | None, str | None], str],
     stop: threading.Event | None = None,
     tls: tuple[Path, Path] | None = None,
+    verbose: bool = False,
 ) -> None:
     """Serve the lake on ``host``: Spark Connect on ``connect_port``, JDBC on ``jdbc_port``, until SIGINT/SIGTERM.
 
@@ -206,7 +213,10 @@ def serve_sql(
     ``authenticate`` checks every client's token (:class:`CredentialChecker`);
     until it is installed, right after Spark starts, clients are refused.
     ``tls`` (PEM certificate chain, key): both listeners serve TLS only
-    (:mod:`metrics_lake.spark.sql_server_tls`). Stopping stops the Thrift
+    (:mod:`metrics_lake.spark.sql_server_tls`). Every statement is recorded
+    in ``sql_audit`` (:class:`~metrics_lake.spark.sql_audit.AuditWriter`;
+    ``verbose``: also logged, one line each); the endpoint does not serve that
+    table. Stopping writes the audit's last statements, then stops the Thrift
     server and the Spark application (its JVM and Python workers with it).
     ``stop``, if given, ends serving when set.
     """
@@ -226,9 +236,11 @@ def serve_sql(
     thrift = None
     # Referenced here while the JVM holds it through py4j.
     checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None)
+    audit = AuditWriter(open_store(settings), spark._jvm, verbose=verbose)
     try:
         _install_checker(spark, checker)
-        names = register_lake_tables(spark, settings, shared=True)
+        audit.start()
+        names = register_lake_tables(spark, settings, shared=True, hidden={Table.SQL_AUDIT})
         try:
             log.info("warmed up the query path in %.1f s", warm_up(spark, names))
         except Exception as exc:  # noqa: BLE001 - only the first query's speed depends on it: serve anyway
@@ -247,7 +259,7 @@ def serve_sql(
         ready(names)
         while not stop.wait(REFRESH_SECONDS):
             try:
-                register_lake_tables(spark, settings, shared=True)
+                register_lake_tables(spark, settings, shared=True, hidden={Table.SQL_AUDIT})
             except Exception as exc:  # noqa: BLE001 - the store may be briefly unreachable: keep serving
                 log.warning("looking for new lake tables failed: %s", exc)
     finally:
@@ -256,6 +268,10 @@ def serve_sql(
                 proxy.stop()
             if thrift is not None:
                 thrift.stop()
+            try:
+                audit.stop()
+            except Exception as exc:  # noqa: BLE001 - stopping goes on; the log names what was not written
+                log.error("writing the SQL audit's last statements failed: %s", exc)
             stop_session(spark)
         finally:
             if secrets_dir is not None:

@@ -79,7 +79,7 @@ def test_delta_commits_work_through_the_store_options(s3_server):
         ),
         (
             "analyst",
-            ["read tables/", "read quality/"],
+            ["read tables/", "read quality/", "write tables/sql_audit/"],
             ["write tables/", "write quality/", "read log/", "write log/", "delete tables/"],
         ),
     ],

@@ -16,13 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.log.producer import Producer
-from metrics_lake.core.tables.delta import open_table
 from metrics_lake.core.tokens import Scope, TokenStore, parse_token
 from tests.helpers import free_port_block
-from tests.integration.test_kill_restart import LAKE, lake_env
-from tests.integration.test_sql_server_tokens import docs_block, run_python, wait_for_text
+from tests.integration.test_kill_restart import LAKE
+from tests.integration.test_sql_server_tokens import docs_block, run_python, streamed_lake, wait_for_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,11 +38,7 @@ def mint(directory: Path, env: dict[str, str]) -> dict[str, str]:
 def test_both_listeners_serve_tls_to_the_documented_clients_and_a_wrong_ca_fails_only_its_connection(
     settings, log, store, tmp_path
 ):
-    with Producer(log, settings.topic, partitions=settings.partitions) as producer:
-        producer.send(FleetSimulator(servers=3, metrics=2, seconds=10, seed=8, start_ms=1_800_000_000_000).generate())
-    env = lake_env(settings)
-    subprocess.run([LAKE, "stream", "--once"], env=env, check=True, capture_output=True, timeout=300)
-    expected = open_table(store, "bronze_events").to_pyarrow_table(columns=["offset"]).num_rows
+    env, expected = streamed_lake(settings, log, store, seed=8)
     read, _ = TokenStore(store).create("ana", Scope.READ)
     tls = mint(tmp_path / "tls", env)
     other = mint(tmp_path / "other-ca", env)  # a CA the server's certificate does not chain to

@@ -120,7 +120,7 @@ def test_operations_derive_what_the_registry_says():
     assert [spec.name for spec in rollup_chain()] == [Table.METRIC_ROLLUP_1H, Table.METRIC_ROLLUP_1D]
     assert set(RECOMPUTE.writes) == {Table.METRIC_WINDOWS_1M, Table.LAMBDA_RECONCILIATION}
     assert set(QUALITY.reads) >= {name for name, spec in TABLES.items() if spec.quality_suite}
-    assert set(COMPACT.writes) == set(TABLES) and not ANALYSIS.writes
+    assert set(COMPACT.writes) == set(TABLES) and ANALYSIS.writes == (Table.SQL_AUDIT,)
 
 
 def test_every_storage_key_comes_from_the_layout():
@@ -167,6 +167,7 @@ def test_the_object_store_policies_are_the_layout_s_prefixes():
     assert "Write:lake/log/_consumers/*" in actions["pipeline"] and "Write:lake/log/*" not in actions["pipeline"]
     assert actions["analyst"] == [
         "Read:lake/tables/*",
+        "Write:lake/tables/sql_audit/*",  # the audit of their own statements, and no other table
         "Read:lake/quality/*",
         "Read:lake/registry/*",
         "Read:lake/auth/*",

@@ -25,13 +25,10 @@ def test_verdicts_for_each_token_and_throttling_only_where_the_address_is_known(
         assert checker.check(read, None, "10.0.0.5:41000", "connect") == "ok:ana"
         assert checker.check(read, None, "10.0.0.5:41001", "connect") == "ok:ana"  # verified once, then remembered
         assert checker.check(admin, "ops", "unknown", "jdbc") == "ok:ops"
-        # A JDBC login's user name is the token's, or empty, or the JDBC driver's "anonymous" for none.
-        assert checker.check(admin, "", "unknown", "jdbc") == "ok:ops"
-        assert checker.check(admin, "anonymous", "unknown", "jdbc") == "ok:ops"
-        assert (
-            checker.check(admin, "bob", "unknown", "jdbc")
-            == "401:the user name must be the token's name (ops), or empty"
-        )
+        # A JDBC login's user name is the token's (its statements are audited under it): not another, not none
+        # (empty, or the JDBC driver's "anonymous" for none).
+        for user in ("bob", "", "anonymous"):
+            assert checker.check(admin, user, "unknown", "jdbc") == "401:the user name must be the token's name (ops)"
         assert (
             checker.check(write, None, "10.0.0.5:41002", "connect")
             == "403:token 'agents' has scope write; this needs read"

@@ -110,6 +110,7 @@ final class LakeFileIndex extends InMemoryFileIndex {
             keep.add(new Path(file.get(0).asText()).toString());
         }
         List<PartitionDirectory> out = new ArrayList<>();
+        int read = 0;
         for (PartitionDirectory directory : CollectionConverters.asJava(listed)) {
             List<FileStatusWithMetadata> files = new ArrayList<>();
             for (FileStatusWithMetadata file : CollectionConverters.asJava(directory.files())) {
@@ -119,8 +120,10 @@ final class LakeFileIndex extends InMemoryFileIndex {
             }
             if (!files.isEmpty()) {
                 out.add(new PartitionDirectory(directory.values(), CollectionConverters.asScala(files).toList()));
+                read += files.size();
             }
         }
+        LakeAudit.filesListed(read);
         return CollectionConverters.asScala(out).toList();
     }
 
