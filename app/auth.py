@@ -74,6 +74,8 @@ class Caller:
         return self.record is None or self.record.may_write(server)
 
 
+#: The name of the bootstrap admin token's caller (``LAKE_ADMIN_TOKEN``).
+BOOTSTRAP_ADMIN = "LAKE_ADMIN_TOKEN"
 #: The caller of a request without a credential to a lake with no token (module docstring).
 ANONYMOUS = Caller("anonymous", Scope.WRITE)
 
@@ -115,8 +117,12 @@ class Authenticator:
     """Checks requests' tokens against the lake's (module docstring); :meth:`close` stops its refresh thread.
 
     ``registry``: where ``lake_auth_failures_total{reason}`` is counted (not
-    exported if None). Raises the store's errors if the first read of the
-    token list fails (a wrong root fails at start, not per request).
+    exported if None). ``row_scope``: whether this door limits a read token
+    created with ``--servers`` to its servers' rows (the SQL endpoint does:
+    ``spark/jvm/metricslake/spark/LakeRowScope.java``); a door that does not
+    refuses such a token (403), so it never sees rows beyond its servers.
+    Raises the store's errors if the first read of the token list fails (a
+    wrong root fails at start, not per request).
     """
 
     def __init__(
@@ -127,8 +133,10 @@ class Authenticator:
         refresh_seconds: float = 2.0,
         registry: prom.CollectorRegistry | None = None,
         clock=time.time,
+        row_scope: bool = False,
     ) -> None:
         self.tokens = TokenStore(store, clock=clock)
+        self.row_scope = row_scope
         self.admin_token = settings.admin_token
         self.refresh_seconds = refresh_seconds
         self.clock = clock
@@ -242,7 +250,7 @@ class Authenticator:
             and self.admin_token is not None
             and hmac.compare_digest(credential.encode(), self.admin_token.get_secret_value().encode())
         ):
-            return Caller("LAKE_ADMIN_TOKEN", Scope.ADMIN)
+            return Caller(BOOTSTRAP_ADMIN, Scope.ADMIN)
         if not self.enabled:  # an open lake: anyone may read and write (clients' placeholder tokens are ignored)
             if needed is not Scope.ADMIN:
                 return ANONYMOUS
@@ -285,4 +293,23 @@ class Authenticator:
             raise self._fail(
                 source, "scope", 403, f"token {current.name!r} has scope {current.scope}; this needs {needed}"
             )
+        if current.scope is Scope.READ and current.servers is not None and not self.row_scope:
+            raise self._fail(
+                source,
+                "scope",
+                403,
+                f"token {current.name!r} reads only servers {current.servers}; only the SQL endpoint "
+                "(lake sql-server) limits rows by server",
+            )
         return Caller(current.name, current.scope, current)
+
+    def servers_of(self, name: str) -> str | None:
+        """The glob of servers whose rows the active token ``name`` may read: "" for all (an admin token, a read
+        token without ``--servers``, any caller of a lake without tokens), None if no such token is active."""
+        if not self.enabled or (name == BOOTSTRAP_ADMIN and self.admin_token):
+            return ""  # an open lake (whatever name a JDBC login gave), or the bootstrap admin token
+        now = self.clock()
+        for record in self.records.values():
+            if record.name == name and record.state(now) == "active":
+                return record.servers if record.scope is Scope.READ and record.servers is not None else ""
+        return None

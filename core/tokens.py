@@ -13,7 +13,9 @@ A token's **scope** says what it may do: ``write`` (send events to the
 gateway), ``read`` (the dashboard and its API, the gateway's ``/metrics``),
 ``admin`` (both, plus changing stored queries, alert rules and the
 inventory). ``servers`` (a glob, :func:`fnmatch.fnmatchcase`: ``web-*``)
-limits the servers a write token may send events for. ``tenant`` groups
+limits the servers a write token may send events for, and the servers
+whose rows a read token reads through the SQL endpoint (``*`` and ``?``
+only there). ``tenant`` groups
 tokens under one ingestion limit; ``rate``/``burst`` (events/s, events)
 set that limit (:mod:`metrics_lake.core.rate_limits`).
 
@@ -80,7 +82,7 @@ class Scope(StrEnum):
 class TokenRecord:
     """One token as the lake stores it (no secret). Times are epoch seconds; ``rate`` events/s, ``burst`` events.
 
-    ``servers``: glob of the servers a write token may send for (None: all);
+    ``servers``: glob of the servers a write token may send for, or a read token read the rows of (None: all);
     ``tenant``: the group whose ingestion limit it shares (None: its own);
     ``rate``/``burst`` None: the gateway's defaults.
     """
@@ -198,8 +200,12 @@ class TokenStore:
             raise InputError(
                 f"--servers {servers!r}: give a glob of server names such as web-* (128 characters at most)"
             )
-        if scope is not Scope.WRITE and servers is not None:
-            raise InputError("--servers limits what a write token sends; it means nothing for a read or admin token")
+        if scope is Scope.ADMIN and servers is not None:
+            raise InputError("--servers limits a write token's events or a read token's rows; an admin token has all")
+        if scope is Scope.READ and servers is not None and ("[" in servers or "]" in servers):
+            raise InputError(
+                f"--servers {servers!r}: a read token's glob takes * and ? only (the SQL endpoint's row filter)"
+            )
         now = self.clock()
         if expires_at is not None and expires_at <= now:
             raise InputError("--expires is in the past; give a duration such as 90d or a future time")

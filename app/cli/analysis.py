@@ -193,7 +193,7 @@ def sql_server(
             err.print(f"  JDBC/ODBC (TLS):     jdbc:hive2://{host}:{jdbc_port}/default;ssl=true", highlight=False)
         err.print("Ctrl-C stops the server")
 
-    auth = Authenticator(config, store)
+    auth = Authenticator(config, store, row_scope=True)
 
     def authenticate(credential: str | None, address: str | None) -> str:
         return auth.authenticate_blocking(credential, address, Scope.READ).name
@@ -208,6 +208,7 @@ def sql_server(
             authenticate=authenticate,
             tls=None if tls is None else (tls.cert, tls.key),
             verbose=verbose_output(),
+            servers_of=auth.servers_of,
         )
     finally:
         auth.close()

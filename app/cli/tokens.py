@@ -67,7 +67,11 @@ def create(
         str, typer.Option(help="write: send events; read: dashboard and its API; admin: both, and edit queries.")
     ],
     servers: Annotated[
-        str | None, typer.Option(help="Write tokens: only events of servers matching this glob (e.g. 'web-*').")
+        str | None,
+        typer.Option(
+            help="Write tokens: only events of servers matching this glob (e.g. 'web-*'); read tokens: only their rows "
+            "through lake sql-server (* and ? only)."
+        ),
     ] = None,
     tenant: Annotated[
         str | None, typer.Option(help="Share the ingestion limit with the tenant's other tokens.")

@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 REFRESH_SECONDS = 5.0
 #: Follows both servers' statements into ``sql_audit`` (:mod:`metrics_lake.spark.sql_audit`).
 AUDIT_LISTENER = "metricslake.spark.LakeAudit"
+#: Limits a read token created with ``--servers`` to its servers' rows (``LakeRowScope.java``).
+ROW_SCOPE_EXTENSIONS = "metricslake.spark.LakeExtensions"
 #: HiveServer2's ``CUSTOM`` authentication: the lake's tokens as passwords.
 PASSWORD_PROVIDER = "metricslake.spark.LakePasswdAuthenticationProvider"
 #: The query shapes :func:`warm_up` runs: analysts' usual filtered aggregate, per-window series and top N.
@@ -79,6 +81,7 @@ def listener_config(
         "spark.hadoop.hive.server2.thrift.port": str(jdbc_port),
         "spark.hadoop.hive.server2.authentication": "CUSTOM",
         "spark.extraListeners": AUDIT_LISTENER,
+        "spark.sql.extensions": ROW_SCOPE_EXTENSIONS,
     }
     if keystore is not None:
         config |= {
@@ -92,7 +95,8 @@ def listener_config(
 class CredentialChecker:
     """Answers ``metricslake.spark.LakeAuth.Checker.check`` for both listeners, through py4j's callback server.
 
-    ``authenticate(credential, address)`` returns the caller's name if
+    ``servers_of(caller)``: the glob of servers whose rows a caller reads
+    (:meth:`serversOf`, for the row scope). ``authenticate(credential, address)`` returns the caller's name if
     ``credential`` (a token, or None) may read the lake, and raises
     :class:`~metrics_lake.lake_schemas.errors.TokenError` (401, 403, 429)
     otherwise; ``address`` is the client's host, what failures are counted
@@ -109,9 +113,20 @@ class CredentialChecker:
         self,
         authenticate: Callable[[str | None, str | None], str],
         client_of: Callable[[int], str | None] | None = None,
+        servers_of: Callable[[str], str | None] = lambda caller: "",
     ) -> None:
         self.authenticate = authenticate
         self.client_of = client_of  # Connect behind the TLS listener: the relay's port -> the client's address
+        self.servers_of = servers_of
+
+    def serversOf(self, caller: str) -> str | None:  # noqa: N802 - the Java interface's name
+        """The glob of servers whose rows ``caller`` reads, "" for all, None for none (the Java contract: a
+        failure is none, logged)."""
+        try:
+            return self.servers_of(caller)
+        except Exception:  # a bug or the store: no rows rather than every row
+            log.exception("looking up the servers token %r may read failed", caller)
+            return None
 
     def check(self, credential: str | None, user: str | None, source: str, client: str) -> str:
         """``ok:<caller>`` or ``<status>:<message>`` (the Java interface's contract); never raises.
@@ -206,12 +221,16 @@ def serve_sql(
     stop: threading.Event | None = None,
     tls: tuple[Path, Path] | None = None,
     verbose: bool = False,
+    servers_of: Callable[[str], str | None] = lambda caller: "",
 ) -> None:
     """Serve the lake on ``host``: Spark Connect on ``connect_port``, JDBC on ``jdbc_port``, until SIGINT/SIGTERM.
 
     ``ready`` gets the table names once both listeners accept connections.
     ``authenticate`` checks every client's token (:class:`CredentialChecker`);
     until it is installed, right after Spark starts, clients are refused.
+    ``servers_of(caller)`` names the servers whose rows a token reads (a
+    glob; "" for all, None for none): every lake table with a ``server``
+    column is filtered to them in its statements' plans (``LakeRowScope.java``).
     ``tls`` (PEM certificate chain, key): both listeners serve TLS only
     (:mod:`metrics_lake.spark.sql_server_tls`). Every statement is recorded
     in ``sql_audit`` (:class:`~metrics_lake.spark.sql_audit.AuditWriter`;
@@ -235,7 +254,7 @@ def serve_sql(
     spark = build_session(settings, "lake-sql-server", extra_config=config)
     thrift = None
     # Referenced here while the JVM holds it through py4j.
-    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None)
+    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None, servers_of)
     audit = AuditWriter(open_store(settings), spark._jvm, verbose=verbose)
     try:
         _install_checker(spark, checker)

@@ -3,10 +3,13 @@ each kind of token, failures throttled per address, and none for an unknown addr
 
 from __future__ import annotations
 
+import pytest
+
 from metrics_lake.app.auth import Authenticator
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import LocalStore
 from metrics_lake.core.tokens import Scope, TokenStore, parse_token
+from metrics_lake.lake_schemas.errors import TokenError
 from metrics_lake.spark.jobs.sql_server import CredentialChecker
 
 
@@ -60,3 +63,34 @@ def test_a_failing_check_is_an_answer_not_an_exception():
         raise OSError("store unreachable")
 
     assert CredentialChecker(broken).check("x", None, "1.2.3.4:5", "connect").startswith("503:the token check failed")
+
+
+def test_a_read_token_limited_to_servers_is_scoped_by_the_sql_server_and_refused_by_other_doors(tmp_path):
+    store = LocalStore(tmp_path / "lake")
+    tokens = TokenStore(store)
+    web, _ = tokens.create("web", Scope.READ, servers="web-*")
+    read, _ = tokens.create("ana", Scope.READ)
+    admin, _ = tokens.create("ops", Scope.ADMIN)
+    settings = LakeSettings(root=str(tmp_path / "lake"))
+    sql = Authenticator(settings, store, refresh_seconds=3600, row_scope=True)
+    door = Authenticator(settings, store, refresh_seconds=3600)  # the dashboard's, remote-read's
+    try:
+        assert sql.authenticate_blocking(web, None, Scope.READ).name == "web"
+        checker = CredentialChecker(lambda c, a: sql.authenticate_blocking(c, a, Scope.READ).name, None, sql.servers_of)
+        assert [checker.serversOf(name) for name in ("web", "ana", "ops", "nobody")] == ["web-*", "", "", None]
+        with pytest.raises(TokenError, match="reads only servers web-\\*; only the SQL endpoint") as refused:
+            door.authenticate_blocking(web, "10.0.0.5", Scope.READ)
+        assert refused.value.status == 403
+        assert door.authenticate_blocking(read, "10.0.0.5", Scope.READ).name == "ana"
+        tokens.revoke("web")
+        sql.refresh()
+        assert checker.serversOf("web") is None  # no longer a token: no rows
+        assert door.authenticate_blocking(admin, None, Scope.READ).name == "ops"
+    finally:
+        sql.close()
+        door.close()
+
+    def broken(caller):
+        raise OSError("store unreachable")
+
+    assert CredentialChecker(lambda c, a: "x", None, broken).serversOf("web") is None  # no rows, never all

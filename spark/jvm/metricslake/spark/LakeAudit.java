@@ -78,6 +78,27 @@ public final class LakeAudit extends SparkListener {
         return bound == null || bound.equals(caller);
     }
 
+    /** The token's name a Spark Connect session is bound to ({@link #bindSession}), or null. */
+    static String callerOf(String sessionId) {
+        return CONNECT_SESSIONS.get(sessionId);
+    }
+
+    /**
+     * The Spark Connect session of the operation running on this thread, from its job tag
+     * ({@code SparkConnect_OperationTag_User_<user>_Session_<session>_Operation_<operation>}); null outside one.
+     */
+    static String connectSession(SparkContext context) {
+        for (String tag : CollectionConverters.asJava(context.getJobTags())) {
+            int at = tag.indexOf(CONNECT_TAG);
+            int session = at < 0 ? -1 : tag.indexOf("_Session_", at);
+            int operation = session < 0 ? -1 : tag.indexOf("_Operation_", session);
+            if (operation > 0) {
+                return tag.substring(session + "_Session_".length(), operation);
+            }
+        }
+        return null;
+    }
+
     /** Counts {@code files} read by the statement planning on this thread (its job group or Connect tag). */
     static void filesListed(int files) {
         String key = statementKey();

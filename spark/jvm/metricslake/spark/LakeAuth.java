@@ -23,6 +23,11 @@ public final class LakeAuth {
          *     or revoked token), 403 (the token may not read) or 429 (too many failures from the address)
          */
         String check(String credential, String user, String source, String client);
+
+        /**
+         * The glob of servers whose rows {@code caller} (a token's name) may read, or "" for every row.
+         */
+        String serversOf(String caller);
     }
 
     /** A refused credential: {@code status} as in {@link Checker#check}, the message safe to show the client. */
@@ -43,6 +48,23 @@ public final class LakeAuth {
     /** Uses {@code newChecker} for every later connection (null: refuse them all). */
     public static void install(Checker newChecker) {
         checker = newChecker;
+    }
+
+    /**
+     * The glob of servers whose rows {@code caller} may read ({@link LakeRowScope}), "" for every row, null for
+     * none: with no checker installed, or when the lookup fails, a query of a table with a {@code server} column
+     * returns no row rather than every row.
+     */
+    public static String serversOf(String caller) {
+        Checker current = checker;
+        if (current == null) {
+            return null;
+        }
+        try {
+            return current.serversOf(caller);
+        } catch (RuntimeException failure) {
+            return null;
+        }
     }
 
     /**
