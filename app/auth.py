@@ -303,13 +303,17 @@ class Authenticator:
             )
         return Caller(current.name, current.scope, current)
 
-    def servers_of(self, name: str) -> str | None:
-        """The glob of servers whose rows the active token ``name`` may read: "" for all (an admin token, a read
-        token without ``--servers``, any caller of a lake without tokens), None if no such token is active."""
+    def scope_of(self, name: str) -> str | None:
+        """What the active token ``name`` may read through the SQL endpoint: ``admin`` (every row and table),
+        ``read`` (every row of the analysts' tables), ``read:<glob>`` (a read token created with ``--servers``: those
+        servers' rows), or None if no such token is active. Any caller of a lake without tokens, and the bootstrap
+        admin token, are ``admin``."""
         if not self.enabled or (name == BOOTSTRAP_ADMIN and self.admin_token):
-            return ""  # an open lake (whatever name a JDBC login gave), or the bootstrap admin token
+            return "admin"  # an open lake (whatever name a JDBC login gave), or the bootstrap admin token
         now = self.clock()
         for record in self.records.values():
             if record.name == name and record.state(now) == "active":
-                return record.servers if record.scope is Scope.READ and record.servers is not None else ""
+                if record.scope is Scope.ADMIN:
+                    return "admin"
+                return "read" if record.servers is None else f"read:{record.servers}"
         return None

@@ -16,9 +16,12 @@ answer and the best of ``--repeat`` from a Spark Connect client (a
 notebook's session, in a process of its own) and from PyHive over
 HiveServer2 (JDBC's protocol), each from sending the query to its first
 row on an open connection, and each client's connection set-up (Connect:
-the session and a ``SELECT 1``; JDBC: ``hive.connect``). It does so twice:
-on the open lake, then with a read token (created for the run, revoked
-after it), each call's token check included.
+the session and a ``SELECT 1``; JDBC: ``hive.connect``). It does so three
+times: on the open lake, with a read token (created for the run, revoked
+after it), each call's token check included, and with the token over TLS
+(the certificates of ``lake infra tls``; Connect with ``;use_ssl=true``,
+PyHive over a TLS socket, as the analysts' page shows). Every statement is
+recorded in ``sql_audit`` in all three (the server always audits).
 
 Every engine must give the same answer (checked). For the lake, "files
 read" is what the reader's pruning keeps
@@ -37,6 +40,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -132,6 +136,14 @@ def comparable(rows: list) -> list[tuple]:
     return normalized([tuple(json.loads(json.dumps(list(row), default=str))) for row in rows])
 
 
+def mint_tls(work: Path, env: dict[str, str]) -> dict[str, str]:
+    """``lake infra tls`` certificates under ``work/tls``: its ``export`` lines (LAKE_TLS_CERT, _KEY, _CA)."""
+    minted = subprocess.run(
+        [LAKE, "infra", "tls", "--data-dir", str(work / "tls")], env=env, capture_output=True, text=True, check=True
+    )
+    return dict(re.findall(r"^export (\w+)=(\S+)$", minted.stdout, flags=re.M))
+
+
 @contextlib.contextmanager
 def sql_server(env: dict[str, str], work: Path):
     """``lake sql-server`` on this lake, started fresh; yields its (Connect port, JDBC port) once it is ready."""
@@ -159,28 +171,51 @@ def sql_server(env: dict[str, str], work: Path):
         server.wait(timeout=120)
 
 
-def through_connect(port: int, repeat: int, queries: dict[str, str], token: str | None) -> dict[str, list]:
+def through_connect(
+    port: int, repeat: int, queries: dict[str, str], token: str | None, ca: str | None = None
+) -> dict[str, list]:
     """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from a Spark Connect client in a process of
-    its own, sending ``token`` if given (to ``localhost``: the client sends a token in the clear nowhere else)."""
+    its own, sending ``token`` if given (to ``localhost``: the client sends a token in the clear nowhere else), over
+    TLS trusting ``ca`` (a PEM file) if given."""
     url = f"sc://localhost:{port}/;token={token}" if token else f"sc://127.0.0.1:{port}"
+    env = dict(os.environ)
+    if ca is not None:
+        url = f"sc://localhost:{port}/;use_ssl=true;token={token}"
+        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = ca
     client = subprocess.run(
         [sys.executable, "-c", CONNECT_CLIENT, url, str(repeat), json.dumps(queries)],
         capture_output=True,
         text=True,
         check=False,
+        env=env,
     )
     if client.returncode != 0:
         raise RuntimeError(f"the Connect client failed: {client.stderr[-3000:]}")
     return json.loads(client.stdout.strip().splitlines()[-1])
 
 
-def through_jdbc(port: int, repeat: int, queries: dict[str, str], token: str | None) -> dict[str, list]:
+def through_jdbc(
+    port: int, repeat: int, queries: dict[str, str], token: str | None, ca: str | None = None
+) -> dict[str, list]:
     """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from PyHive over HiveServer2, logging in with
-    ``token`` if given; times end at ``fetchone``."""
+    ``token`` if given, over TLS trusting ``ca`` (a PEM file) if given; times end at ``fetchone``."""
+    import ssl
+
+    import thrift_sasl
     from pyhive import hive
+    from pyhive.hive import get_installed_sasl
+    from thrift.transport.TSSLSocket import TSSLSocket
 
     started = time.perf_counter()
-    if token:
+    if ca is not None:  # the analysts' page's "PyHive over TLS"
+        socket = TSSLSocket("localhost", port, ssl_context=ssl.create_default_context(cafile=ca))
+        transport = thrift_sasl.TSaslClientTransport(
+            lambda: get_installed_sasl(host="localhost", sasl_auth="PLAIN", username=TOKEN_NAME, password=token),
+            "PLAIN",
+            socket,
+        )
+        connection = hive.connect(thrift_transport=transport)
+    elif token:
         connection = hive.connect(host="127.0.0.1", port=port, auth="CUSTOM", username=TOKEN_NAME, password=token)
     else:
         connection = hive.connect(host="127.0.0.1", port=port, username="analyst")
@@ -277,14 +312,21 @@ def main() -> None:
 
         queries = {label: sql.format(t=table) for label, (table, sql, _) in QUERIES.items()}
         tokens = TokenStore(open_store(settings))
-        for access in ("open", "read token"):
-            token = tokens.create(TOKEN_NAME, Scope.READ)[0] if access == "read token" else None
+        tls = mint_tls(work, env)
+        for access in ("open", "read token", "read token + TLS"):
+            token = tokens.create(TOKEN_NAME, Scope.READ)[0] if access != "open" else None
+            served = (
+                {**env, "LAKE_TLS_CERT": tls["LAKE_TLS_CERT"], "LAKE_TLS_KEY": tls["LAKE_TLS_KEY"]}
+                if (access.endswith("TLS"))
+                else env
+            )
+            ca = tls["LAKE_TLS_CA"] if access.endswith("TLS") else None
             try:
                 # A server per client kind, so that each client's first query is the first its server answers.
-                with sql_server(env, work) as (connect_port, _):
-                    connect = through_connect(connect_port, args.repeat, queries, token)
-                with sql_server(env, work) as (_, jdbc_port):
-                    jdbc = through_jdbc(jdbc_port, args.repeat, queries, token)
+                with sql_server(served, work) as (connect_port, _):
+                    connect = through_connect(connect_port, args.repeat, queries, token, ca)
+                with sql_server(served, work) as (_, jdbc_port):
+                    jdbc = through_jdbc(jdbc_port, args.repeat, queries, token, ca)
             finally:
                 if token:
                     tokens.revoke(TOKEN_NAME)

@@ -90,11 +90,8 @@ def _share_formats(spark, names: list[str]) -> None:
     getattr(companion, "dataSourceBuilders_$eq")(jvm.scala.Some(builders))
 
 
-def register_lake_tables(
-    spark, settings: LakeSettings, *, shared: bool = False, hidden: set[str] | frozenset[str] = frozenset()
-) -> list[str]:
-    """Make every existing lake table but ``hidden`` a table of ``spark``'s catalog (module docstring); returns
-    their names.
+def register_lake_tables(spark, settings: LakeSettings, *, shared: bool = False) -> list[str]:
+    """Make every existing lake table a table of ``spark``'s catalog (module docstring); returns their names.
 
     A table already in the catalog is left as it is. With ``shared``,
     sessions created later in this application (Spark Connect, the Thrift
@@ -105,7 +102,7 @@ def register_lake_tables(
     decides how tables are read.
     """
     store = open_store(settings)
-    names = [name for name in list_tables(store) if name not in hidden]
+    names = list_tables(store)
     native = spark.conf.get("spark.sql.catalog.spark_catalog", "") == LAKE_CATALOG
     if native == settings.is_s3:
         built_for = "a local" if native else "an S3"

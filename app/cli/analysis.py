@@ -208,7 +208,7 @@ def sql_server(
             authenticate=authenticate,
             tls=None if tls is None else (tls.cert, tls.key),
             verbose=verbose_output(),
-            servers_of=auth.servers_of,
+            scope_of=auth.scope_of,
         )
     finally:
         auth.close()

@@ -38,7 +38,6 @@ import pyarrow.parquet as pq
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.storage import open_store
 from metrics_lake.lake_schemas.errors import TokenError
-from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.session import build_session, stop_session
 from metrics_lake.spark.sql_audit import AuditWriter
@@ -95,8 +94,8 @@ def listener_config(
 class CredentialChecker:
     """Answers ``metricslake.spark.LakeAuth.Checker.check`` for both listeners, through py4j's callback server.
 
-    ``servers_of(caller)``: the glob of servers whose rows a caller reads
-    (:meth:`serversOf`, for the row scope). ``authenticate(credential, address)`` returns the caller's name if
+    ``scope_of(caller)``: what a caller may read (:meth:`scopeOf`: the
+    row scope and the admin-only tables). ``authenticate(credential, address)`` returns the caller's name if
     ``credential`` (a token, or None) may read the lake, and raises
     :class:`~metrics_lake.lake_schemas.errors.TokenError` (401, 403, 429)
     otherwise; ``address`` is the client's host, what failures are counted
@@ -113,19 +112,19 @@ class CredentialChecker:
         self,
         authenticate: Callable[[str | None, str | None], str],
         client_of: Callable[[int], str | None] | None = None,
-        servers_of: Callable[[str], str | None] = lambda caller: "",
+        scope_of: Callable[[str], str | None] = lambda caller: "admin",
     ) -> None:
         self.authenticate = authenticate
         self.client_of = client_of  # Connect behind the TLS listener: the relay's port -> the client's address
-        self.servers_of = servers_of
+        self.scope_of = scope_of
 
-    def serversOf(self, caller: str) -> str | None:  # noqa: N802 - the Java interface's name
-        """The glob of servers whose rows ``caller`` reads, "" for all, None for none (the Java contract: a
-        failure is none, logged)."""
+    def scopeOf(self, caller: str) -> str | None:  # noqa: N802 - the Java interface's name
+        """``admin``, ``read`` or ``read:<glob>`` for ``caller``; None when it has no active token (the Java
+        contract: its statements are refused; a failed lookup is None too, logged)."""
         try:
-            return self.servers_of(caller)
-        except Exception:  # a bug or the store: no rows rather than every row
-            log.exception("looking up the servers token %r may read failed", caller)
+            return self.scope_of(caller)
+        except Exception:  # a bug or the store: the statement is refused rather than run with every row
+            log.exception("looking up what token %r may read failed", caller)
             return None
 
     def check(self, credential: str | None, user: str | None, source: str, client: str) -> str:
@@ -221,21 +220,22 @@ def serve_sql(
     stop: threading.Event | None = None,
     tls: tuple[Path, Path] | None = None,
     verbose: bool = False,
-    servers_of: Callable[[str], str | None] = lambda caller: "",
+    scope_of: Callable[[str], str | None] = lambda caller: "admin",
 ) -> None:
     """Serve the lake on ``host``: Spark Connect on ``connect_port``, JDBC on ``jdbc_port``, until SIGINT/SIGTERM.
 
     ``ready`` gets the table names once both listeners accept connections.
     ``authenticate`` checks every client's token (:class:`CredentialChecker`);
     until it is installed, right after Spark starts, clients are refused.
-    ``servers_of(caller)`` names the servers whose rows a token reads (a
-    glob; "" for all, None for none): every lake table with a ``server``
-    column is filtered to them in its statements' plans (``LakeRowScope.java``).
+    ``scope_of(caller)`` says what a token reads (``admin``; ``read``;
+    ``read:<glob>``: its servers' rows of every lake table with a ``server``
+    column; None: no active token, its statements are refused), enforced in
+    its statements' plans (``LakeRowScope.java``); ``sql_audit`` is an
+    admin token's only.
     ``tls`` (PEM certificate chain, key): both listeners serve TLS only
     (:mod:`metrics_lake.spark.sql_server_tls`). Every statement is recorded
     in ``sql_audit`` (:class:`~metrics_lake.spark.sql_audit.AuditWriter`;
-    ``verbose``: also logged, one line each); the endpoint does not serve that
-    table. Stopping writes the audit's last statements, then stops the Thrift
+    ``verbose``: also logged, one line each). Stopping writes the audit's last statements, then stops the Thrift
     server and the Spark application (its JVM and Python workers with it).
     ``stop``, if given, ends serving when set.
     """
@@ -254,12 +254,12 @@ def serve_sql(
     spark = build_session(settings, "lake-sql-server", extra_config=config)
     thrift = None
     # Referenced here while the JVM holds it through py4j.
-    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None, servers_of)
+    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None, scope_of)
     audit = AuditWriter(open_store(settings), spark._jvm, verbose=verbose)
     try:
         _install_checker(spark, checker)
         audit.start()
-        names = register_lake_tables(spark, settings, shared=True, hidden={Table.SQL_AUDIT})
+        names = register_lake_tables(spark, settings, shared=True)
         try:
             log.info("warmed up the query path in %.1f s", warm_up(spark, names))
         except Exception as exc:  # noqa: BLE001 - only the first query's speed depends on it: serve anyway
@@ -278,7 +278,7 @@ def serve_sql(
         ready(names)
         while not stop.wait(REFRESH_SECONDS):
             try:
-                register_lake_tables(spark, settings, shared=True, hidden={Table.SQL_AUDIT})
+                register_lake_tables(spark, settings, shared=True)
             except Exception as exc:  # noqa: BLE001 - the store may be briefly unreachable: keep serving
                 log.warning("looking for new lake tables failed: %s", exc)
     finally:

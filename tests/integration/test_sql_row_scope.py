@@ -48,6 +48,29 @@ for name, token in zip(pairs[::2], pairs[1::2]):
 """.replace("TABLES}", f"{TABLES!r}}}")
 
 
+#: A JDBC session kept open while its token is revoked (argv: port, name, token): runs a statement, prints
+#: "ready", waits for a line on stdin, then runs one every 0.2 s until one is refused; prints JSON.
+REVOKED_JDBC = """
+import json, sys, time
+from pyhive import hive
+port, name, token = sys.argv[1:]
+cursor = hive.connect(host="127.0.0.1", port=int(port), auth="CUSTOM", username=name, password=token).cursor()
+cursor.execute("SELECT count(*) FROM bronze_events")
+cursor.fetchall()
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+while time.monotonic() - started < 30:
+    try:
+        cursor.execute("SELECT count(*) FROM bronze_events")
+        cursor.fetchall()
+    except Exception as error:
+        print(json.dumps({"refused_after": time.monotonic() - started, "error": str(error)}), flush=True)
+        break
+    time.sleep(0.2)
+"""
+
+
 def expected_counts(store, glob: str | None) -> dict:
     """Each table's rows of the servers ``glob`` matches (all for None), computed from the Delta tables directly."""
 
@@ -115,6 +138,23 @@ def test_a_scoped_read_token_sees_only_its_servers_rows_in_every_table_and_clien
             )
             assert counted.returncode == 0, counted.stderr[-2000:]
             assert counted.stdout.split() == [str(expected_counts(store, glob)["bronze_events"])]
+
+        # A revoked token's open JDBC session: its next statement is refused, within the refreshes (2 s + 2 s).
+        session = subprocess.Popen(
+            [sys.executable, "-c", REVOKED_JDBC, str(jdbc_port), "all", pairs[1][1]],
+            env=client_env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert session.stdout.readline().strip() == "ready"
+        tokens.revoke("all")
+        session.stdin.write("go\n")
+        session.stdin.flush()
+        outcome = json.loads(session.stdout.readline())
+        session.wait(60)
+        assert outcome["refused_after"] < 5.0 and "token 'all' is no longer active" in outcome["error"], outcome
     finally:
         children = psutil.Process(server.pid).children(recursive=True)
         server.send_signal(signal.SIGTERM)

@@ -65,7 +65,7 @@ def test_a_failing_check_is_an_answer_not_an_exception():
     assert CredentialChecker(broken).check("x", None, "1.2.3.4:5", "connect").startswith("503:the token check failed")
 
 
-def test_a_read_token_limited_to_servers_is_scoped_by_the_sql_server_and_refused_by_other_doors(tmp_path):
+def test_the_sql_server_knows_each_token_s_scope_and_other_doors_refuse_a_read_token_limited_to_servers(tmp_path):
     store = LocalStore(tmp_path / "lake")
     tokens = TokenStore(store)
     web, _ = tokens.create("web", Scope.READ, servers="web-*")
@@ -76,15 +76,15 @@ def test_a_read_token_limited_to_servers_is_scoped_by_the_sql_server_and_refused
     door = Authenticator(settings, store, refresh_seconds=3600)  # the dashboard's, remote-read's
     try:
         assert sql.authenticate_blocking(web, None, Scope.READ).name == "web"
-        checker = CredentialChecker(lambda c, a: sql.authenticate_blocking(c, a, Scope.READ).name, None, sql.servers_of)
-        assert [checker.serversOf(name) for name in ("web", "ana", "ops", "nobody")] == ["web-*", "", "", None]
+        checker = CredentialChecker(lambda c, a: sql.authenticate_blocking(c, a, Scope.READ).name, None, sql.scope_of)
+        assert [checker.scopeOf(n) for n in ("web", "ana", "ops", "nobody")] == ["read:web-*", "read", "admin", None]
         with pytest.raises(TokenError, match="reads only servers web-\\*; only the SQL endpoint") as refused:
             door.authenticate_blocking(web, "10.0.0.5", Scope.READ)
         assert refused.value.status == 403
         assert door.authenticate_blocking(read, "10.0.0.5", Scope.READ).name == "ana"
         tokens.revoke("web")
         sql.refresh()
-        assert checker.serversOf("web") is None  # no longer a token: no rows
+        assert checker.scopeOf("web") is None  # no longer a token: its statements are refused
         assert door.authenticate_blocking(admin, None, Scope.READ).name == "ops"
     finally:
         sql.close()
@@ -93,4 +93,4 @@ def test_a_read_token_limited_to_servers_is_scoped_by_the_sql_server_and_refused
     def broken(caller):
         raise OSError("store unreachable")
 
-    assert CredentialChecker(lambda c, a: "x", None, broken).serversOf("web") is None  # no rows, never all
+    assert CredentialChecker(lambda c, a: "x", None, broken).scopeOf("web") is None  # refused, never all rows

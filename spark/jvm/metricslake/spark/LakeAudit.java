@@ -123,6 +123,7 @@ public final class LakeAudit extends SparkListener {
     }
 
     @Override
+    @SuppressWarnings("deprecation")  // SqlCommand.getSql: what clients before Spark 3.5 send
     public void onOtherEvent(SparkListenerEvent event) {
         if (event instanceof SparkListenerConnectOperationStarted e) {
             String caller = CONNECT_SESSIONS.getOrDefault(e.sessionId(), "unknown");

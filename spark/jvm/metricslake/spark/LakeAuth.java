@@ -25,9 +25,10 @@ public final class LakeAuth {
         String check(String credential, String user, String source, String client);
 
         /**
-         * The glob of servers whose rows {@code caller} (a token's name) may read, or "" for every row.
+         * What {@code caller} (a token's name) may read: {@code admin}, {@code read}, or {@code read:<glob>} (the
+         * rows of those servers only); null when it has no active token.
          */
-        String serversOf(String caller);
+        String scopeOf(String caller);
     }
 
     /** A refused credential: {@code status} as in {@link Checker#check}, the message safe to show the client. */
@@ -51,17 +52,16 @@ public final class LakeAuth {
     }
 
     /**
-     * The glob of servers whose rows {@code caller} may read ({@link LakeRowScope}), "" for every row, null for
-     * none: with no checker installed, or when the lookup fails, a query of a table with a {@code server} column
-     * returns no row rather than every row.
+     * What {@code caller} may read ({@link Checker#scopeOf}; {@link LakeRowScope}); null when it has no active
+     * token, no checker is installed or the lookup fails (its statements are then refused).
      */
-    public static String serversOf(String caller) {
+    public static String scopeOf(String caller) {
         Checker current = checker;
         if (current == null) {
             return null;
         }
         try {
-            return current.serversOf(caller);
+            return current.scopeOf(caller);
         } catch (RuntimeException failure) {
             return null;
         }

@@ -7,7 +7,6 @@ import java.util.regex.Pattern;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.catalyst.CurrentUserContext;
 import org.apache.spark.sql.catalyst.expressions.AttributeReference;
-import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.RLike;
 import org.apache.spark.sql.catalyst.plans.logical.Filter;
@@ -20,24 +19,30 @@ import scala.jdk.javaapi.CollectionConverters;
 import scala.runtime.AbstractPartialFunction;
 
 /**
- * Row scope of the SQL endpoint: a read token created with {@code --servers GLOB} sees only the rows of matching
- * servers in every lake table that has a {@code server} column.
+ * What a token reads through the SQL endpoint, enforced in every plan its statements analyse: a read token created
+ * with {@code --servers GLOB} sees only the rows of matching servers in every lake table that has a
+ * {@code server} column; {@code sql_audit} (who ran which statement) is an admin token's only.
  *
  * <p>An analyzer rule (post-hoc resolution, injected by {@link LakeExtensions}) puts a filter
- * {@code server RLIKE <the glob as an anchored regex>} directly over every scan of such a table, in every query
- * plan the caller's statements analyse, views and temp views included (their plans are analysed into the
- * statement's), so no SQL reaches the unfiltered rows. (A regex prunes no file: the filter runs on the rows
- * the scan reads.) Tables without a {@code server} column are read whole (the token's scope allows them).
+ * {@code server RLIKE <the glob as an anchored regex>} directly over every scan of such a table, views and temp
+ * views included (their plans are analysed into the statement's), so no SQL reaches the unfiltered rows. (A
+ * regex prunes no file: the filter runs on the rows the scan reads.) Tables without a {@code server} column are
+ * read whole. A scan of {@code sql_audit} by a token that is not admin fails the statement, naming the table and
+ * the token's scope.
  *
  * <p>The caller is the statement's: for Spark Connect the token its interceptor bound to the session (from the
  * operation's job tag), for JDBC the login name Spark's Thrift server sets for the statement
  * ({@code current_user()}), which {@link LakeAuth} accepted as the token's name. A plan analysed outside any
- * statement (the server's own warm-up, a Connect schema request, which returns no rows) is not filtered. The
- * token's glob comes from {@link LakeAuth#serversOf}, looked up again after {@link #CACHE_MS}.
+ * statement (the server's own warm-up, a Connect schema request, which returns no rows) is left alone. The
+ * token's scope comes from {@link LakeAuth#scopeOf}, looked up again after {@link #CACHE_MS}; a token no longer
+ * active has none, and its statements are refused: so a revoked token's open JDBC session ends at its next
+ * statement, as a Connect session does at its interceptor.
  */
 public final class LakeRowScope extends Rule<LogicalPlan> {
-    /** How long a caller's glob is reused before it is looked up again (milliseconds). */
+    /** How long a caller's scope is reused before it is looked up again (milliseconds). */
     static final long CACHE_MS = 2_000;
+    /** The table only admin tokens read: the audit of who ran what. */
+    static final String ADMIN_ONLY = "sql_audit";
     private static final Map<String, Object[]> SCOPES = new ConcurrentHashMap<>();
 
     @Override
@@ -46,26 +51,35 @@ public final class LakeRowScope extends Rule<LogicalPlan> {
         if (caller == null) {
             return plan;
         }
-        String glob = serversOf(caller);
-        if (glob != null && glob.isEmpty()) {
+        String scope = scopeOf(caller);
+        if (scope == null) {
+            // Revoked or expired since it connected (a JDBC session is checked only when it opens), or the lookup
+            // failed: the statement is refused rather than run with every row.
+            throw new SecurityException("token '" + caller + "' is no longer active (revoked or expired), or its "
+                    + "scope could not be looked up: this statement is refused; connect again with an active token");
+        }
+        if (scope.equals("admin")) {
             return plan;
         }
-        String regex = glob == null ? null : globRegex(glob);  // null: no row (the glob could not be looked up)
+        String regex = scope.startsWith("read:") ? globRegex(scope.substring("read:".length())) : null;
         return (LogicalPlan) plan.transformUp(new AbstractPartialFunction<LogicalPlan, LogicalPlan>() {
             @Override
             public boolean isDefinedAt(LogicalPlan node) {
-                return serverColumn(node) != null;
+                return lakeTable(node) != null;
             }
 
             @Override
             public LogicalPlan apply(LogicalPlan node) {
-                AttributeReference server = serverColumn(node);
-                if (server == null) {
+                DataSourceV2Relation relation = lakeTable(node);
+                if (ADMIN_ONLY.equals(relation.table().name())) {
+                    throw new SecurityException("table " + ADMIN_ONLY + " (who ran which statement) is an admin "
+                            + "token's only; token '" + caller + "' has scope " + scope);
+                }
+                AttributeReference server = serverColumn(relation);
+                if (regex == null || server == null) {
                     return node;
                 }
-                Expression condition = regex == null ? Literal.create(false, DataTypes.BooleanType)
-                        : new RLike(server, Literal.create(regex, DataTypes.StringType));
-                return new Filter(condition, node);
+                return new Filter(new RLike(server, Literal.create(regex, DataTypes.StringType)), node);
             }
         });
     }
@@ -94,11 +108,14 @@ public final class LakeRowScope extends Rule<LogicalPlan> {
         return out.append(")\\z").toString();
     }
 
-    /** The {@code server} column of a lake table's scan, or null for any other node. */
-    private static AttributeReference serverColumn(LogicalPlan node) {
-        if (!(node instanceof DataSourceV2Relation relation) || !(relation.table() instanceof LakeTable)) {
-            return null;
-        }
+    /** A lake table's scan, or null for any other node. */
+    private static DataSourceV2Relation lakeTable(LogicalPlan node) {
+        return node instanceof DataSourceV2Relation relation && relation.table() instanceof LakeTable
+                ? relation : null;
+    }
+
+    /** The {@code server} column of a lake table's scan, or null. */
+    private static AttributeReference serverColumn(DataSourceV2Relation relation) {
         for (AttributeReference column : CollectionConverters.asJava(relation.output())) {
             if (column.name().equalsIgnoreCase("server")) {
                 return column;
@@ -124,17 +141,17 @@ public final class LakeRowScope extends Rule<LogicalPlan> {
         return user == null || user.isEmpty() ? null : user;
     }
 
-    /** {@link LakeAuth#serversOf}, remembered for {@link #CACHE_MS} (a null answer is not remembered). */
-    private static String serversOf(String caller) {
+    /** {@link LakeAuth#scopeOf}, remembered for {@link #CACHE_MS} (a null answer is not remembered). */
+    private static String scopeOf(String caller) {
         long now = System.currentTimeMillis();
         Object[] cached = SCOPES.get(caller);
         if (cached != null && now - (Long) cached[1] < CACHE_MS) {
             return (String) cached[0];
         }
-        String glob = LakeAuth.serversOf(caller);
-        if (glob != null) {
-            SCOPES.put(caller, new Object[] {glob, now});
+        String scope = LakeAuth.scopeOf(caller);
+        if (scope != null) {
+            SCOPES.put(caller, new Object[] {scope, now});
         }
-        return glob;
+        return scope;
     }
 }
