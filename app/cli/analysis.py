@@ -159,8 +159,9 @@ def sql_server(
 ) -> None:
     """Serve every lake table to Spark Connect clients and JDBC/ODBC (HiveServer2) clients until Ctrl-C; once the
     lake has tokens, a read or admin token connects (Connect: ;token=..., JDBC: user = its name, password = it);
-    with --tls-cert/--tls-key both listeners speak TLS only (Connect: ;use_ssl=true, JDBC: ;ssl=true). Every
-    statement is recorded in sql_audit (read it with lake sql); the global --verbose also prints one line each."""
+    with --tls-cert/--tls-key both listeners speak TLS only (Connect: ;use_ssl=true, JDBC: ;ssl=true). A read
+    token created with --servers reads only those servers' rows. Every statement is recorded in sql_audit, which
+    only admin tokens read; the global --verbose also prints one line each."""
     from metrics_lake.app.auth import Authenticator
     from metrics_lake.app.http_server import TlsFiles, check_exposure
     from metrics_lake.core.tokens import Scope, TokenStore

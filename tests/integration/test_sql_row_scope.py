@@ -22,7 +22,7 @@ from metrics_lake.core.tokens import Scope, TokenStore
 from metrics_lake.lake_schemas.errors import InputError
 from tests.helpers import free_port_block
 from tests.integration.test_kill_restart import LAKE, lake_env
-from tests.integration.test_sql_server_tokens import docs_block, run_python, wait_for_text
+from tests.integration.test_sql_server_tokens import docs_block, revoked_midway, run_python, wait_for_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -140,20 +140,9 @@ def test_a_scoped_read_token_sees_only_its_servers_rows_in_every_table_and_clien
             assert counted.stdout.split() == [str(expected_counts(store, glob)["bronze_events"])]
 
         # A revoked token's open JDBC session: its next statement is refused, within the refreshes (2 s + 2 s).
-        session = subprocess.Popen(
-            [sys.executable, "-c", REVOKED_JDBC, str(jdbc_port), "all", pairs[1][1]],
-            env=client_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+        outcome = revoked_midway(
+            REVOKED_JDBC, [str(jdbc_port), "all", pairs[1][1]], client_env, lambda: tokens.revoke("all")
         )
-        assert session.stdout.readline().strip() == "ready"
-        tokens.revoke("all")
-        session.stdin.write("go\n")
-        session.stdin.flush()
-        outcome = json.loads(session.stdout.readline())
-        session.wait(60)
         assert outcome["refused_after"] < 5.0 and "token 'all' is no longer active" in outcome["error"], outcome
     finally:
         children = psutil.Process(server.pid).children(recursive=True)

@@ -71,6 +71,26 @@ while time.monotonic() - started < 30:
 """
 
 
+def revoked_midway(script: str, args: list[str], env: dict[str, str], revoke) -> dict:
+    """Run a client ``script`` that prints "ready" once its session works, then waits for a line on stdin and
+    prints one JSON line when a statement is refused; ``revoke()`` runs in between. Returns that JSON."""
+    session = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert session.stdout.readline().strip() == "ready"
+    revoke()
+    session.stdin.write("go\n")
+    session.stdin.flush()
+    outcome = json.loads(session.stdout.readline())
+    session.wait(60)
+    return outcome
+
+
 def docs_block(language: str, marker: str) -> str:
     """The fenced ``language`` block of docs/analysts.md containing ``marker``."""
     blocks = re.findall(rf"```{language}\n(.*?)```", (REPO / "docs" / "analysts.md").read_text(), flags=re.S)
@@ -212,20 +232,9 @@ def test_clients_need_a_read_token_and_a_revoked_one_stops_at_the_next_statement
             ]
 
         # A revoked token: its open Connect session is refused at its next statement, within the refresh.
-        session = subprocess.Popen(
-            [sys.executable, "-c", REVOKED_SESSION, str(connect_port), doomed],
-            env=client_env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+        outcome = revoked_midway(
+            REVOKED_SESSION, [str(connect_port), doomed], client_env, lambda: tokens.revoke("leaver")
         )
-        assert session.stdout.readline().strip() == "ready"
-        tokens.revoke("leaver")
-        session.stdin.write("go\n")
-        session.stdin.flush()
-        outcome = json.loads(session.stdout.readline())
-        session.wait(60)
         assert outcome["first"] == expected
         assert outcome["refused_after"] < 5.0 and "token 'leaver' is revoked" in outcome["error"]
 
