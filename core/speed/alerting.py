@@ -438,12 +438,15 @@ class AlertLog:
     that disappeared (compaction, retention) makes it read the table again
     from scratch. Transitions apply in commit order (``recorded_at``, then
     ``seq``; :func:`~metrics_lake.core.kernels.alert_evaluation.apply`).
-    Thread-safe.
+    With ``keep_transitions=False`` it holds the active alerts and the names
+    of the files read, not their rows (what the speed layer needs, for as
+    long as it runs); :meth:`transitions` is then unavailable. Thread-safe.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, keep_transitions: bool = True) -> None:
         self.store = store
-        self._files: dict[str, pa.Table] = {}
+        self.keep_transitions = keep_transitions
+        self._files: dict[str, pa.Table | None] = {}
         self._active: dict[str, ActiveAlert] = {}
         self._lock = threading.Lock()
 
@@ -459,11 +462,13 @@ class AlertLog:
                 added = {f.relative: read_data_files(self.store, [f], ALERTS) for f in new}
                 rows = pa.concat_tables(added.values()).sort_by([("recorded_at", "ascending"), ("seq", "ascending")])
                 self._active = apply(self._active, rows)
-                self._files.update(added)
+                self._files.update(added if self.keep_transitions else dict.fromkeys(added))
             return dict(self._active)
 
     def transitions(self) -> pa.Table:
         """Every transition read so far, in commit order (call :meth:`refresh` first)."""
+        if not self.keep_transitions:
+            raise RuntimeError("this AlertLog keeps no transitions (keep_transitions=False)")  # programming error
         with self._lock:
             parts = list(self._files.values())
         if not parts:
@@ -476,9 +481,14 @@ _ALERT_LOGS_LOCK = threading.Lock()
 
 
 def shared_alert_log(store: Store) -> AlertLog:
-    """The process's :class:`AlertLog` of ``store``'s lake, kept from one evaluation to the next (one per root)."""
+    """The process's :class:`AlertLog` of ``store``'s lake, kept from one evaluation to the next (one per root).
+
+    It keeps the active alerts only, not every transition within the table's retention: the speed layer runs for
+    months, and evaluating needs the state, not the history."""
     with _ALERT_LOGS_LOCK:
-        return _ALERT_LOGS.setdefault(store.root, AlertLog(store))
+        if store.root not in _ALERT_LOGS:
+            _ALERT_LOGS[store.root] = AlertLog(store, keep_transitions=False)
+        return _ALERT_LOGS[store.root]
 
 
 def forget_alert_logs() -> None:

@@ -245,6 +245,12 @@ def test_the_alert_log_reads_new_files_only_and_starts_over_when_files_go(store,
     table.optimize.compact()  # rewrites the files: the log must read them again, not keep stale ones
     assert [a.server for a in alert_log.refresh().values()] == ["sim-0001"]
     assert alert_log.transitions().num_rows == 1
+    # The speed layer's own log keeps the state, not the rows: what it holds does not grow with the history.
+    stateful = AlertLog(store, keep_transitions=False)
+    assert [a.server for a in stateful.refresh().values()] == ["sim-0001"]
+    assert all(rows is None for rows in stateful._files.values())
+    with pytest.raises(RuntimeError, match="keeps no transitions"):
+        stateful.transitions()
 
 
 def test_catching_up_unevenly_does_not_make_the_servers_of_a_partition_read_later_look_silent(store, log):
