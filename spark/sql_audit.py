@@ -120,6 +120,7 @@ class AuditWriter:
         self._held: list[pa.Table] = []  # drained, in no batch yet
         self._pending: tuple[list, int] | None = None  # a batch's files written, its commit not landed yet
         self._stop = threading.Event()
+        self._flushing = threading.Lock()  # the thread's round and stop()'s last one never overlap
         self._thread: threading.Thread | None = None
         self._dropped = 0
 
@@ -148,6 +149,10 @@ class AuditWriter:
         Records drained are written as files once; their commit is retried with the same batch number until it
         lands (a retry after a commit that did land adds nothing), and records drained meanwhile wait for the
         next batch."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> int:
         drained = audit_rows([json.loads(r) for r in self.audit.drain(MAX_PER_COMMIT)])
         dropped = self.audit.dropped()
         if dropped > self._dropped:

@@ -28,24 +28,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TABLES = ("bronze_events", "metric_windows_1m", "query_results", "last_seen")
 #: argv: port, then token pairs (name, token); prints one JSON object per token: each table's count, the counts
-#: through a temp view and a join, and the servers seen.
+#: through a temp view and a join, and the servers seen, from one statement per token.
 COUNTS = """
 import json, sys
 from pyspark.sql import SparkSession
 port, pairs = sys.argv[1], sys.argv[2:]
+tables = TABLES
+counted = ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in tables)
 for name, token in zip(pairs[::2], pairs[1::2]):
     spark = SparkSession.builder.remote(f"sc://localhost:{port}/;token={token}").create()
-    counts = {t: spark.sql(f"SELECT count(*) AS n FROM {t}").collect()[0].n for t in TABLES}
     spark.sql("CREATE OR REPLACE TEMP VIEW everything AS SELECT * FROM bronze_events")
-    counts["view"] = spark.sql("SELECT count(*) AS n FROM everything").collect()[0].n
-    counts["join"] = spark.sql(
-        "SELECT count(*) AS n FROM bronze_events b JOIN (SELECT DISTINCT server FROM metric_windows_1m) w "
-        "ON b.server = w.server"
-    ).collect()[0].n
-    counts["servers"] = sorted(r.server for r in spark.sql("SELECT DISTINCT server FROM bronze_events").collect())
-    print(json.dumps({"name": name, **counts}), flush=True)
+    row = spark.sql(
+        f"SELECT {counted}, (SELECT count(*) FROM everything) AS view, (SELECT count(*) FROM bronze_events b "
+        "JOIN (SELECT DISTINCT server FROM metric_windows_1m) w ON b.server = w.server) AS join, "
+        "(SELECT sort_array(collect_set(server)) FROM bronze_events) AS servers"
+    ).collect()[0]
+    print(json.dumps({"name": name, **row.asDict()}), flush=True)
     spark.stop()
-""".replace("TABLES}", f"{TABLES!r}}}")
+""".replace("tables = TABLES", f"tables = {TABLES!r}")
 
 
 #: A JDBC session kept open while its token is revoked (argv: port, name, token): runs a statement, prints

@@ -20,6 +20,7 @@ import org.apache.spark.sql.connect.service.SparkListenerConnectOperationClosed;
 import org.apache.spark.sql.connect.service.SparkListenerConnectOperationFailed;
 import org.apache.spark.sql.connect.service.SparkListenerConnectOperationFinished;
 import org.apache.spark.sql.connect.service.SparkListenerConnectOperationStarted;
+import org.apache.spark.sql.connect.service.SparkListenerConnectSessionClosed;
 import org.apache.spark.sql.hive.thriftserver.ui.SparkListenerThriftServerOperationCanceled;
 import org.apache.spark.sql.hive.thriftserver.ui.SparkListenerThriftServerOperationClosed;
 import org.apache.spark.sql.hive.thriftserver.ui.SparkListenerThriftServerOperationError;
@@ -153,6 +154,8 @@ public final class LakeAudit extends SparkListener {
         } else if (event instanceof SparkListenerConnectOperationClosed e) {
             finish(e.jobTag(), "closed", null, e.eventTime(), null);
             forget(e.jobTag());
+        } else if (event instanceof SparkListenerConnectSessionClosed e) {
+            CONNECT_SESSIONS.remove(e.sessionId());  // a closed session's id is not used again
         } else if (event instanceof SparkListenerThriftServerOperationStart e) {
             start(e.id(), "jdbc", "statement", e.id(), e.sessionId(), e.userName(), e.statement(), e.startTime());
         } else if (event instanceof SparkListenerThriftServerOperationFinish e) {
