@@ -64,7 +64,6 @@ public final class LakeAudit extends SparkListener {
     private static final String CONNECT_TAG = "SparkConnect_OperationTag_";
 
     private static final Map<String, ObjectNode> RUNNING = new ConcurrentHashMap<>();
-    private static final Map<String, Boolean> RECORDED = new ConcurrentHashMap<>();
     private static final ConcurrentLinkedQueue<String> FINISHED = new ConcurrentLinkedQueue<>();
     private static final Map<String, String> CONNECT_SESSIONS = new ConcurrentHashMap<>();
     private static final Map<String, Long> FILES = new ConcurrentHashMap<>();
@@ -89,12 +88,18 @@ public final class LakeAudit extends SparkListener {
      * ({@code SparkConnect_OperationTag_User_<user>_Session_<session>_Operation_<operation>}); null outside one.
      */
     static String connectSession(SparkContext context) {
+        String tag = connectTag(context);
+        int session = tag == null ? -1 : tag.indexOf("_Session_");
+        int operation = session < 0 ? -1 : tag.indexOf("_Operation_", session);
+        return operation < 0 ? null : tag.substring(session + "_Session_".length(), operation);
+    }
+
+    /** The job tag of the Spark Connect operation running on this thread (its events' {@code jobTag}), or null. */
+    private static String connectTag(SparkContext context) {
         for (String tag : CollectionConverters.asJava(context.getJobTags())) {
-            int at = tag.indexOf(CONNECT_TAG);
-            int session = at < 0 ? -1 : tag.indexOf("_Session_", at);
-            int operation = session < 0 ? -1 : tag.indexOf("_Operation_", session);
-            if (operation > 0) {
-                return tag.substring(session + "_Session_".length(), operation);
+            int at = tag.indexOf(CONNECT_TAG);  // Spark may prefix a session's tags with its own id
+            if (at >= 0) {
+                return tag.substring(at);
             }
         }
         return null;
@@ -153,7 +158,6 @@ public final class LakeAudit extends SparkListener {
             finish(e.jobTag(), "canceled", null, e.eventTime(), null);
         } else if (event instanceof SparkListenerConnectOperationClosed e) {
             finish(e.jobTag(), "closed", null, e.eventTime(), null);
-            forget(e.jobTag());
         } else if (event instanceof SparkListenerConnectSessionClosed e) {
             CONNECT_SESSIONS.remove(e.sessionId());  // a closed session's id is not used again
         } else if (event instanceof SparkListenerThriftServerOperationStart e) {
@@ -166,7 +170,6 @@ public final class LakeAudit extends SparkListener {
             finish(e.id(), "canceled", null, e.finishTime(), null);
         } else if (event instanceof SparkListenerThriftServerOperationClosed e) {
             finish(e.id(), "closed", null, e.closeTime(), null);
-            forget(e.id());
         }
     }
 
@@ -187,8 +190,9 @@ public final class LakeAudit extends SparkListener {
 
     private static void finish(String key, String outcome, String error, long endMs, Long rows) {
         ObjectNode record = RUNNING.remove(key);
-        if (record == null || RECORDED.putIfAbsent(key, Boolean.TRUE) != null) {
-            return;  // not started here (before this listener), or already recorded
+        Long files = FILES.remove(key);  // its scans are planned: nothing lists files for it after its end
+        if (record == null) {
+            return;  // already recorded at an earlier terminal event, or started before this listener
         }
         record.put("duration_ms", Math.max(0L, endMs - record.get("started_ms").asLong()));
         record.put("outcome", outcome);
@@ -198,18 +202,12 @@ public final class LakeAudit extends SparkListener {
         if (rows != null) {
             record.put("rows", rows);
         }
-        record.put("files", FILES.getOrDefault(key, 0L));
+        record.put("files", files == null ? 0L : files);
         if (FINISHED.size() >= MAX_PENDING) {
             FINISHED.poll();
             dropped++;
         }
         FINISHED.add(record.toString());
-    }
-
-    /** A closed statement gets no more events: its bookkeeping goes. */
-    private static void forget(String key) {
-        RECORDED.remove(key);
-        FILES.remove(key);
     }
 
     /**
@@ -222,11 +220,9 @@ public final class LakeAudit extends SparkListener {
             return null;
         }
         SparkContext context = session.sparkContext();
-        for (String tag : CollectionConverters.asJava(context.getJobTags())) {
-            int at = tag.indexOf(CONNECT_TAG);  // Spark may prefix a session's tags with its own id
-            if (at >= 0) {
-                return tag.substring(at);
-            }
+        String tag = connectTag(context);
+        if (tag != null) {
+            return tag;
         }
         return context.getLocalProperty(JOB_GROUP);
     }
