@@ -116,7 +116,6 @@ class AuditWriter:
         self.verbose = verbose
         self.app_id = f"sql-audit/{uuid.uuid4()}"
         self.next_batch = 0
-        self.written = 0
         self._held: list[pa.Table] = []  # drained, in no batch yet
         self._pending: tuple[list, int] | None = None  # a batch's files written, its commit not landed yet
         self._stop = threading.Event()
@@ -183,5 +182,4 @@ class AuditWriter:
         commit_files(self.store, Table.SQL_AUDIT, actions, app_id=self.app_id, batch_id=self.next_batch)
         self._pending = None
         self.next_batch += 1
-        self.written += count
         return count
