@@ -55,7 +55,7 @@ public final class LakeRowScope extends Rule<LogicalPlan> {
         if (scope == null) {
             // Revoked or expired since it connected (a JDBC session is checked only when it opens), or the lookup
             // failed: the statement is refused rather than run with every row.
-            throw new SecurityException("token '" + caller + "' is no longer active (revoked or expired), or its "
+            throw new SecurityException("token '" + caller + "' is revoked or expired (no longer active), or its "
                     + "scope could not be looked up: this statement is refused; connect again with an active token");
         }
         if (scope.equals("admin")) {
