@@ -41,7 +41,7 @@ from metrics_lake.lake_schemas.errors import TokenError
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.session import build_session, stop_session
 from metrics_lake.spark.sql_audit import AuditWriter
-from metrics_lake.spark.sql_server_tls import TlsProxy, write_keystore
+from metrics_lake.spark.sql_server_tls import start_connect_tls, write_keystore
 
 __all__ = ["REFRESH_SECONDS", "CredentialChecker", "serve_sql", "server_settings", "warm_up"]
 
@@ -69,8 +69,9 @@ def listener_config(
     """Spark settings for the Connect plugin and the Thrift server, bound to ``host``, both checking tokens through
     the lake's JVM classes (``spark/jvm/metricslake/spark/LakeAuth.java``).
 
-    ``keystore`` (path, password): HiveServer2 serves TLS from it, and Connect's gRPC server listens on
-    ``127.0.0.1:connect_port`` behind the TLS listener (:class:`~metrics_lake.spark.sql_server_tls.TlsProxy`)."""
+    ``keystore`` (path, password): HiveServer2 serves TLS from it, and the Connect plugin's plain-text gRPC server
+    listens on ``127.0.0.1:connect_port`` only (the public port is the TLS server of
+    :func:`~metrics_lake.spark.sql_server_tls.start_connect_tls`)."""
     config = {
         "spark.plugins": "org.apache.spark.sql.connect.SparkConnectPlugin",
         "spark.connect.grpc.binding.address": host if keystore is None else "127.0.0.1",
@@ -111,11 +112,9 @@ class CredentialChecker:
     def __init__(
         self,
         authenticate: Callable[[str | None, str | None], str],
-        client_of: Callable[[int], str | None] | None = None,
         scope_of: Callable[[str], str | None] = lambda caller: "admin",
     ) -> None:
         self.authenticate = authenticate
-        self.client_of = client_of  # Connect behind the TLS listener: the relay's port -> the client's address
         self.scope_of = scope_of
 
     def scopeOf(self, caller: str) -> str | None:  # noqa: N802 - the Java interface's name
@@ -133,8 +132,6 @@ class CredentialChecker:
         ``user``: a JDBC login's user name, which must be the token's name (the JDBC session's statements are
         audited under it: :mod:`metrics_lake.spark.sql_audit`); None for Spark Connect."""
         address = source.rsplit(":", 1)[0] if client == "connect" else source  # Connect's source is host:port
-        if client == "connect" and self.client_of is not None:  # the TLS listener's relay, not the client
-            address = self.client_of(int(source.rsplit(":", 1)[1])) or "unknown"
         known = None if address == "unknown" else address
         try:
             caller = self.authenticate(credential, known)
@@ -243,18 +240,16 @@ def serve_sql(
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     settings = server_settings(settings)
-    keystore = proxy = secrets_dir = None
+    keystore = secrets_dir = None
     grpc_port = connect_port
     if tls is not None:  # the key store's folder: 0700, removed when serving ends (or at exit, if Spark fails)
         secrets_dir = tempfile.TemporaryDirectory(prefix="lake-sql-server-tls-")
         keystore = write_keystore(tls[0], tls[1], Path(secrets_dir.name))
         grpc_port = free_loopback_port()
-        proxy = TlsProxy(host, connect_port, grpc_port, tls[0], tls[1])
     config = listener_config(host, grpc_port, jdbc_port, keystore)
     spark = build_session(settings, "lake-sql-server", extra_config=config)
-    thrift = None
-    # Referenced here while the JVM holds it through py4j.
-    checker = CredentialChecker(authenticate, proxy.client_of if proxy is not None else None, scope_of)
+    thrift = connect_tls = None
+    checker = CredentialChecker(authenticate, scope_of)  # referenced here while the JVM holds it through py4j
     audit = AuditWriter(open_store(settings), spark._jvm, verbose=verbose)
     try:
         _install_checker(spark, checker)
@@ -273,8 +268,8 @@ def serve_sql(
         thrift = spark._jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
             spark._jsparkSession.sqlContext()
         )
-        if proxy is not None:
-            proxy.start()
+        if keystore is not None:
+            connect_tls = start_connect_tls(spark._jvm, host, connect_port, keystore)
         ready(names)
         while not stop.wait(REFRESH_SECONDS):
             try:
@@ -283,8 +278,8 @@ def serve_sql(
                 log.warning("looking for new lake tables failed: %s", exc)
     finally:
         try:
-            if proxy is not None:
-                proxy.stop()
+            if connect_tls is not None:
+                connect_tls.shutdownNow()
             if thrift is not None:
                 thrift.stop()
             try:

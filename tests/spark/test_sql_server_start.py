@@ -1,15 +1,20 @@
-"""What ``lake sql-server`` does before it serves: its JVM options and the warm-up of the query path."""
+"""What ``lake sql-server`` does before it serves: its JVM options, the warm-up of the query path, Connect's TLS server."""
 
 from __future__ import annotations
 
+import socket
+import ssl
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from metrics_lake.core.config import load_settings
+from metrics_lake.infra.tls import write_ca, write_certificate
+from metrics_lake.lake_schemas.errors import ServiceError
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.jobs.sql_server import server_settings, warm_up
+from metrics_lake.spark.sql_server_tls import start_connect_tls, write_keystore
 from tests.spark.test_sql_query import produce_and_stream
 
 
@@ -37,3 +42,29 @@ def test_warm_up_runs_in_a_session_of_its_own_and_leaves_nothing(spark, settings
     assert spark.conf.get("spark.sql.sources.useV1SourceList") == before  # the V2 switch stayed in its session
     assert set(Path(tempfile.gettempdir()).glob("lake-sql-warm-up-*")) == leftovers  # its scratch file is gone
     assert spark.sql("SELECT count(*) FROM bronze_events").collect()[0][0] > 0  # the lake tables still answer
+
+
+@pytest.mark.spark
+def test_connects_tls_server_offers_h2_with_the_key_stores_certificate_and_a_taken_port_is_one_clear_error(
+    spark, tmp_path
+):
+    ca = write_ca(tmp_path / "ca", "test CA")
+    cert, key = write_certificate(ca, tmp_path, "server", ["127.0.0.1"])
+    keystore = write_keystore(cert, key, tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = start_connect_tls(spark._jvm, "127.0.0.1", port, keystore)
+    try:
+        context = ssl.create_default_context(cafile=ca[0])
+        context.set_alpn_protocols(["h2"])  # what gRPC clients offer, and require back
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=15) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            assert tls.selected_alpn_protocol() == "h2"
+            assert tls.getpeercert()["subject"] == ((("commonName", "127.0.0.1"),),)
+        with pytest.raises(ServiceError, match=rf"TLS listener on 127\.0\.0\.1:{port} cannot start: .*in use"):
+            start_connect_tls(spark._jvm, "127.0.0.1", port, keystore)
+    finally:
+        server.shutdownNow()
