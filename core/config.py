@@ -174,6 +174,13 @@ class LakeSettings(BaseSettings):
         description="VACUUM deletes data files unreferenced for this long; time travel reaches back this far "
         "(Delta's default delta.deletedFileRetentionDuration, 7 days). Keep it above the longest query or stream batch.",
     )
+    delta_log_retention_hours: int = Field(
+        6,
+        ge=1,
+        description="The tables `lake stream` writes every batch keep their Delta log this long: time travel on "
+        "them reaches back this far (at most LAKE_VACUUM_RETENTION_HOURS). Each batch adds an entry, and every open "
+        "of a table on a local lake lists them all: at a 1 s trigger keep it to a few hours.",
+    )
     compaction_interval_seconds: float = Field(
         30.0,
         ge=0,

@@ -42,9 +42,14 @@ finds the same small files.
 
 Every ``LAKE_VACUUM_INTERVAL_SECONDS`` the same step vacuums the speed
 tables (files unreferenced for ``LAKE_VACUUM_RETENTION_HOURS``). Delta
-checkpoints are written every ``delta.checkpointInterval`` commits and the
-transaction log is cleaned per ``delta.logRetentionDuration`` by delta-rs's
-post-commit hook (:data:`metrics_lake.core.tables.delta.TABLE_PROPERTIES`).
+checkpoints are written every ``delta.checkpointInterval`` commits. Every
+round also cleans the Delta log of each table the stream writes every batch
+(:func:`clean_delta_log`): their ``delta.logRetentionDuration`` is
+``LAKE_DELTA_LOG_RETENTION_HOURS``, and entries older than that (up to a
+checkpoint) are deleted. A stream commits to each of them every batch, and
+every open or refresh of a table on a local lake lists all the entries its
+log holds: left to Delta's default 30 days (2.6 M entries a table at one
+batch a second), each batch would cost more than the one before.
 """
 
 from __future__ import annotations
@@ -58,11 +63,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, remove_action, retry_on_conflict
-from metrics_lake.core.tables.delta import LatestTables
+from metrics_lake.core.tables.delta import LOG_RETENTION, LatestTables
 from metrics_lake.core.tables.file_merge import merge_data_files
 from metrics_lake.core.tables.snapshots import DataFile, snapshot_files
 from metrics_lake.lake_schemas.errors import LeaseHeldError
@@ -73,6 +79,7 @@ __all__ = [
     "LEASE_TTL_MS",
     "CompactionPolicy",
     "CompactionRound",
+    "clean_delta_log",
     "compact_speed_tables",
     "merge_groups",
     "size_tier",
@@ -101,11 +108,13 @@ LEASE_TTL_MS = 30_000
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When files are merged (module docstring): ``target_bytes`` (bytes) and the tier factor ``min_files``;
-    ``vacuum_hours``: how long unreferenced files are kept (0: this step never vacuums)."""
+    ``vacuum_hours``: how long unreferenced files are kept (0: this step never vacuums); ``log_hours``: how long
+    the speed tables' Delta log entries are kept (:func:`clean_delta_log`)."""
 
     target_bytes: int = 64 * 1024 * 1024
     min_files: int = 8
     vacuum_hours: int = 168
+    log_hours: int = 6
 
 
 @dataclass
@@ -254,6 +263,8 @@ def compact_speed_tables(
             continue
         if merged:
             outcome.merged[name], outcome.written[name] = merged, written
+    for name in VACUUMED_TABLES:
+        clean_delta_log(tables.latest(store, name), policy.log_hours)
     if vacuum and policy.vacuum_hours:
         for name in VACUUMED_TABLES:
             try:
@@ -279,3 +290,22 @@ def compact_speed_tables(
             outcome.seconds,
         )
     return outcome
+
+
+def clean_delta_log(table: DeltaTable, hours: int) -> None:
+    """Keep ``table``'s Delta log entries for ``hours`` (its ``delta.logRetentionDuration``, set in one commit if it
+    differs) and delete the older ones (commits and checkpoints).
+
+    Deletion is delta-rs's ``cleanup_metadata``: entries older than the
+    retention, up to the newest checkpoint before it, so every version
+    within the retention stays readable (and time travel reaches no further
+    back). Safe beside concurrent writers: a commit never needs an entry
+    older than its own snapshot's checkpoint.
+    """
+    wanted = f"interval {hours} hours"
+    if table.metadata().configuration.get(LOG_RETENTION) != wanted:
+        try:
+            table.alter.set_table_properties({LOG_RETENTION: wanted})
+        except CommitFailedError:  # another writer committed first: set it next round
+            return
+    table.cleanup_metadata()

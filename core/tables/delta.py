@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # importing pyarrow.dataset imports pandas (pyarrow 26): 0.2 
     import pyarrow.dataset as pads
 
 __all__ = [
+    "LOG_RETENTION",
     "TABLE_PROPERTIES",
     "TableSummary",
     "LatestTables",
@@ -50,7 +51,18 @@ __all__ = [
 #: writes it after the commit whose version + 1 is a multiple of the interval).
 #: A running stream now keeps its tables open (:class:`LatestTables`); every
 #: other reader and writer still opens them.
-TABLE_PROPERTIES = {"delta.checkpointInterval": "10"}
+#:
+#: ``delta.enableExpiredLogCleanup`` off: delta-rs's post-commit hook would
+#: otherwise look for expired log entries at every checkpoint by listing the
+#: whole ``_delta_log``, a cost that grows with every commit the log holds.
+#: Measured on a local table (2026-11-27, tmpfs): a commit took 4.4 ms at 80
+#: versions, 43 ms at 3,000 with the hook, 11.5 ms without. The lake cleans
+#: the log itself instead: the stream's compaction round for the tables it
+#: writes every batch (:func:`metrics_lake.core.maintenance.continuous_compaction.clean_delta_log`),
+#: the nightly retention for all.
+TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableExpiredLogCleanup": "false"}
+#: The Delta table property that says how long log entries (the versions time travel reaches) are kept.
+LOG_RETENTION = "delta.logRetentionDuration"
 
 
 def table_uri(store: Store, name: str) -> str:

@@ -319,9 +319,13 @@ def idle_alerts(settings: LakeSettings, tables: LatestTables | None = None, stor
 
 
 def compaction_policy(settings: LakeSettings) -> CompactionPolicy:
-    """The continuous compaction policy ``settings`` configure (``LAKE_COMPACTION_*``, ``LAKE_VACUUM_RETENTION_HOURS``)."""
+    """The continuous compaction policy ``settings`` configure (``LAKE_COMPACTION_*``, ``LAKE_VACUUM_RETENTION_HOURS``,
+    ``LAKE_DELTA_LOG_RETENTION_HOURS``)."""
     return CompactionPolicy(
-        settings.compaction_target_bytes, settings.compaction_min_files, settings.vacuum_retention_hours
+        settings.compaction_target_bytes,
+        settings.compaction_min_files,
+        settings.vacuum_retention_hours,
+        settings.delta_log_retention_hours,
     )
 
 

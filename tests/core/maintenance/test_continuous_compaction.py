@@ -3,10 +3,13 @@ as a twin lake never compacted) with a bounded number of files per day."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
+from deltalake.exceptions import DeltaError
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.stored_queries import parse_query
@@ -22,7 +25,7 @@ from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.speed.progress import watermark_app_id
 from metrics_lake.core.storage import LocalStore
-from metrics_lake.core.tables.delta import LatestTables, open_table
+from metrics_lake.core.tables.delta import LatestTables, ensure_table, open_table
 from metrics_lake.core.tables.snapshots import snapshot_files
 from metrics_lake.lake_schemas.tables import Table
 
@@ -114,3 +117,26 @@ def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounde
     for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS):
         history = open_table(compacted, name).history()
         assert any(h.get("lake.operation") == "CONTINUOUS COMPACTION" for h in history), name
+
+
+def test_a_round_keeps_the_speed_tables_delta_log_for_its_retention_and_deletes_older_entries(tmp_path):
+    store = LocalStore(str(tmp_path))
+    table = ensure_table(store, Table.LAST_SEEN)
+    assert table.metadata().configuration["delta.enableExpiredLogCleanup"] == "false"  # no listing per checkpoint
+    for _ in range(24):  # a checkpoint at every tenth version
+        table.alter.set_table_properties({"delta.dataSkippingNumIndexedCols": str(32 + table.version() % 2)})
+    log_dir = tmp_path / "tables" / Table.LAST_SEEN / "_delta_log"
+    old = time.time() - 3 * 3600
+    for version in range(21):  # versions 0-20 were written three hours ago; 21-24 just now
+        for entry in log_dir.glob(f"{version:020d}.*"):
+            os.utime(entry, (old, old))
+    compact_speed_tables(store, CompactionPolicy(log_hours=2), sealed_before_us=None, tables=LatestTables())
+
+    after = open_table(store, Table.LAST_SEEN)
+    assert after.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+    commits = sorted(int(p.name.split(".")[0]) for p in log_dir.glob("*.json"))
+    # Entries before the newest checkpoint older than the retention (version 19's) are gone; from it on all stay.
+    assert commits == list(range(19, after.version() + 1)) and after.version() == 25  # 25: setting the retention
+    assert open_table(store, Table.LAST_SEEN, version=19).version() == 19  # the oldest version kept reads
+    with pytest.raises(DeltaError, match="No files in log segment"):  # older versions are out of reach
+        open_table(store, Table.LAST_SEEN, version=5)
