@@ -45,7 +45,8 @@ tables (files unreferenced for ``LAKE_VACUUM_RETENTION_HOURS``). Delta
 checkpoints are written every ``delta.checkpointInterval`` commits. Every
 round also cleans the Delta log of each table the stream writes every batch
 (:func:`clean_delta_log`): their ``delta.logRetentionDuration`` is
-``LAKE_DELTA_LOG_RETENTION_HOURS``, and entries older than that (up to a
+``LAKE_DELTA_LOG_RETENTION_HOURS`` (set when the stream prepares the lake,
+:func:`log_retention_properties`), and entries older than that (up to a
 checkpoint) are deleted. A stream commits to each of them every batch, and
 every open or refresh of a table on a local lake lists all the entries its
 log holds: left to Delta's default 30 days (2.6 M entries a table at one
@@ -63,7 +64,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.storage import Store
@@ -81,6 +81,7 @@ __all__ = [
     "CompactionRound",
     "clean_delta_log",
     "compact_speed_tables",
+    "log_retention_properties",
     "merge_groups",
     "size_tier",
 ]
@@ -108,13 +109,11 @@ LEASE_TTL_MS = 30_000
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When files are merged (module docstring): ``target_bytes`` (bytes) and the tier factor ``min_files``;
-    ``vacuum_hours``: how long unreferenced files are kept (0: this step never vacuums); ``log_hours``: how long
-    the speed tables' Delta log entries are kept (:func:`clean_delta_log`)."""
+    ``vacuum_hours``: how long unreferenced files are kept (0: this step never vacuums)."""
 
     target_bytes: int = 64 * 1024 * 1024
     min_files: int = 8
     vacuum_hours: int = 168
-    log_hours: int = 6
 
 
 @dataclass
@@ -264,7 +263,7 @@ def compact_speed_tables(
         if merged:
             outcome.merged[name], outcome.written[name] = merged, written
     for name in VACUUMED_TABLES:
-        clean_delta_log(tables.latest(store, name), policy.log_hours)
+        clean_delta_log(tables.latest(store, name))
     if vacuum and policy.vacuum_hours:
         for name in VACUUMED_TABLES:
             try:
@@ -292,9 +291,15 @@ def compact_speed_tables(
     return outcome
 
 
-def clean_delta_log(table: DeltaTable, hours: int) -> None:
-    """Keep ``table``'s Delta log entries for ``hours`` (its ``delta.logRetentionDuration``, set in one commit if it
-    differs) and delete the older ones (commits and checkpoints).
+def log_retention_properties(hours: int) -> dict[str, str]:
+    """The Delta table properties that keep a table's log entries for ``hours``: what the tables the stream writes
+    every batch (:data:`VACUUMED_TABLES`) are created or upgraded with
+    (:func:`~metrics_lake.core.tables.delta.ensure_table`), before the stream's first batch."""
+    return {LOG_RETENTION: f"interval {hours} hours"}
+
+
+def clean_delta_log(table: DeltaTable) -> None:
+    """Delete ``table``'s Delta log entries (commits and checkpoints) older than its ``delta.logRetentionDuration``.
 
     Deletion is delta-rs's ``cleanup_metadata``: entries older than the
     retention, up to the newest checkpoint before it, so every version
@@ -302,10 +307,4 @@ def clean_delta_log(table: DeltaTable, hours: int) -> None:
     back). Safe beside concurrent writers: a commit never needs an entry
     older than its own snapshot's checkpoint.
     """
-    wanted = f"interval {hours} hours"
-    if table.metadata().configuration.get(LOG_RETENTION) != wanted:
-        try:
-            table.alter.set_table_properties({LOG_RETENTION: wanted})
-        except CommitFailedError:  # another writer committed first: set it next round
-            return
     table.cleanup_metadata()

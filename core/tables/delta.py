@@ -97,12 +97,15 @@ def table_layout(store: Store, name: str) -> tuple[pa.Schema, list[str]]:
     return pa.schema(table.schema().to_arrow()), list(table.metadata().partition_columns)
 
 
-def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable:
+def ensure_table(
+    store: Store, name: str, like: str | None = None, properties: dict[str, str] | None = None
+) -> DeltaTable:
     """Open table ``name``, creating it empty if absent with the schema of declared table ``like or name``, and
     adding the declared columns an existing table lacks (:func:`_add_new_columns`).
 
-    A table lacking :data:`TABLE_PROPERTIES` (made by an older release) gets
-    them, in one commit.
+    A table lacking :data:`TABLE_PROPERTIES` (made by an older release) or
+    ``properties`` (more Delta table properties, e.g. :data:`LOG_RETENTION`;
+    a new table is created with them) gets them, in one commit.
 
     Raises ``KeyError`` if it must be created and that name is not declared
     in :data:`metrics_lake.lake_schemas.tables.TABLES`.
@@ -118,21 +121,21 @@ def ensure_table(store: Store, name: str, like: str | None = None) -> DeltaTable
             mode="ignore",
             partition_by=list(spec.partition_by),
             name=name,
-            configuration=TABLE_PROPERTIES,
+            configuration=TABLE_PROPERTIES | (properties or {}),
             storage_options=store.storage_options(),
         )
-    table = _set_properties(store, name, table)
+    table = _set_properties(store, name, table, TABLE_PROPERTIES | (properties or {}))
     declared = like or name
     return _add_new_columns(store, name, table, TABLES[declared].schema) if declared in TABLES else table
 
 
-def _set_properties(store: Store, name: str, table: DeltaTable) -> DeltaTable:
-    """``table`` with :data:`TABLE_PROPERTIES` set (one commit if one differs; a concurrent setter may win)."""
+def _set_properties(store: Store, name: str, table: DeltaTable, properties: dict[str, str]) -> DeltaTable:
+    """``table`` with ``properties`` set (one commit if one differs; a concurrent setter may win)."""
     configuration = table.metadata().configuration
-    if all(configuration.get(key) == value for key, value in TABLE_PROPERTIES.items()):
+    if all(configuration.get(key) == value for key, value in properties.items()):
         return table
     try:
-        table.alter.set_table_properties(TABLE_PROPERTIES)
+        table.alter.set_table_properties(properties)
     except CommitFailedError:
         pass  # another process set them first
     return DeltaTable(table_uri(store, name), storage_options=store.storage_options())

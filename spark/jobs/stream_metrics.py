@@ -45,9 +45,11 @@ from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.maintenance.continuous_compaction import (
+    VACUUMED_TABLES,
     CompactionPolicy,
     CompactionRound,
     compact_speed_tables,
+    log_retention_properties,
 )
 from metrics_lake.core.speed.alerting import AlertOptions, evaluate_idle
 from metrics_lake.core.speed.batch_plan import BatchPlan, configured_limits, plan_batch
@@ -91,6 +93,10 @@ OFFSET_LOG_VERSION = "v1"
 def prepare_lake(settings: LakeSettings) -> Store:
     """Make sure the topic, every table and the config store of stored queries exist; returns the store.
 
+    The tables the stream writes every batch get ``LAKE_DELTA_LOG_RETENTION_HOURS`` as their Delta log retention
+    (:func:`~metrics_lake.core.maintenance.continuous_compaction.log_retention_properties`): at creation, or in one
+    commit when it changed, never between two batches.
+
     Cheap and idempotent; commands call it before starting Spark, so a
     wrong root, bad credentials or a missing permission fail in a second
     instead of after the JVM started.
@@ -100,8 +106,9 @@ def prepare_lake(settings: LakeSettings) -> Store:
         SegmentLog(store).partitions(settings.topic)
     except TopicNotFoundError:  # started before any producer: create it (needs write access to log/)
         SegmentLog(store).ensure_topic(settings.topic, settings.partitions)
+    speed_log = log_retention_properties(settings.delta_log_retention_hours)
     for name in TABLES:
-        ensure_table(store, name)
+        ensure_table(store, name, properties=speed_log if name in VACUUMED_TABLES else None)
     ConfigStore(store).ensure_seeded()  # a new lake's stored queries: the shipped declarations, stored once
     return store
 
@@ -319,13 +326,9 @@ def idle_alerts(settings: LakeSettings, tables: LatestTables | None = None, stor
 
 
 def compaction_policy(settings: LakeSettings) -> CompactionPolicy:
-    """The continuous compaction policy ``settings`` configure (``LAKE_COMPACTION_*``, ``LAKE_VACUUM_RETENTION_HOURS``,
-    ``LAKE_DELTA_LOG_RETENTION_HOURS``)."""
+    """The continuous compaction policy ``settings`` configure (``LAKE_COMPACTION_*``, ``LAKE_VACUUM_RETENTION_HOURS``)."""
     return CompactionPolicy(
-        settings.compaction_target_bytes,
-        settings.compaction_min_files,
-        settings.vacuum_retention_hours,
-        settings.delta_log_retention_hours,
+        settings.compaction_target_bytes, settings.compaction_min_files, settings.vacuum_retention_hours
     )
 
 

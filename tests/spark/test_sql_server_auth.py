@@ -76,7 +76,7 @@ def test_the_sql_server_knows_each_token_s_scope_and_other_doors_refuse_a_read_t
     door = Authenticator(settings, store, refresh_seconds=3600)  # the dashboard's, remote-read's
     try:
         assert sql.authenticate_blocking(web, None, Scope.READ).name == "web"
-        checker = CredentialChecker(lambda c, a: sql.authenticate_blocking(c, a, Scope.READ).name, None, sql.scope_of)
+        checker = CredentialChecker(lambda c, a: sql.authenticate_blocking(c, a, Scope.READ).name, sql.scope_of)
         assert [checker.scopeOf(n) for n in ("web", "ana", "ops", "nobody")] == ["read:web-*", "read", "admin", None]
         with pytest.raises(TokenError, match="reads only servers web-\\*; only the SQL endpoint") as refused:
             door.authenticate_blocking(web, "10.0.0.5", Scope.READ)
@@ -93,4 +93,4 @@ def test_the_sql_server_knows_each_token_s_scope_and_other_doors_refuse_a_read_t
     def broken(caller):
         raise OSError("store unreachable")
 
-    assert CredentialChecker(lambda c, a: "x", None, broken).scopeOf("web") is None  # refused, never all rows
+    assert CredentialChecker(lambda c, a: "x", broken).scopeOf("web") is None  # refused, never all rows

@@ -19,6 +19,7 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.maintenance.continuous_compaction import (
     CompactionPolicy,
     compact_speed_tables,
+    log_retention_properties,
     size_tier,
 )
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
@@ -121,8 +122,9 @@ def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounde
 
 def test_a_round_keeps_the_speed_tables_delta_log_for_its_retention_and_deletes_older_entries(tmp_path):
     store = LocalStore(str(tmp_path))
-    table = ensure_table(store, Table.LAST_SEEN)
+    table = ensure_table(store, Table.LAST_SEEN, properties=log_retention_properties(2))
     assert table.metadata().configuration["delta.enableExpiredLogCleanup"] == "false"  # no listing per checkpoint
+    assert table.version() == 0  # created with its retention: no commit of its own
     for _ in range(24):  # a checkpoint at every tenth version
         table.alter.set_table_properties({"delta.dataSkippingNumIndexedCols": str(32 + table.version() % 2)})
     log_dir = tmp_path / "tables" / Table.LAST_SEEN / "_delta_log"
@@ -130,13 +132,13 @@ def test_a_round_keeps_the_speed_tables_delta_log_for_its_retention_and_deletes_
     for version in range(21):  # versions 0-20 were written three hours ago; 21-24 just now
         for entry in log_dir.glob(f"{version:020d}.*"):
             os.utime(entry, (old, old))
-    compact_speed_tables(store, CompactionPolicy(log_hours=2), sealed_before_us=None, tables=LatestTables())
+    compact_speed_tables(store, CompactionPolicy(), sealed_before_us=None, tables=LatestTables())
 
     after = open_table(store, Table.LAST_SEEN)
     assert after.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
     commits = sorted(int(p.name.split(".")[0]) for p in log_dir.glob("*.json"))
     # Entries before the newest checkpoint older than the retention (version 19's) are gone; from it on all stay.
-    assert commits == list(range(19, after.version() + 1)) and after.version() == 25  # 25: setting the retention
+    assert commits == list(range(19, after.version() + 1)) and after.version() == 24
     assert open_table(store, Table.LAST_SEEN, version=19).version() == 19  # the oldest version kept reads
     with pytest.raises(DeltaError, match="No files in log segment"):  # older versions are out of reach
         open_table(store, Table.LAST_SEEN, version=5)
