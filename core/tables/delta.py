@@ -111,6 +111,7 @@ def ensure_table(
     in :data:`metrics_lake.lake_schemas.tables.TABLES`.
     """
     uri = table_uri(store, name)
+    wanted = TABLE_PROPERTIES | (properties or {})
     try:
         table = DeltaTable(uri, storage_options=store.storage_options())
     except TableNotFoundError:
@@ -121,10 +122,10 @@ def ensure_table(
             mode="ignore",
             partition_by=list(spec.partition_by),
             name=name,
-            configuration=TABLE_PROPERTIES | (properties or {}),
+            configuration=wanted,
             storage_options=store.storage_options(),
         )
-    table = _set_properties(store, name, table, TABLE_PROPERTIES | (properties or {}))
+    table = _set_properties(store, name, table, wanted)
     declared = like or name
     return _add_new_columns(store, name, table, TABLES[declared].schema) if declared in TABLES else table
 
