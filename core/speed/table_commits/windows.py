@@ -56,9 +56,13 @@ def write_window_files(
     store: Store, rows: pa.Table, sealed_before_us: int | None, name: str = WINDOWS
 ) -> tuple[list[WrittenFile], dict[str, pa.Table]]:
     """Window rows of table ``name`` as files: closed windows (end <= ``sealed_before_us``) one file per day, open
-    ones one per window start (of ``rows``: a shard's, when the caller splits them). Returns the files, and the
-    rows of each open window's file by its Delta log path (what :class:`~metrics_lake.core.speed.open_windows.OpenWindows`
-    keeps)."""
+    ones one per window (start, end) (of ``rows``: a shard's, when the caller splits them). Returns the files, and
+    the rows of each open window's file by its Delta log path (what
+    :class:`~metrics_lake.core.speed.open_windows.OpenWindows` keeps).
+
+    Why (start, end) and not the start alone: a window's rows are one day's (one partition, one file) only
+    together with its end. ``query_results`` dates a window by its last minute, so two stored queries' windows
+    that start together at 23:58 may end on either side of midnight (a 2-minute and a 3-minute window)."""
     if rows.num_rows == 0:
         return [], {}
     end_us = rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
@@ -68,13 +72,14 @@ def write_window_files(
     open_rows = rows.filter(pa.array(~sealed))
     if open_rows.num_rows:
         starts = open_rows.column("window_start").cast(pa.int64()).to_numpy(zero_copy_only=False)
-        order = np.argsort(starts, kind="stable")
+        ends = open_rows.column("window_end").cast(pa.int64()).to_numpy(zero_copy_only=False)
+        order = np.lexsort((ends, starts))
         if np.any(order[1:] < order[:-1]):  # most batches touch one minute: rows already in order, no copy
-            open_rows, starts = open_rows.take(pa.array(order)), starts[order]
-        bounds = np.flatnonzero(np.diff(starts)) + 1
+            open_rows, starts, ends = open_rows.take(pa.array(order)), starts[order], ends[order]
+        bounds = np.flatnonzero((np.diff(starts) != 0) | (np.diff(ends) != 0)) + 1
         for lo, hi in zip([0, *bounds], [*bounds, len(starts)], strict=True):
             window = open_rows.slice(int(lo), int(hi - lo))
-            (data_file,) = write_data_files(store, name, window)  # one window start: one day, one file
+            (data_file,) = write_data_files(store, name, window)  # one window (start, end): one day, one file
             files.append(data_file)
             open_files[data_file.path] = window
     return files, open_files

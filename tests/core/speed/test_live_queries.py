@@ -60,11 +60,17 @@ def produce_and_batch(store, log, events: list[dict]) -> None:
     )
 
 
-def test_query_results_follow_every_batch_exactly_including_late_events(store, log):
+#: Ten minutes before a UTC midnight: windows that start together end on either side of it (per_server's 2-minute
+#: and hopping's 3-minute windows from 23:58), so their query_results rows are two days' (two partitions).
+BEFORE_MIDNIGHT_MS = START_MS - START_MS % 86_400_000 - 600_000
+
+
+@pytest.mark.parametrize("start_ms", [START_MS, BEFORE_MIDNIGHT_MS], ids=["past_hour", "across_midnight"])
+def test_query_results_follow_every_batch_exactly_including_late_events(store, log, start_ms):
     rng = random.Random(7)
     events: list[dict] = []
     for round_ in range(3):
-        lo = START_MS + round_ * 600_000
+        lo = start_ms + round_ * 600_000
         new = events_between(rng, lo, lo + 600_000, 1500)
         if events:  # late, but inside the watermark (2 min) of what the windows hold
             newest = max(e["ts"] for e in events)
