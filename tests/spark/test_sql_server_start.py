@@ -14,7 +14,7 @@ from metrics_lake.infra.tls import write_ca, write_certificate
 from metrics_lake.lake_schemas.errors import ServiceError
 from metrics_lake.spark.catalog import register_lake_tables
 from metrics_lake.spark.jobs.sql_server import server_settings, warm_up
-from metrics_lake.spark.sql_server_tls import start_connect_tls, write_keystore
+from metrics_lake.spark.sql_server_tls import handshake_with, start_connect_tls, warm_up_tls, write_keystore
 from tests.spark.test_sql_query import produce_and_stream
 
 
@@ -68,3 +68,43 @@ def test_connects_tls_server_offers_h2_with_the_key_stores_certificate_and_a_tak
             start_connect_tls(spark._jvm, "127.0.0.1", port, keystore)
     finally:
         server.shutdownNow()
+
+
+@pytest.mark.spark
+def test_the_tls_warm_up_completes_handshakes_with_the_key_store_and_refuses_a_wrong_password(spark, tmp_path):
+    from py4j.protocol import Py4JJavaError
+
+    ca = write_ca(tmp_path / "ca", "test CA")
+    cert, key = write_certificate(ca, tmp_path, "server", ["127.0.0.1"])
+    path, password = write_keystore(cert, key, tmp_path)
+    handshakes = warm_up_tls(spark._jvm, (path, password), rounds=5)
+    assert len(handshakes) == 5 and all(ms > 0 for ms in handshakes)
+    with pytest.raises(Py4JJavaError, match="password"):
+        warm_up_tls(spark._jvm, (path, password + "x"), rounds=1)
+
+
+def test_a_handshake_with_a_listener_completes_and_a_listener_that_never_comes_is_an_os_error(tmp_path):
+    import threading
+
+    ca = write_ca(tmp_path / "ca", "test CA")
+    cert, key = write_certificate(ca, tmp_path, "server", ["127.0.0.1"])
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    handshakes = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def serve_one() -> None:
+            connection, _ = listener.accept()
+            with context.wrap_socket(connection, server_side=True) as tls:
+                handshakes.append(tls.version())
+
+        server = threading.Thread(target=serve_one)
+        server.start()
+        assert handshake_with("0.0.0.0", listener.getsockname()[1]) > 0  # a wildcard address: the loopback's
+        server.join(10)
+    assert handshakes and handshakes[0].startswith("TLS")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    with pytest.raises(ConnectionRefusedError):
+        handshake_with("127.0.0.1", closed, wait_s=0.5)
