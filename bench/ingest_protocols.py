@@ -26,7 +26,7 @@ With ``--profile DIR``, py-spy samples the gateway during each of its runs
 (collapsed stacks, ``DIR/<protocol>-<senders>.txt``): where its time goes.
 
 Run: ``python bench/ingest_protocols.py [--senders 1,4,32] [--series 1000] [--samples 2] [--samples-total 1280000]
-[--profile DIR]``.
+[--protocols remote-write,OTLP] [--set LAKE_X=value] [--linger-ms N] [--profile DIR]``.
 """
 
 from __future__ import annotations
@@ -154,13 +154,15 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
 
 
 @contextlib.contextmanager
-def lake_gateway(work: Path, settings: dict[str, str]):
-    """``lake gateway`` on a fresh lake, defaults but ``settings`` (``LAKE_*`` variables); yields (URL, PID)."""
+def lake_gateway(work: Path, settings: dict[str, str], linger_ms: int | None = None):
+    """``lake gateway`` on a fresh lake, defaults but ``settings`` (``LAKE_*`` variables) and ``--linger-ms``
+    if given; yields (URL, PID)."""
     port = free_port()
     lake = work / f"lake-{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAKE_")} | {"LAKE_ROOT": str(lake)} | settings
     log = work / f"gateway-{port}.log"
-    process = subprocess.Popen([LAKE, "gateway", "--port", str(port)], env=env, stderr=open(log, "wb"))
+    linger = ["--linger-ms", str(linger_ms)] if linger_ms else []
+    process = subprocess.Popen([LAKE, "gateway", "--port", str(port), *linger], env=env, stderr=open(log, "wb"))
     try:
         wait_ready(f"http://127.0.0.1:{port}/healthz", process, log)
         yield f"http://127.0.0.1:{port}", process.pid
@@ -190,7 +192,9 @@ def profiled(pid: int, folder: Path | None, name: str):
         return
     folder.mkdir(parents=True, exist_ok=True)
     spy = subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "200", "--output", f"{folder / name}.txt"],
+        # --subprocesses: any process the gateway starts, too
+        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate", "200"]
+        + ["--output", f"{folder / name}.txt"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -242,6 +246,8 @@ def main() -> None:
     parser.add_argument("--samples-total", type=int, default=1_280_000, help="samples per run (all senders)")
     parser.add_argument("--profile", type=Path, help="py-spy the gateway's runs into this folder")
     parser.add_argument("--set", action="append", default=[], help="a LAKE_X=value setting of the gateway (repeatable)")
+    parser.add_argument("--protocols", default="remote-write,OTLP", help="comma-separated: remote-write, OTLP")
+    parser.add_argument("--linger-ms", type=int, help="the gateway's --linger-ms (default: its own)")
     args = parser.parse_args()
     work = scratch_dir("bench-ingest-")
     version, has_otlp = prometheus_features()
@@ -252,13 +258,13 @@ def main() -> None:
         flush=True,
     )
     rows = []
-    for protocol in ("remote-write", "OTLP"):
+    for protocol in args.protocols.split(","):
         for senders in (int(n) for n in args.senders.split(",")):
             requests_each = max(1, args.samples_total // (senders * per_request))
             bodies = bodies_for(protocol, senders, requests_each, args.series, args.samples)
             total = senders * requests_each * per_request
             measured = {}
-            with lake_gateway(work, dict(setting.split("=", 1) for setting in args.set)) as (url, pid):
+            with lake_gateway(work, dict(s.split("=", 1) for s in args.set), args.linger_ms) as (url, pid):
                 path, headers = ("/api/v1/write", REMOTE_WRITE_HEADERS)
                 if protocol == "OTLP":
                     path, headers = ("/v1/metrics", OTLP_HEADERS)

@@ -50,7 +50,7 @@ HTTP API (all answers are JSON, except ``/metrics``):
 ``GET /metrics`` (a read token once the lake has tokens; both also on the
 credential-free ``--ops-port``): Prometheus text format (events accepted/rejected/duplicate,
 requests by status, body-received-to-durable-ack latency, flush latency,
-segment sizes, buffered bytes).
+segment sizes, buffered bytes, requests received and not yet answered).
 
 A gateway owns a set of partitions through their leases
 (:mod:`metrics_lake.core.leases`) and routes every event to one of them

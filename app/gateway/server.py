@@ -31,6 +31,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from http import HTTPStatus
 
@@ -247,6 +248,22 @@ class _Ingest:
             return fail(HTTPStatus.REQUEST_TIMEOUT, f"body not received within {timeout:g} s", close=True)
         except ClientDisconnect:
             return Response(status_code=400)  # nobody reads it; the events were not taken
+        with self.gateway.metrics.pending_requests.track_inprogress():
+            return await self._ingest(request, endpoint, caller, producer, options, body, fail)
+
+    async def _ingest(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        caller: Caller,
+        producer: tuple[str, int] | None,
+        options: dict,
+        body: bytes,
+        fail: Callable[..., Response],
+    ) -> Response:
+        """Decode, limit, buffer and answer ``body``, which :meth:`post` received whole for ``endpoint`` from
+        ``caller`` (``producer``: its id and sequence, if sent; ``options``: the endpoint's; ``fail(status,
+        message)``: the error answer)."""
         loop = asyncio.get_running_loop()
         content_type = request.headers.get("content-type", "")
         started = time.monotonic()

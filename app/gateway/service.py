@@ -89,6 +89,12 @@ class GatewayMetrics:
             ["protocol"],
             registry=self.registry,
         )
+        self.pending_requests = prom.Gauge(
+            "lake_gateway_requests_pending",
+            "Ingest requests received whole and not answered yet: being decoded, waiting for a validation thread, "
+            "or waiting for their durable flush (the gateway's queue depth).",
+            registry=self.registry,
+        )
         self.buffered_bytes = prom.Gauge(
             "lake_gateway_buffered_bytes", "Bytes waiting for a durable flush.", registry=self.registry
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -89,6 +91,25 @@ def test_health_and_prometheus_metrics(start_gateway):
     assert samples['lake_gateway_requests_total{"code": "400"}'] == 1
     assert samples["lake_gateway_ack_seconds_count{}"] == 1
     assert samples["lake_gateway_segment_bytes_count{}"] >= 1
+
+
+def test_requests_waiting_for_their_flush_are_the_queue_depth_in_metrics(start_gateway):
+    url, gateway = start_gateway(linger_ms=60_000, gateway_ack_timeout_seconds=30)  # flushed only when told
+
+    def pending() -> float:
+        text = requests.get(f"{url}/metrics", timeout=10).text
+        (family,) = (f for f in text_string_to_metric_families(text) if f.name == "lake_gateway_requests_pending")
+        return family.samples[0].value
+
+    with ThreadPoolExecutor(3) as senders:
+        posts = [senders.submit(requests.post, f"{url}/v1/events", json=[EVENT], timeout=30) for _ in range(3)]
+        deadline = time.monotonic() + 10
+        while pending() < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pending() == 3
+        gateway.producer.flush()
+        assert [post.result().status_code for post in posts] == [200, 200, 200]
+    assert pending() == 0
 
 
 def test_two_gateways_own_disjoint_partitions(start_gateway, tmp_path):
