@@ -157,10 +157,10 @@ def gateway(
         int,
         typer.Option(
             min=1,
-            help="Group commit: a partition's records wait at most this long for others to share their flush "
-            "(a flush under way delays the next one further).",
+            help="Group commit: a partition's records wait at most this long for requests still on their way to "
+            "share their flush, and none once no request is (a flush under way delays the next one further).",
         ),
-    ] = 5,
+    ] = 25,
     roll_bytes: Annotated[
         int | None, typer.Option(min=1024, help="Flush a partition early at this many buffered bytes.")
     ] = None,

@@ -57,9 +57,11 @@ A gateway owns a set of partitions through their leases
 (CRC-32 of the server over the owned partitions), so several gateways can
 run side by side on disjoint partitions; retries are recognised per
 gateway's partitions, so an agent should keep sending to the same gateway.
-Records are batched per partition and flushed every ``linger_ms`` or
-``roll_bytes`` (group commit): many requests share one segment, which keeps
-objects large and the PUT rate low.
+Records are batched per partition (group commit): a batch is flushed once no
+other request is on its way to the buffer, after at most ``linger_ms``
+otherwise, or at ``roll_bytes`` (the producer's ``flush_when_idle``): a lone
+sender waits for no linger, and under load many requests share one segment,
+which keeps objects large and the PUT rate low.
 
 Modules: :mod:`~metrics_lake.app.gateway.body` (bounded decoding, events
 from a body), :mod:`~metrics_lake.app.gateway.service` (validation,

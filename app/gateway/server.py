@@ -280,7 +280,8 @@ class _Ingest:
             return decoded, forbidden, self.gateway.accept_records(records, body, producer, started=started)
 
         try:
-            decoded, forbidden, accepted = await loop.run_in_executor(self.pool, accept)
+            with self.gateway.producer.incoming():  # its records are on their way: the group commit waits for them
+                decoded, forbidden, accepted = await loop.run_in_executor(self.pool, accept)
         except (BodyError, _Limited) as exc:  # found while decoding (a snappy body declaring too many bytes)
             return fail(exc.status, str(exc), retry_after=getattr(exc, "retry_after", 0))
         except SequenceConflictError as exc:

@@ -212,7 +212,10 @@ class Gateway:
     """The gateway's state: a producer over its owned partitions, and its metrics.
 
     ``owned``: partitions to lease (default all); ``linger_ms``/``roll_bytes``:
-    group-commit window and size (defaults from ``settings``). Thread-safe.
+    group-commit window and size (defaults from ``settings``); ``flush_when_idle``:
+    the producer's adaptive group commit (:class:`~metrics_lake.core.log.producer.Producer`:
+    a batch is flushed once no request is on its way to the buffer, waiting
+    at most ``linger_ms`` for those that are). Thread-safe.
 
     Every ``gateway_log_compaction_seconds`` a background thread compacts
     the owned partitions (:func:`~metrics_lake.core.log.segment_compaction.compact_partition`):
@@ -232,6 +235,7 @@ class Gateway:
         owned: list[int] | None = None,
         linger_ms: int | None = None,
         roll_bytes: int | None = None,
+        flush_when_idle: bool = True,
     ) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics()
@@ -242,6 +246,7 @@ class Gateway:
             producer_id=self.gateway_id,
             lease_wait_s=2 * settings.lease_ttl_seconds + 5,
             on_append=self.metrics.observe_append,
+            flush_when_idle=flush_when_idle,
             **({"linger_ms": linger_ms} if linger_ms else {}),
             **({"roll_bytes": roll_bytes} if roll_bytes else {}),
         )

@@ -23,6 +23,7 @@ lease, with the same sequence number.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -30,7 +31,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -196,6 +197,17 @@ class Producer:
     ``on_append(partition, result, seconds)`` is called after every
     successful flush with the time the append took. Use as a
     context manager, or call :meth:`close`, so buffered records are flushed.
+
+    ``flush_when_idle``: an adaptive group commit for a server that takes
+    many requests at once (the gateway). It wraps each request's work up to
+    :meth:`send` in :meth:`incoming`; a partition's records are then flushed
+    as soon as no request is on its way to the buffer, and wait at most
+    ``linger_ms`` for those that are. A lone sender's batch is flushed at once
+    instead of after the linger, and under load one flush takes everything
+    that arrived meanwhile: fewer, larger segments, the way a database's
+    group commit waits only while more commits are coming (MySQL's
+    ``binlog_group_commit_sync_no_delay_count``). A flush under way still
+    delays a partition's next flush.
     """
 
     def __init__(
@@ -212,6 +224,7 @@ class Producer:
         lease_ttl_ms: int = 10_000,
         lease_wait_s: float = 60.0,
         on_append: Callable[[int, AppendResult, float], None] | None = None,
+        flush_when_idle: bool = False,
     ) -> None:
         self.log = log
         self.topic = topic
@@ -225,6 +238,8 @@ class Producer:
         self.lease_ttl_ms = lease_ttl_ms
         self.lease_wait_s = lease_wait_s
         self.on_append = on_append
+        self.flush_when_idle = flush_when_idle
+        self._incoming = 0  # requests between incoming() and their send(), when flush_when_idle
         self.producer_id = producer_id or uuid.uuid4().hex
         self.stats = ProducerStats()
         self._seq = [0] * self.partitions
@@ -425,6 +440,28 @@ class Producer:
         while len(self._history) > MAX_SOURCES:
             self._history.popitem(last=False)
 
+    @contextlib.contextmanager
+    def incoming(self) -> Iterator[None]:
+        """Mark a request on its way to :meth:`send` (being read, decoded or validated) for the block: with
+        ``flush_when_idle``, buffered records wait (at most ``linger_ms``) while any request is marked, and are
+        flushed once none is (class docstring). Without it, this changes nothing."""
+        with self._lock:
+            self._incoming += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._incoming -= 1
+                idle = self._incoming == 0
+            if idle and self.flush_when_idle:
+                self._wake.set()
+
+    def _linger_s(self) -> float:
+        """How long a partition's oldest buffered record waits now before its flush (seconds)."""
+        if self.flush_when_idle and self._incoming == 0:
+            return 0.0
+        return self.linger_ms / 1000
+
     def send_payloads(self, payloads: list[str | bytes | dict]) -> Sent:
         """Validate raw events (JSON text or dicts) and send them; bad ones go as rejects."""
         return self.send(to_log_records(payloads))
@@ -536,7 +573,7 @@ class Producer:
                     if p in running and not running[p].done():
                         continue
                     buffer = self._buffers[p]
-                    due = max(buffer.first_at + self.linger_ms / 1000 if buffer.tables else math.inf, self._retry_at[p])
+                    due = max(buffer.first_at + self._linger_s() if buffer.tables else math.inf, self._retry_at[p])
                     if due <= now or now - ticked[p] >= TICK_SECONDS:
                         ticked[p] = now
                         running[p] = pool.submit(self._tick, p)
@@ -549,7 +586,7 @@ class Producer:
         if time.monotonic() < self._retry_at[partition]:
             return
         buffer = self._buffers[partition]
-        aged = buffer.tables and (time.monotonic() - buffer.first_at) * 1000 >= self.linger_ms
+        aged = buffer.tables and time.monotonic() - buffer.first_at >= self._linger_s()
         try:
             if aged or self._pending[partition] is not None:
                 self._flush_partition(partition)

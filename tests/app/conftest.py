@@ -16,12 +16,13 @@ from tests.helpers import LAKE
 @pytest.fixture
 def start_gateway(tmp_path):
     """Start gateways on free ports over one lake; yields a function returning (url, gateway); ``tls``: a
-    :class:`~metrics_lake.app.http_server.TlsFiles` to serve HTTPS with."""
+    :class:`~metrics_lake.app.http_server.TlsFiles` to serve HTTPS with; ``flush_when_idle=False``: batches wait
+    their whole linger (to hold them unflushed)."""
     stops = []
 
-    def start(linger_ms: int = 20, tls=None, **overrides):
+    def start(linger_ms: int = 20, tls=None, flush_when_idle: bool = True, **overrides):
         settings = load_settings(root=str(tmp_path / "lake"), lease_ttl_seconds=2, **overrides)
-        gateway = Gateway(settings, linger_ms=linger_ms)
+        gateway = Gateway(settings, linger_ms=linger_ms, flush_when_idle=flush_when_idle)
         stop, ready, address = threading.Event(), threading.Event(), []
         thread = threading.Thread(
             target=serve,

@@ -65,7 +65,9 @@ def test_a_retried_request_is_appended_once(start_gateway, tmp_path):
 
 def test_a_full_buffer_answers_503_then_429_and_loses_nothing(start_gateway, tmp_path):
     # A flush window longer than the ack timeout: the first batch is not durable in time...
-    url, gateway = start_gateway(linger_ms=60_000, gateway_ack_timeout_seconds=0.5, gateway_buffer_bytes=1024)
+    url, gateway = start_gateway(
+        linger_ms=60_000, flush_when_idle=False, gateway_ack_timeout_seconds=0.5, gateway_buffer_bytes=1024
+    )
     first = requests.post(f"{url}/v1/events", json=[EVENT] * 100, timeout=10)
     assert first.status_code == 503 and first.headers["Retry-After"] == "1"
     # ...and stays buffered, so the next request meets a full buffer.
@@ -94,7 +96,8 @@ def test_health_and_prometheus_metrics(start_gateway):
 
 
 def test_requests_waiting_for_their_flush_are_the_queue_depth_in_metrics(start_gateway):
-    url, gateway = start_gateway(linger_ms=60_000, gateway_ack_timeout_seconds=30)  # flushed only when told
+    # Flushed only when told: the linger is long, and the adaptive group commit is off.
+    url, gateway = start_gateway(linger_ms=60_000, flush_when_idle=False, gateway_ack_timeout_seconds=30)
 
     def pending() -> float:
         text = requests.get(f"{url}/metrics", timeout=10).text

@@ -296,6 +296,36 @@ def test_producer_flushes_by_age_without_explicit_flush(log):
         producer.close()
 
 
+def test_the_adaptive_group_commit_flushes_once_no_request_is_incoming_and_waits_while_one_is(log):
+    producer = Producer(log, "m", partitions=1, roll_bytes=10**9, linger_ms=60_000, flush_when_idle=True)
+    try:
+        started = time.monotonic()
+        producer.send(records(5))  # nothing incoming: flushed at once, not after the minute's linger
+        producer.send(records(3)).futures[0].result(timeout=5)
+        assert log.index("m", 0).next_offset == 8 and time.monotonic() - started < 5
+        with producer.incoming():  # another request on its way: the batch waits for it
+            waiting = producer.send(records(2)).futures[0]
+            time.sleep(0.3)
+            assert not waiting.done() and log.index("m", 0).next_offset == 8
+        waiting.result(timeout=5)  # the request arrived (or failed): flushed without waiting out the linger
+        assert log.index("m", 0).next_offset == 10
+    finally:
+        producer.close()
+
+
+def test_without_the_adaptive_group_commit_incoming_requests_change_nothing(log):
+    producer = Producer(log, "m", partitions=1, roll_bytes=10**9, linger_ms=60_000)
+    try:
+        with producer.incoming():
+            pass
+        buffered = producer.send(records(5)).futures[0]
+        time.sleep(0.3)
+        assert not buffered.done()  # it waits for its linger, as before
+    finally:
+        producer.close()
+    assert log.index("m", 0).next_offset == 5  # closing flushed it
+
+
 def _produce_in_child(root: str, seed: int) -> None:
     log = SegmentLog(LocalStore(root))
     table = FleetSimulator(servers=8, metrics=2, seconds=20, seed=seed).generate()
