@@ -1,9 +1,7 @@
 package metricslake.spark;
 
 import io.netty.handler.ssl.SslContextBuilder;
-import java.io.FileInputStream;
 import java.io.IOException;
-import java.io.InputStream;
 import java.net.InetSocketAddress;
 import java.security.GeneralSecurityException;
 import java.security.KeyStore;
@@ -46,12 +44,8 @@ public final class LakeConnectTls {
      */
     public static Server start(String host, int port, String keyStorePath, String password)
             throws IOException, GeneralSecurityException {
-        KeyStore store = KeyStore.getInstance("PKCS12");
-        try (InputStream in = new FileInputStream(keyStorePath)) {
-            store.load(in, password.toCharArray());
-        }
-        KeyManagerFactory keys = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
-        keys.init(store, password.toCharArray());
+        KeyStore store = LakeKeyStore.load(keyStorePath, password);
+        KeyManagerFactory keys = LakeKeyStore.keyManagers(store, password);
         long maxInbound = SparkEnv.get().conf()
                 .getSizeAsBytes("spark.connect.grpc.maxInboundMessageSize", DEFAULT_MAX_INBOUND);
         NettyServerBuilder builder = NettyServerBuilder.forAddress(new InetSocketAddress(host, port))

@@ -1,8 +1,6 @@
 package metricslake.spark;
 
-import java.io.FileInputStream;
 import java.io.IOException;
-import java.io.InputStream;
 import java.net.InetAddress;
 import java.net.ServerSocket;
 import java.net.Socket;
@@ -46,12 +44,8 @@ public final class LakeTlsWarmUp {
      */
     public static long[] handshakes(String keyStorePath, String password, int rounds)
             throws IOException, GeneralSecurityException {
-        KeyStore store = KeyStore.getInstance("PKCS12");
-        try (InputStream in = new FileInputStream(keyStorePath)) {
-            store.load(in, password.toCharArray());
-        }
-        KeyManagerFactory keys = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
-        keys.init(store, password.toCharArray());
+        KeyStore store = LakeKeyStore.load(keyStorePath, password);
+        KeyManagerFactory keys = LakeKeyStore.keyManagers(store, password);
         SSLContext server = SSLContext.getInstance("TLS");
         server.init(keys.getKeyManagers(), null, null);
         TrustManagerFactory trust = TrustManagerFactory.getInstance(TrustManagerFactory.getDefaultAlgorithm());
