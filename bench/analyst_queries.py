@@ -30,8 +30,13 @@ read" is what the reader's pruning keeps
 (:func:`metrics_lake.core.tables.pruning.keep_files`, the function the
 reader calls) of the files in the snapshot.
 
+With ``--first-connections N``, the first JDBC connection is timed on N
+fresh servers per access (one connection per server's life: a single one
+varies by about ±80 ms run to run), and their mean is compared with the
+open lake's.
+
 Usage: ``python bench/analyst_queries.py [--size 2500x10x240] [--repeat 3] [--no-cluster] [--no-endpoint]
-[--workdir DIR]``; with ``--workdir`` the lake is built there once and reused by later runs (a 60 M-event
+[--workdir DIR] [--first-connections N]``; with ``--workdir`` the lake is built there once and reused by later runs (a 60 M-event
 lake takes minutes to build).
 """
 
@@ -48,6 +53,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from statistics import fmean
 
 import duckdb
 import polars as pl
@@ -201,11 +207,9 @@ def through_connect(
     return json.loads(client.stdout.strip().splitlines()[-1])
 
 
-def through_jdbc(
-    port: int, repeat: int, queries: dict[str, str], token: str | None, ca: str | None = None
-) -> dict[str, list]:
-    """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from PyHive over HiveServer2, logging in with
-    ``token`` if given, over TLS trusting ``ca`` (a PEM file) if given; times end at ``fetchone``."""
+def jdbc_connect(port: int, token: str | None, ca: str | None):
+    """A PyHive connection to HiveServer2 on ``port``: with ``token`` (user = :data:`TOKEN_NAME`) if given, over
+    TLS trusting ``ca`` (a PEM file) if given, as the analysts' page shows."""
     import ssl
 
     import thrift_sasl
@@ -213,18 +217,40 @@ def through_jdbc(
     from pyhive.hive import get_installed_sasl
     from thrift.transport.TSSLSocket import TSSLSocket
 
+    if ca is not None:  # the analysts' page's "PyHive over TLS"
+        socket = TSSLSocket("localhost", port, ssl_context=ssl.create_default_context(cafile=ca))
+        transport = thrift_sasl.TSaslClientTransport(
+            lambda: get_installed_sasl(host="localhost", sasl_auth="PLAIN", username=TOKEN_NAME, password=token),
+            "PLAIN",
+            socket,
+        )
+        return hive.connect(thrift_transport=transport)
+    if token:
+        return hive.connect(host="127.0.0.1", port=port, auth="CUSTOM", username=TOKEN_NAME, password=token)
+    return hive.connect(host="127.0.0.1", port=port, username="analyst")
+
+
+def first_jdbc_setups(env: dict[str, str], work: Path, token: str | None, ca: str | None, servers: int) -> list[float]:
+    """Seconds of the first JDBC connection (``hive.connect``) of each of ``servers`` fresh ``lake sql-server``s:
+    a server's first connection happens once per server, so its mean needs several servers."""
+    seconds = []
+    for _ in range(servers):
+        with sql_server(env, work) as (_, jdbc_port):
+            started = time.perf_counter()
+            connection = jdbc_connect(jdbc_port, token, ca)
+            seconds.append(time.perf_counter() - started)
+            connection.close()
+    return seconds
+
+
+def through_jdbc(
+    port: int, repeat: int, queries: dict[str, str], token: str | None, ca: str | None = None
+) -> dict[str, list]:
+    """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from PyHive over HiveServer2, logging in with
+    ``token`` if given, over TLS trusting ``ca`` (a PEM file) if given; times end at ``fetchone``."""
+
     def connect():
-        if ca is not None:  # the analysts' page's "PyHive over TLS"
-            socket = TSSLSocket("localhost", port, ssl_context=ssl.create_default_context(cafile=ca))
-            transport = thrift_sasl.TSaslClientTransport(
-                lambda: get_installed_sasl(host="localhost", sasl_auth="PLAIN", username=TOKEN_NAME, password=token),
-                "PLAIN",
-                socket,
-            )
-            return hive.connect(thrift_transport=transport)
-        if token:
-            return hive.connect(host="127.0.0.1", port=port, auth="CUSTOM", username=TOKEN_NAME, password=token)
-        return hive.connect(host="127.0.0.1", port=port, username="analyst")
+        return jdbc_connect(port, token, ca)
 
     started = time.perf_counter()
     connection = connect()
@@ -254,6 +280,12 @@ def main() -> None:
     parser.add_argument("--no-cluster", action="store_true", help="query the files as the stream wrote them")
     parser.add_argument("--no-endpoint", action="store_true", help="leave out the queries through lake sql-server")
     parser.add_argument("--workdir", type=Path, help="build the lake here once, and reuse it when it exists")
+    parser.add_argument(
+        "--first-connections",
+        type=int,
+        default=1,
+        help="fresh servers whose first JDBC connection is timed, per access (the first includes the query run's)",
+    )
     args = parser.parse_args()
     servers, metrics, seconds = (int(x) for x in args.size.split("x"))
     work = args.workdir or scratch_dir("lake-analyst-")
@@ -318,7 +350,7 @@ def main() -> None:
             )
         )
     spark.stop()
-    endpoint_rows, setup_rows = [], []
+    endpoint_rows, setup_rows, firsts = [], [], {}
     if not args.no_endpoint:
         from metrics_lake.core.storage import open_store
         from metrics_lake.core.tokens import Scope, TokenStore
@@ -340,6 +372,10 @@ def main() -> None:
                     connect = through_connect(connect_port, args.repeat, queries, token, ca)
                 with sql_server(served, work) as (_, jdbc_port):
                     jdbc = through_jdbc(jdbc_port, args.repeat, queries, token, ca)
+                firsts[access] = [
+                    jdbc["set-up"],
+                    *first_jdbc_setups(served, work, token, ca, args.first_connections - 1),
+                ]
             finally:
                 if token:
                     tokens.revoke(TOKEN_NAME)
@@ -365,6 +401,20 @@ def main() -> None:
         )
         print("\nconnection set-up (Connect: session and SELECT 1; JDBC: hive.connect); first: the token verified")
         print_table(("access", "Connect first s", "Connect again s", "JDBC first s", "JDBC again s"), setup_rows)
+        if args.first_connections > 1:
+            open_mean = fmean(firsts["open"])
+            print(f"\nfirst JDBC connection of {args.first_connections} fresh servers each:")
+            print_table(
+                ("access", "mean s", "min s", "max s", "mean - open's, ms"),
+                [
+                    (
+                        access,
+                        *(f"{f(values):.3f}" for f in (fmean, min, max)),
+                        f"{(fmean(values) - open_mean) * 1000:+.0f}",
+                    )
+                    for access, values in firsts.items()
+                ],
+            )
 
 
 if __name__ == "__main__":
