@@ -248,15 +248,11 @@ def through_jdbc(
 ) -> dict[str, list]:
     """``{label: [first s, best s, rows], "set-up": s}`` of ``queries`` from PyHive over HiveServer2, logging in with
     ``token`` if given, over TLS trusting ``ca`` (a PEM file) if given; times end at ``fetchone``."""
-
-    def connect():
-        return jdbc_connect(port, token, ca)
-
     started = time.perf_counter()
-    connection = connect()
+    connection = jdbc_connect(port, token, ca)
     answers = {"set-up": time.perf_counter() - started}
     started = time.perf_counter()  # a second connection: the server has verified the token once already
-    again = connect()
+    again = jdbc_connect(port, token, ca)
     answers["set-up again"] = time.perf_counter() - started
     again.close()  # not timed: Spark's Thrift server takes about 3 s to close its first session, whichever
     cursor = connection.cursor()

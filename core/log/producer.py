@@ -442,7 +442,7 @@ class Producer:
 
     @contextlib.contextmanager
     def incoming(self) -> Iterator[None]:
-        """Mark a request on its way to :meth:`send` (being read, decoded or validated) for the block: with
+        """Mark a request on its way to :meth:`send` (being decoded or checked) for the block: with
         ``flush_when_idle``, buffered records wait (at most ``linger_ms``) while any request is marked, and are
         flushed once none is (class docstring). Without it, this changes nothing."""
         with self._lock:
