@@ -20,9 +20,11 @@ exists, every request needs one.
 
 The token list is re-read every ``refresh_seconds`` by a background thread,
 so a created or revoked token takes effect within that time in every
-process, without restarting it. A token's Argon2id check (~20 ms) runs once
-per process on a worker thread; its SHA-256 is then remembered, so the next
-requests cost a dictionary lookup and a state check. Failed checks are
+process, without restarting it. A token's secret is checked against its
+record's SHA-256 hash (microseconds); a token created before that scheme has
+an Argon2id hash instead, checked (~20 ms) once per process on a worker
+thread. Either way the verified token is then remembered by its SHA-256, so
+the next requests cost a dictionary lookup and a state check. Failed checks are
 rate-limited per source address (``burst`` failures, then one per
 ``1/rate`` s), which bounds both guessing and the CPU a flood of bad tokens
 costs. No message, log line or metric contains a token.
@@ -213,7 +215,7 @@ class Authenticator:
 
     def authenticate_blocking(self, credential: str | None, source: str | None, needed: Scope) -> Caller:
         """:meth:`authenticate` on the calling thread, for callers outside an event loop (``lake sql-server``'s
-        listeners ask from JVM threads): a token's first Argon2id check (~20 ms) blocks this thread only.
+        listeners ask from JVM threads): an older token's first Argon2id check (~20 ms) blocks this thread only.
 
         ``source`` None: the address is not known (HiveServer2 checks a login before it records the client's
         address); such failures are counted in ``lake_auth_failures_total`` but throttle no one."""
@@ -231,14 +233,16 @@ class Authenticator:
         if isinstance(caller, Caller):
             return caller
         record, secret, digest = caller
-        return self._verified(
-            record, secret, digest, await asyncio.to_thread(TokenStore.verify, record, secret), source, needed
-        )
+        if record.argon2_hashed:  # ~20 ms of CPU: off the event loop
+            ok = await asyncio.to_thread(TokenStore.verify, record, secret)
+        else:
+            ok = TokenStore.verify(record, secret)
+        return self._verified(record, secret, digest, ok, source, needed)
 
     def _precheck(
         self, credential: str | None, source: str | None, needed: Scope
     ) -> Caller | tuple[TokenRecord, str, bytes]:
-        """The caller, when known without an Argon2id check; else the token's record, secret and SHA-256, to verify
+        """The caller, when known without checking a secret; else the token's record, secret and SHA-256, to verify
         (a token this process verified before is known by its SHA-256)."""
         failed = None if source is None else self.failures.find(source)  # most never failed: no bucket for them
         wait = 0.0 if failed is None else failed.empty()
@@ -275,7 +279,7 @@ class Authenticator:
     def _verified(
         self, record: TokenRecord, secret: str, digest: bytes, ok: bool, source: str | None, needed: Scope
     ) -> Caller:
-        """The caller once ``record``'s Argon2id check of ``secret`` answered ``ok``; remembers a verified token."""
+        """The caller once ``record``'s check of ``secret`` answered ``ok``; remembers a verified token."""
         if not ok:
             raise self._fail(source, "wrong", 401, f"wrong secret for token {record.name!r}")
         if len(self.verified) >= MAX_VERIFIED:

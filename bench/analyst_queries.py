@@ -17,7 +17,7 @@ notebook's session, in a process of its own) and from PyHive over
 HiveServer2 (JDBC's protocol), each from sending the query to its first
 row on an open connection, and each client's connection set-up (Connect:
 the session and a ``SELECT 1``; JDBC: ``hive.connect``), first (the server
-verifies the token's Argon2id hash) and again (it remembers the token
+checks the token against its record) and again (it remembers the token
 verified). It does so three
 times: on the open lake, with a read token (created for the run, revoked
 after it), each call's token check included, and with the token over TLS
@@ -30,10 +30,10 @@ read" is what the reader's pruning keeps
 (:func:`metrics_lake.core.tables.pruning.keep_files`, the function the
 reader calls) of the files in the snapshot.
 
-With ``--first-connections N``, the first JDBC connection is timed on N
-fresh servers per access (one connection per server's life: a single one
-varies by about ±80 ms run to run), and their mean is compared with the
-open lake's.
+With ``--first-connections N``, each client's first connection is timed on
+N fresh servers per access and client (one connection per server's life: a
+single one varies by about ±80 ms run to run), and their mean is compared
+with the open lake's.
 
 Usage: ``python bench/analyst_queries.py [--size 2500x10x240] [--repeat 3] [--no-cluster] [--no-endpoint]
 [--workdir DIR] [--first-connections N]``; with ``--workdir`` the lake is built there once and reused by later runs (a 60 M-event
@@ -230,15 +230,20 @@ def jdbc_connect(port: int, token: str | None, ca: str | None):
     return hive.connect(host="127.0.0.1", port=port, username="analyst")
 
 
-def first_jdbc_setups(env: dict[str, str], work: Path, token: str | None, ca: str | None, servers: int) -> list[float]:
-    """Seconds of the first JDBC connection (``hive.connect``) of each of ``servers`` fresh ``lake sql-server``s:
-    a server's first connection happens once per server, so its mean needs several servers."""
-    seconds = []
+def first_setups(
+    env: dict[str, str], work: Path, token: str | None, ca: str | None, servers: int
+) -> dict[str, list[float]]:
+    """``{"Connect": [s, ...], "JDBC": [s, ...]}``: seconds of the first connection set-up of each client (as
+    :func:`through_connect` and :func:`through_jdbc` time it), each on ``servers`` fresh ``lake sql-server``s of its
+    own: a server's first connection happens once per server, so its mean needs several servers."""
+    seconds: dict[str, list[float]] = {"Connect": [], "JDBC": []}
     for _ in range(servers):
+        with sql_server(env, work) as (connect_port, _):
+            seconds["Connect"].append(through_connect(connect_port, 0, {}, token, ca)["set-up"])
         with sql_server(env, work) as (_, jdbc_port):
             started = time.perf_counter()
             connection = jdbc_connect(jdbc_port, token, ca)
-            seconds.append(time.perf_counter() - started)
+            seconds["JDBC"].append(time.perf_counter() - started)
             connection.close()
     return seconds
 
@@ -280,7 +285,7 @@ def main() -> None:
         "--first-connections",
         type=int,
         default=1,
-        help="fresh servers whose first JDBC connection is timed, per access (the first includes the query run's)",
+        help="fresh servers per access and client whose first connection is timed (the query run's is the first)",
     )
     args = parser.parse_args()
     servers, metrics, seconds = (int(x) for x in args.size.split("x"))
@@ -368,10 +373,11 @@ def main() -> None:
                     connect = through_connect(connect_port, args.repeat, queries, token, ca)
                 with sql_server(served, work) as (_, jdbc_port):
                     jdbc = through_jdbc(jdbc_port, args.repeat, queries, token, ca)
-                firsts[access] = [
-                    jdbc["set-up"],
-                    *first_jdbc_setups(served, work, token, ca, args.first_connections - 1),
-                ]
+                more = first_setups(served, work, token, ca, args.first_connections - 1)
+                firsts[access] = {
+                    "Connect": [connect["set-up"], *more["Connect"]],
+                    "JDBC": [jdbc["set-up"], *more["JDBC"]],
+                }
             finally:
                 if token:
                     tokens.revoke(TOKEN_NAME)
@@ -398,17 +404,18 @@ def main() -> None:
         print("\nconnection set-up (Connect: session and SELECT 1; JDBC: hive.connect); first: the token verified")
         print_table(("access", "Connect first s", "Connect again s", "JDBC first s", "JDBC again s"), setup_rows)
         if args.first_connections > 1:
-            open_mean = fmean(firsts["open"])
-            print(f"\nfirst JDBC connection of {args.first_connections} fresh servers each:")
+            print(f"\nfirst connection set-up, {args.first_connections} fresh servers per access and client:")
             print_table(
-                ("access", "mean s", "min s", "max s", "mean - open's, ms"),
+                ("client", "access", "mean s", "min s", "max s", "mean - open's, ms"),
                 [
                     (
+                        client,
                         access,
-                        *(f"{f(values):.3f}" for f in (fmean, min, max)),
-                        f"{(fmean(values) - open_mean) * 1000:+.0f}",
+                        *(f"{f(by_client[client]):.3f}" for f in (fmean, min, max)),
+                        f"{(fmean(by_client[client]) - fmean(firsts['open'][client])) * 1000:+.0f}",
                     )
-                    for access, values in firsts.items()
+                    for client in ("Connect", "JDBC")
+                    for access, by_client in firsts.items()
                 ],
             )
 

@@ -13,7 +13,7 @@ the agent identity), then drives it from this process:
 
 Both run twice: over plain HTTP on a lake without tokens, then over TLS
 (a CA minted for the run, as ``lake infra tls`` does) with a write token
-checked on every request (Argon2id once, then the cached digest), and the
+checked on every request (its SHA-256 once, then the remembered digest), and the
 cost of the second is printed as a ratio. Then the token is revoked and the
 time until the gateway refuses it is measured (the revocation target).
 

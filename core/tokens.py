@@ -2,8 +2,8 @@
 
 A token is ``mlk_<id>_<secret>``: ``id`` (12 lower-case base32 characters)
 names its record, ``secret`` (32 random bytes, URL-safe base64) proves it.
-The lake keeps only the record, never the secret: an Argon2id hash of it
-(``argon2-cffi``, RFC 9106) with a random salt, and who created it and when.
+The lake keeps only the record, never the secret: a SHA-256 hash of it
+(:func:`secret_hash`), and who created it and when.
 All records live in one object, :data:`~metrics_lake.core.keys.TOKENS_KEY`,
 replaced by compare-and-swap, so a ``create`` and a ``revoke`` racing each
 other are both kept, and readers (every gateway and dashboard process)
@@ -19,17 +19,24 @@ only there). ``tenant`` groups
 tokens under one ingestion limit; ``rate``/``burst`` (events/s, events)
 set that limit (:mod:`metrics_lake.core.rate_limits`).
 
-Argon2id cost (:data:`HASH_TIME_COST`, :data:`HASH_MEMORY_KIB`) is OWASP's
-minimum for passwords (Password Storage Cheat Sheet: m=19 MiB, t=2, p=1),
-about 20 ms a check here. A token's secret has 256 random bits, so the
-hash's cost matters only if the tokens file leaks; servers verify a token
-once and remember it (``metrics_lake.app.auth``).
+Why a fast hash, not a password hash: a token's secret has 256 random bits,
+so no guessing, online or against a leaked tokens file, gets anywhere; a
+slow, salted hash (Argon2id) only protects secrets people choose. NIST SP
+800-63B, section 5.1.2.2, asks exactly this of generated secrets: those of
+at least 112 bits "SHALL be hashed with an approved one-way function", the
+salt and cost being for weaker ones. A check then takes microseconds, so a
+server's first connection or request pays nothing for it. Tokens created
+before this scheme keep their Argon2id hashes (``$argon2id$...``, OWASP's
+minimum cost: m=19 MiB, t=2, p=1, about 20 ms a check) and are still
+accepted; :meth:`TokenStore.verify` reads both.
 """
 
 from __future__ import annotations
 
 import base64
 import fnmatch
+import hashlib
+import hmac
 import json
 import re
 import secrets
@@ -52,16 +59,18 @@ __all__ = [
     "TokenRecord",
     "TokenStore",
     "parse_token",
+    "secret_hash",
 ]
 
 #: Every token starts with this (secret scanners can recognise leaked ones).
 TOKEN_PREFIX = "mlk_"
-HASH_TIME_COST = 2
-HASH_MEMORY_KIB = 19 * 1024
+#: How a record's ``hash`` starts when it is :func:`secret_hash`'s (else it is an older token's Argon2id hash).
+SHA256_PREFIX = "$sha256$"
 FORMAT = 1
 _TOKEN = re.compile(r"^mlk_([a-z2-7]{12})_([A-Za-z0-9_-]{43})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
-_HASHER = PasswordHasher(time_cost=HASH_TIME_COST, memory_cost=HASH_MEMORY_KIB, parallelism=1)
+#: Checks the Argon2id hashes of tokens created before :func:`secret_hash` (their parameters are in the hash).
+_ARGON2 = PasswordHasher()
 #: Longest credential looked at; anything longer is malformed without being parsed (tokens are 61 characters).
 MAX_TOKEN_CHARS = 256
 
@@ -101,6 +110,11 @@ class TokenRecord:
     revoked_at: float | None = None
     revoked_by: str | None = None
 
+    @property
+    def argon2_hashed(self) -> bool:
+        """Whether its hash is an older token's Argon2id hash, whose check takes ~20 ms (module docstring)."""
+        return not self.hash.startswith(SHA256_PREFIX)
+
     def state(self, now: float) -> str:
         """``"active"``, ``"expired"`` or ``"revoked"`` at ``now`` (epoch s)."""
         if self.revoked_at is not None:
@@ -125,6 +139,13 @@ def parse_token(text: str) -> tuple[str, str]:
     if match is None:
         raise TokenError(401, "malformed token: lake tokens look like mlk_<12 characters>_<43 characters>")
     return match.group(1), match.group(2)
+
+
+def secret_hash(secret: str) -> str:
+    """How the lake stores a token's ``secret``: ``$sha256$`` and the hex SHA-256 of its UTF-8 bytes (64 characters).
+
+    Unsalted on purpose: the secret is 256 random bits (module docstring, NIST SP 800-63B 5.1.2.2)."""
+    return SHA256_PREFIX + hashlib.sha256(secret.encode()).hexdigest()
 
 
 def _who() -> str:
@@ -217,7 +238,7 @@ class TokenStore:
             id=token_id,
             name=name,
             scope=scope,
-            hash=_HASHER.hash(secret),
+            hash=secret_hash(secret),
             created_at=now,
             created_by=_who(),
             servers=servers,
@@ -253,8 +274,11 @@ class TokenStore:
 
     @staticmethod
     def verify(record: TokenRecord, secret: str) -> bool:
-        """Whether ``secret`` is the one ``record`` was created with (Argon2id check, ~20 ms)."""
+        """Whether ``secret`` is the one ``record`` was created with: a SHA-256 comparison in constant time
+        (microseconds), or for a token created before it, an Argon2id check (~20 ms)."""
+        if record.hash.startswith(SHA256_PREFIX):
+            return hmac.compare_digest(record.hash, secret_hash(secret))
         try:
-            return _HASHER.verify(record.hash, secret)
+            return _ARGON2.verify(record.hash, secret)
         except (VerificationError, InvalidHashError):
             return False

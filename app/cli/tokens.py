@@ -1,7 +1,7 @@
 """``lake tokens …``: the access tokens of the gateway and the dashboard (create, list, revoke).
 
 A token is printed once, by ``create``, on standard output (so it can be
-piped into a file or a secret store); the lake keeps only its Argon2id hash
+piped into a file or a secret store); the lake keeps only its SHA-256 hash
 (:mod:`metrics_lake.core.tokens`). Running gateways and dashboards see a new
 or revoked token within seconds. Creating the first token turns
 authentication on: from then on every request needs a token.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import json
 import random
 import subprocess
@@ -12,13 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from argon2 import PasswordHasher
 
 from metrics_lake.agents.gateway_client import GatewaySender
-from metrics_lake.app.auth import credential_of
+from metrics_lake.app.auth import Authenticator, credential_of
 from metrics_lake.app.http_server import TlsFiles, check_exposure
+from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.rate_limits import TokenBucket
 from metrics_lake.core.storage import LocalStore
-from metrics_lake.core.tokens import Scope, TokenStore
+from metrics_lake.core.tokens import Scope, TokenStore, parse_token
 from metrics_lake.infra.tls import write_ca, write_certificate
 from metrics_lake.lake_schemas.errors import ConfigError, TokenError
 from tests.app.test_gateway_http import events_of, ndjson, stored
@@ -89,16 +93,39 @@ def test_a_token_bucket_admits_the_burst_then_the_rate_and_says_how_long_to_wait
     assert bucket.empty() == pytest.approx(8.1, abs=1e-6)  # until it holds one unit
 
 
-def test_tokens_are_stored_only_as_salted_hashes_and_revocation_is_recorded(tmp_path, tokens):
+def test_tokens_are_stored_only_as_hashes_and_revocation_is_recorded(tmp_path, tokens):
     text = (tmp_path / "lake" / "auth" / "tokens.json").read_text()
-    records = json.loads(text)["tokens"]
-    assert len(records) == 5 and all(r["hash"].startswith("$argon2id$") for r in records)
-    for role in ("write", "web", "read", "admin", "limited"):
-        assert tokens[role][17:] not in text
-    assert len({r["hash"].split("$")[4] for r in records}) == 5  # a salt each
+    records = {r["name"]: r for r in json.loads(text)["tokens"]}
+    names = {"write": "agents", "web": "web-agents", "read": "analysts", "admin": "ops", "limited": "small"}
+    for role, name in names.items():
+        secret = parse_token(tokens[role])[1]
+        assert secret not in text
+        assert records[name]["hash"] == "$sha256$" + hashlib.sha256(secret.encode()).hexdigest()
     (revoked,) = tokens["store"].revoke("analysts")
     assert revoked.revoked_at is not None and revoked.revoked_by
     assert [r.name for r in tokens["store"].active()] == ["agents", "web-agents", "ops", "small"]
+
+
+def test_tokens_hashed_with_argon2id_by_earlier_versions_still_work(tmp_path):
+    """Records written before the SHA-256 scheme carry Argon2id hashes (OWASP's minimum: m=19 MiB, t=2, p=1)."""
+    store = LocalStore(tmp_path / "lake")
+    tokens = TokenStore(store)
+    token, record = tokens.create("old-agents", Scope.WRITE)
+    secret = parse_token(token)[1]
+    legacy = PasswordHasher(time_cost=2, memory_cost=19 * 1024, parallelism=1).hash(secret)
+    path = tmp_path / "lake" / "auth" / "tokens.json"  # as an earlier version wrote it
+    path.write_text(path.read_text().replace(record.hash, legacy))
+    (loaded,) = tokens.active()
+    assert loaded.hash == legacy and loaded.argon2_hashed and not record.argon2_hashed
+    assert TokenStore.verify(loaded, secret) and not TokenStore.verify(loaded, parse_token(wrong(token))[1])
+    auth = Authenticator(LakeSettings(root=str(tmp_path / "lake")), store, refresh_seconds=3600)
+    try:
+        assert asyncio.run(auth.authenticate(token, "10.0.0.1", Scope.WRITE)).name == "old-agents"
+        with pytest.raises(TokenError, match="wrong secret for token 'old-agents'"):
+            asyncio.run(auth.authenticate(wrong(token), "10.0.0.1", Scope.WRITE))
+        assert auth.authenticate_blocking(token, None, Scope.WRITE).name == "old-agents"
+    finally:
+        auth.close()
 
 
 def test_a_lake_without_tls_and_tokens_refuses_to_face_the_network(pki):

@@ -4,7 +4,7 @@ package metricslake.spark;
  * The SQL endpoint's credential check, shared by its two listeners: Spark Connect's
  * {@link LakeConnectAuthInterceptor} and HiveServer2's {@link LakePasswdAuthenticationProvider}.
  *
- * <p>The lake's tokens (their records, Argon2id hashes, expiry, revocation, the failure throttle) are
+ * <p>The lake's tokens (their records, hashes, expiry, revocation, the failure throttle) are
  * Python's: {@code lake sql-server} installs a {@link Checker} implemented in Python through py4j's
  * callback server (metrics_lake.spark.jobs.sql_server). Until one is installed every connection is refused.
  */
