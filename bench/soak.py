@@ -12,7 +12,10 @@ Runs on a fresh local lake, all on this machine:
 
 Every ``--report-minutes`` it prints a row: minutes run, RSS of the gateway,
 the stream (its driver, and the whole tree: JVM and Python workers) and the
-dashboard, active files per speed table (the stream's ``/metrics``), the
+dashboard at that moment, the lowest and highest RSS of the driver over the
+period (sampled every 2 s: it saws between its batches' and compaction's
+peaks and the trims after them, so one sample says little of a trend),
+active files per speed table (the stream's ``/metrics``), the
 windows lag p99 of the period (seconds since the moment the log held as many
 records as ``metric_windows_1m`` does, sampled every 2 s), the dashboard
 panel's latency and a warm analyst query's (the last 15 minutes of
@@ -187,11 +190,12 @@ def main() -> None:
     started = time.monotonic()
     lags: list[float] = []
     panel_seconds: list[float] = []
+    driver_rss: list[int] = []
     next_panel = next_report = started
     print(
         f"{'min':>5} {'gateway':>9} {'driver':>9} {'stream tree':>12} {'dashboard':>10} "
         + " ".join(f"{t[:12]:>12}" for t in TABLES)
-        + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11}",
+        + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11} {'driver min-max':>15}",
         flush=True,
     )
     try:
@@ -203,6 +207,7 @@ def main() -> None:
             counts = [c for _, c in agents.timeline]
             reached = int(np.searchsorted(counts, counted, side="right"))
             lags.append(0.0 if reached >= len(times) else now - times[reached])
+            driver_rss.append(rss(stream.pid))
             if now >= next_panel:
                 t0 = time.perf_counter()
                 requests.get(panel, timeout=60)
@@ -218,10 +223,10 @@ def main() -> None:
                     f"{mib(rss(stream.pid, tree=True)):>12} {mib(rss(dashboard.pid)):>10} "
                     + " ".join(f"{files.get(str(t), 0):>12,}" for t in TABLES)
                     + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
-                    f" {rate:>11,.0f}",
+                    f" {rate:>11,.0f} {f'{mib(min(driver_rss))}-{mib(max(driver_rss))}':>15}",
                     flush=True,
                 )
-                lags, panel_seconds = [], []
+                lags, panel_seconds, driver_rss = [], [], []
     finally:
         agents.stop.set()
         agents.thread.join(60)
