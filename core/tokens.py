@@ -22,9 +22,11 @@ set that limit (:mod:`metrics_lake.core.rate_limits`).
 Why a fast hash, not a password hash: a token's secret has 256 random bits,
 so no guessing, online or against a leaked tokens file, gets anywhere; a
 slow, salted hash (Argon2id) only protects secrets people choose. NIST SP
-800-63B, section 5.1.2.2, asks exactly this of generated secrets: those of
-at least 112 bits "SHALL be hashed with an approved one-way function", the
-salt and cost being for weaker ones. A check then takes microseconds, so a
+800-63B, section 5.1.2.2, draws that line for generated look-up secrets:
+those of at least 112 bits "SHALL be hashed with an approved one-way
+function", salted key derivation being for fewer bits. A token is reused
+where a look-up secret is used once, but the line is drawn by the entropy
+an offline attack faces, which is the same. A check then takes microseconds, so a
 server's first connection or request pays nothing for it. Tokens created
 before this scheme keep their Argon2id hashes (``$argon2id$...``, OWASP's
 minimum cost: m=19 MiB, t=2, p=1, about 20 ms a check) and are still
