@@ -230,24 +230,6 @@ def jdbc_connect(port: int, token: str | None, ca: str | None):
     return hive.connect(host="127.0.0.1", port=port, username="analyst")
 
 
-def first_setups(
-    env: dict[str, str], work: Path, token: str | None, ca: str | None, servers: int
-) -> dict[str, list[float]]:
-    """``{"Connect": [s, ...], "JDBC": [s, ...]}``: seconds of the first connection set-up of each client (as
-    :func:`through_connect` and :func:`through_jdbc` time it), each on ``servers`` fresh ``lake sql-server``s of its
-    own: a server's first connection happens once per server, so its mean needs several servers."""
-    seconds: dict[str, list[float]] = {"Connect": [], "JDBC": []}
-    for _ in range(servers):
-        with sql_server(env, work) as (connect_port, _):
-            seconds["Connect"].append(through_connect(connect_port, 0, {}, token, ca)["set-up"])
-        with sql_server(env, work) as (_, jdbc_port):
-            started = time.perf_counter()
-            connection = jdbc_connect(jdbc_port, token, ca)
-            seconds["JDBC"].append(time.perf_counter() - started)
-            connection.close()
-    return seconds
-
-
 def through_jdbc(
     port: int, repeat: int, queries: dict[str, str], token: str | None, ca: str | None = None
 ) -> dict[str, list]:
@@ -272,6 +254,21 @@ def through_jdbc(
         answers[label] = [seconds[0], min(seconds[1:]), rows]
     connection.close()
     return answers
+
+
+def first_setups(
+    env: dict[str, str], work: Path, token: str | None, ca: str | None, servers: int
+) -> dict[str, list[float]]:
+    """``{"Connect": [s, ...], "JDBC": [s, ...]}``: seconds of the first connection set-up of each client (as
+    :func:`through_connect` and :func:`through_jdbc` time it), each on ``servers`` fresh ``lake sql-server``s of its
+    own: a server's first connection happens once per server, so its mean needs several servers."""
+    seconds: dict[str, list[float]] = {"Connect": [], "JDBC": []}
+    for _ in range(servers):
+        with sql_server(env, work) as (connect_port, _):
+            seconds["Connect"].append(through_connect(connect_port, 0, {}, token, ca)["set-up"])
+        with sql_server(env, work) as (_, jdbc_port):
+            seconds["JDBC"].append(through_jdbc(jdbc_port, 0, {}, token, ca)["set-up"])
+    return seconds
 
 
 def main() -> None:

@@ -278,7 +278,7 @@ class TokenStore:
     def verify(record: TokenRecord, secret: str) -> bool:
         """Whether ``secret`` is the one ``record`` was created with: a SHA-256 comparison in constant time
         (microseconds), or for a token created before it, an Argon2id check (~20 ms)."""
-        if record.hash.startswith(SHA256_PREFIX):
+        if not record.argon2_hashed:
             return hmac.compare_digest(record.hash, secret_hash(secret))
         try:
             return _ARGON2.verify(record.hash, secret)
