@@ -189,20 +189,32 @@ def checkpoint_location(settings: LakeSettings) -> Path:
 
 
 def discard_damaged_checkpoint(checkpoint: Path) -> bool:
-    """Delete ``checkpoint`` if Spark would refuse to start from it because its ``metadata`` file is gone while its
-    offset or commit log still holds files; returns whether it did (and logs a warning naming the folder).
+    """Delete ``checkpoint`` if Spark would refuse to start from it; returns whether it did (and logs a warning
+    naming the folder and why).
 
-    Spark 4 stops such a query with ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` and asks for the file back. Here
-    the checkpoint is only a cache of how far batches went (the tables' positions decide where a batch starts:
+    Spark 4 refuses two checkpoints a crash can leave behind:
+
+    - its ``metadata`` file is gone while its offset or commit log still holds files: the query stops with
+      ``STREAMING_CHECKPOINT_MISSING_METADATA_FILE`` and asks for the file back;
+    - no batch is logged yet (no ``offsets/<batch id>`` file) while ``offsets/``, ``commits/`` or ``state/`` holds
+      anything: ``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY`` ("should be empty on batch 0"). A process killed while
+      Spark wrote the first offset leaves exactly that: the temporary file ``offsets/.0.<uuid>.tmp`` it renames
+      into place (``CheckpointFileManager.createAtomic``).
+
+    Here the checkpoint is only a cache of how far batches went (the tables' positions decide where a batch starts:
     :mod:`metrics_lake.core.speed.progress`), so a checkpoint lost in part is treated as one lost whole, as Kafka
-    Streams wipes a corrupted local state store. A checkpoint without ``metadata`` and without logged batches is
-    left alone: it is one a query is just creating (Spark writes ``metadata`` first).
+    Streams wipes a corrupted local state store. Call it before the query starts, never while one runs on it.
     """
-    if not checkpoint.is_dir() or (checkpoint / "metadata").exists():
+    if not checkpoint.is_dir():
         return False
-    if not any(path.is_file() for log_dir in ("offsets", "commits") for path in (checkpoint / log_dir).glob("*")):
+    logs = {name: sorted((checkpoint / name).glob("*")) for name in ("offsets", "commits", "state")}
+    if not (checkpoint / "metadata").exists() and any(path.is_file() for path in logs["offsets"] + logs["commits"]):
+        why = "has lost its metadata file"
+    elif not any(path.name.isdigit() for path in logs["offsets"]) and any(logs.values()):
+        why = "logged no batch but is not empty (a crash while the first batch's offsets were written)"
+    else:
         return False
-    log.warning("checkpoint %s has lost its metadata file; deleting it (the tables' positions decide)", checkpoint)
+    log.warning("checkpoint %s %s; deleting it (the tables' positions decide)", checkpoint, why)
     shutil.rmtree(checkpoint)
     return True
 
