@@ -359,6 +359,68 @@ def test_checkpoints_spark_would_refuse_are_deleted_and_no_other(tmp_path):
     assert (whole / "offsets" / "0").exists() and (fresh / "metadata").exists()
 
 
+@pytest.mark.slow
+def test_losing_the_checkpoint_at_any_point_neither_loses_nor_duplicates(spark, settings, log, store):
+    """The issue's reproduction (delete LAKE_CHECKPOINT_DIR between runs) and its variants: a checkpoint lost
+    between batches, an older checkpoint restored, another query's checkpoint. The tables' positions decide."""
+    import shutil
+
+    settings = settings.model_copy(update={"max_records_per_batch": 150})  # 361 records per produce: several batches
+    checkpoint = settings.checkpoint_path
+
+    def produce(seed: int, start_ms: int) -> None:
+        with Producer(log, settings.topic, partitions=settings.partitions) as producer:
+            producer.send(FleetSimulator(servers=3, metrics=2, seconds=60, seed=seed, start_ms=start_ms).generate())
+            producer.send_payloads(['{"bad": true}'])
+
+    produce(1, START_MS)
+    stream_to_end(spark, settings)
+    shutil.rmtree(checkpoint)  # 1. lost after a complete run: the next run starts where the tables are
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+
+    saved = checkpoint.with_name("saved-checkpoint")
+    shutil.copytree(checkpoint, saved)
+    produce(2, START_MS + 60_000)
+    batches = []
+    stream_to_end(spark, settings, progress=batches.append)
+    assert len(batches) >= 2
+    shutil.rmtree(checkpoint)
+    shutil.copytree(saved, checkpoint)  # 2. an older checkpoint restored: the tables are ahead of it
+    produce(4, START_MS + 90_000)
+    restored = set(batch_ids(settings))
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+    # 361 new records in batches of 150, from where the tables are: not 2 more batches for what they hold
+    assert len(set(batch_ids(settings)) - restored) == 3
+
+    produce(5, START_MS + 100_000)  # 2b. `--once` (no streaming query) between runs of the query, then the query
+    assert catch_up(spark, settings) >= 2
+    produce(6, START_MS + 110_000)
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+
+    produce(3, START_MS + 120_000)
+    stop_after_first = settings.model_copy(update={"max_records_per_batch": 300})
+    query = start_stream(spark, stop_after_first, trigger_seconds=0)
+    deadline = time.monotonic() + 120
+    while not query.recentProgress and time.monotonic() < deadline:  # 3. lost between batches, mid-run
+        time.sleep(0.1)
+    query.stop()
+    shutil.rmtree(checkpoint)
+    other = settings.model_copy(update={"checkpoint_dir": str(checkpoint.parent / "someone-elses")})
+    stream_to_end(spark, other)  # 4. another query's checkpoint (here: an empty one elsewhere)
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+
+    produce(7, START_MS + 130_000)
+    stream_to_end(spark, settings)
+    (checkpoint_location(settings) / "metadata").unlink()  # 5. lost in part: Spark alone would refuse to start
+    produce(8, START_MS + 140_000)
+    stream_to_end(spark, settings)
+    assert_exactly_once(store, log)
+
+
 def test_a_stream_killed_while_spark_wrote_its_first_offsets_restarts_exactly_once(spark, settings, log, store):
     """A SIGKILL while Spark wrote ``offsets/0`` leaves its metadata and the temporary offsets file; Spark refuses to
     start from that (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``) until the checkpoint is deleted, so the stream
