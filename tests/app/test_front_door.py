@@ -489,3 +489,102 @@ def test_the_tokens_commands_print_a_token_once_and_the_servers_refuse_the_netwo
     assert "0 tokens (1 revoked or expired" in lake("tokens", "list").stderr
     no_tokens = lake("dashboard", "--host", "0.0.0.0", "--port", "0", *tls, expect=2)
     assert "without tokens (lake tokens create)" in one_line(no_tokens)
+
+
+@pytest.mark.slow
+def test_prometheus_retries_the_429s_of_a_full_gateway_buffer_and_every_sample_lands_once(
+    start_gateway, tmp_path, pki, tokens
+):
+    """Overload with a real sender: Prometheus scrapes node_exporter every second and remote-writes over TLS with a
+    token, eight shards of 50 samples at a time, to a gateway whose buffer holds one request (1 KiB): a request that
+    arrives while another waits for its flush is answered 429 + ``Retry-After``. With ``retry_on_http_429`` (off by
+    default in Prometheus 2.x) Prometheus backs off and sends it again; the log then holds every sample of Prometheus's
+    own TSDB for the compared range exactly once (a 429 stores nothing, so a retry cannot duplicate)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.app.test_protocol_clients import NODE_EXPORTER, PROMETHEUS, ms, wait_http
+    from tests.helpers import free_port_pair
+
+    assert PROMETHEUS and NODE_EXPORTER, "prometheus and prometheus-node-exporter are needed (.ci/run installs them)"
+    url, _ = start_gateway(tls=TlsFiles.of(*pki["server"]), gateway_buffer_bytes=1024)
+    exporter_port, prometheus_port = free_port_pair()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        f"""
+global: {{scrape_interval: 1s}}
+scrape_configs:
+  - job_name: node
+    static_configs: [{{targets: ["127.0.0.1:{exporter_port}"]}}]
+remote_write:
+  - url: {url}/api/v1/write
+    authorization: {{credentials: "{tokens["write"]}"}}
+    tls_config: {{ca_file: "{pki["ca"]}"}}
+    queue_config: {{min_shards: 8, max_shards: 8, max_samples_per_send: 50, batch_send_deadline: 1s,
+                    min_backoff: 50ms, max_backoff: 1s, retry_on_http_429: true}}
+"""
+    )
+    instance = f"127.0.0.1:{exporter_port}"
+    api = f"http://127.0.0.1:{prometheus_port}/api/v1"
+    with (tmp_path / "exporter.log").open("w") as exporter_log, (tmp_path / "prometheus.log").open("w") as log:
+        exporter = subprocess.Popen(
+            [NODE_EXPORTER, f"--web.listen-address={instance}"], stdout=exporter_log, stderr=subprocess.STDOUT
+        )
+        prometheus = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{prometheus_port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_http(f"http://{instance}/metrics")
+            wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready")
+            time.sleep(20)
+            end, window = time.time() - 2, 15
+            answer = requests.get(
+                f"{api}/query", params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": end}, timeout=30
+            )
+            answer.raise_for_status()
+            expected = {}
+            for series in answer.json()["data"]["result"]:
+                labels = dict(series["metric"])
+                name = labels.pop("__name__")
+                finite = [(round(float(t) * 1000), float(v)) for t, v in series["values"] if v.lower() != "nan"]
+                if finite:
+                    expected[(name, tuple(sorted(labels.items())))] = finite
+            lo_ms, hi_ms = int((end - window) * 1000), int(end * 1000)
+
+            def landed() -> dict:
+                points = {}
+                for row in stored(tmp_path):
+                    if row["server"] == instance and row["reason"] is None and lo_ms < ms(row["ts"]) <= hi_ms:
+                        tags = dict(row["tags"] or [])
+                        name = tags.pop("original_name", row["metric"])
+                        if name.startswith("node_"):
+                            points.setdefault((name, tuple(sorted(tags.items()))), []).append(
+                                (ms(row["ts"]), row["value"])
+                            )
+                return points
+
+            deadline = time.monotonic() + 90  # retried batches may trail the scrapes by the backoffs
+            while sum(map(len, (found := landed()).values())) < sum(map(len, expected.values())):
+                assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+                time.sleep(1)
+        finally:
+            prometheus.terminate()
+            exporter.terminate()
+            prometheus.wait(60)
+            exporter.wait(30)
+    assert len(expected) > 100
+    assert {key: sorted(points) for key, points in found.items()} == expected  # each sample once: no retry doubled
+    metrics = requests.get(f"{url}/metrics", headers=bearer(tokens["read"]), verify=pki["ca"], timeout=10).text
+    codes = {
+        sample.labels["code"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "lake_gateway_token_requests_total" and sample.labels["token"] == "agents"
+    }
+    assert codes.get("429", 0) >= 5 and codes.get("204", 0) > 0, codes  # overloaded, and recovered from it
