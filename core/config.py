@@ -113,6 +113,13 @@ class LakeSettings(BaseSettings):
     gateway_ack_timeout_seconds: float = Field(
         10.0, gt=0, description="Gateway answers 503 if a batch is not durable within this time."
     )
+    gateway_request_window_seconds: float = Field(
+        120.0,
+        ge=0,
+        description="How long the gateway recognises a remote-write body it already appended (a sender's retry), "
+        "across its own restarts too; 0 only while the first copy is buffered. Costs about 200 bytes of memory "
+        "per request and partition it wrote to within the window.",
+    )
     gateway_max_body_bytes: int = Field(
         32 * 1024 * 1024,
         ge=1024,

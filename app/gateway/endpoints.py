@@ -51,11 +51,17 @@ class Endpoint:
 
     ``passthrough``: ``Content-Encoding`` values the decoder handles itself
     (snappy for remote-write), kept compressed by the HTTP layer.
+    ``retried_whole``: the protocol's senders retry a failed request with
+    the same body and carry no sequence number, and the same body can only
+    mean the same points (they carry their timestamps): the gateway then
+    appends a body's points once per token however often it arrives within
+    ``gateway_request_window_seconds`` (:meth:`~metrics_lake.app.gateway.service.Gateway.accept_records`).
     """
 
     path = ""
     protocol = ""
     passthrough: tuple[str, ...] = ()
+    retried_whole = False
 
     def options(self, request: Request) -> dict:
         """Query parameters the decoder needs, read before the body; :class:`BodyError` (400) if malformed."""
@@ -126,6 +132,7 @@ class RemoteWriteEndpoint(Endpoint):
 
     path, protocol = "/api/v1/write", "remote_write"
     passthrough = ("snappy",)
+    retried_whole = True  # Prometheus resends a batch on 5xx, 429 and lost connections; samples carry timestamps
 
     def __init__(self) -> None:
         self.decoder = remote_write.Decoder()

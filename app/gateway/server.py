@@ -277,7 +277,9 @@ class _Ingest:
                 raise _Limited(wait, f"{records.num_rows:,} events are over token {caller.name!r}'s ingestion rate")
             self.gateway.metrics.skipped.labels(protocol=endpoint.protocol).inc(decoded.skipped)
             decoded = dataclasses.replace(decoded, records=records)
-            return decoded, forbidden, self.gateway.accept_records(records, body, producer, started=started)
+            retried_by = caller.name if endpoint.retried_whole else None
+            accepted = self.gateway.accept_records(records, body, producer, started=started, retried_by=retried_by)
+            return decoded, forbidden, accepted
 
         try:
             with self.gateway.producer.incoming():  # its records are on their way: the group commit waits for them

@@ -138,6 +138,15 @@ def body_digest(body: bytes) -> str:
     return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
+def request_digest(token: str, body: bytes) -> str:
+    """Digest of ``body`` as ``token`` sent it (BLAKE2b, 128 bits, hex): the key of a request retried whole
+    (:meth:`Gateway.accept_records`); the token's name is hashed in so one token's bodies never stand for another's."""
+    digest = hashlib.blake2b(token.encode(), digest_size=16)
+    digest.update(b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class Accepted:
     """A request validated and buffered: its records (LOG_RECORD), what the producer did, and when it started."""
@@ -247,6 +256,7 @@ class Gateway:
             lease_wait_s=2 * settings.lease_ttl_seconds + 5,
             on_append=self.metrics.observe_append,
             flush_when_idle=flush_when_idle,
+            request_window_ms=int(settings.gateway_request_window_seconds * 1000),
             **({"linger_ms": linger_ms} if linger_ms else {}),
             **({"roll_bytes": roll_bytes} if roll_bytes else {}),
         )
@@ -328,16 +338,30 @@ class Gateway:
         return self.accept_records(records_from_body(body, content_type), body, producer, started=started)
 
     def accept_records(
-        self, records: pa.Table, body: bytes, producer: tuple[str, int] | None, *, started: float | None = None
+        self,
+        records: pa.Table,
+        body: bytes,
+        producer: tuple[str, int] | None,
+        *,
+        started: float | None = None,
+        retried_by: str | None = None,
     ) -> Accepted:
         """Buffer LOG_RECORD rows decoded from ``body`` (any protocol) for appending; see :meth:`accept`.
 
         ``body`` is only digested, to tell a retry from a reused sequence.
         ``started``: when the work on the request began (``time.monotonic()``), default now.
+        ``retried_by``: for a protocol whose senders retry whole bodies without a sequence (remote-write), the
+        token name: a body that token sent before, whose rows are buffered or were appended within
+        ``gateway_request_window_seconds``, is a retry and not appended again
+        (:meth:`~metrics_lake.core.log.producer.Producer.send`'s ``request_key``: the token name and the body's
+        digest), also after this gateway's predecessor was killed between its append and its answer.
         """
         started = time.monotonic() if started is None else started
         source = Source(producer[0], producer[1], body_digest(body)) if producer else None
-        sent = self.producer.send(records, source=source)
+        request_key = None
+        if retried_by is not None and source is None:
+            request_key = request_digest(retried_by, body)
+        sent = self.producer.send(records, source=source, request_key=request_key)
         return Accepted(records, sent, started)
 
     def settle(self, accepted: Accepted) -> Outcome:

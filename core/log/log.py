@@ -258,6 +258,7 @@ class PartitionWriter:
         producer_seq: int | None = None,
         sources: dict[str, int] | None = None,
         digests: dict[str, str] | None = None,
+        requests: list[str] | None = None,
     ) -> AppendResult:
         """Append ``records`` (:data:`metrics_lake.lake_schemas.log_records.LOG_RECORD`, or for the keyed inventory
         topic :data:`~metrics_lake.lake_schemas.log_records.INVENTORY_RECORD`, whose ``offset`` column this
@@ -268,7 +269,10 @@ class PartitionWriter:
         is written and the original offsets are returned with
         ``duplicate=True``. ``sources`` (producer id -> sequence) records
         the upstream producers (agents) whose batches are in ``records``,
-        ``digests`` (producer id -> digest) their bodies' digests.
+        ``digests`` (producer id -> digest) their bodies' digests;
+        ``requests`` the request keys of the requests ``records`` hold, kept
+        in the segment's footer at its append time
+        (:func:`~metrics_lake.core.log.segment.read_segment_requests`).
 
         Raises :class:`~metrics_lake.lake_schemas.errors.FencedError` if another writer took
         the lease, ``ValueError`` for empty or mis-shaped records, and the
@@ -292,13 +296,15 @@ class PartitionWriter:
         if "offset" in records.schema.names:  # a keyed topic's records carry their offsets
             offsets = pa.array(np.arange(base, base + records.num_rows, dtype=np.int64))
             records = records.set_column(records.schema.get_field_index("offset"), "offset", offsets)
+        appended_at = int(time.time() * 1000)
         data, info = encode_segment(
             records,
             base_offset=base,
-            appended_at=int(time.time() * 1000),
+            appended_at=appended_at,
             epoch=self.epoch,
             producers=producers,
             digests=digests,
+            requests={appended_at: list(requests)} if requests else None,
         )
         key = keys.partition_key(self.topic, self.partition, segment_name(base))
         try:

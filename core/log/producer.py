@@ -40,8 +40,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metrics_lake.core.config import LakeSettings
+from metrics_lake.core.keys import partition_key
 from metrics_lake.core.log.index import PartitionIndex
 from metrics_lake.core.log.log import AppendResult, PartitionWriter, SegmentLog
+from metrics_lake.core.log.segment import read_segment_requests
 from metrics_lake.core.storage import Store, open_store
 from metrics_lake.lake_schemas.contract import to_log_records
 from metrics_lake.lake_schemas.errors import FencedError, InputError, SequenceConflictError, StorageError
@@ -179,6 +181,7 @@ class _Batch:
     first_at: float = 0.0
     sources: dict[str, int] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
+    requests: set[str] = field(default_factory=set)
     done: Future = field(default_factory=Future)
     seq: int = 0
 
@@ -208,6 +211,11 @@ class Producer:
     group commit waits only while more commits are coming (MySQL's
     ``binlog_group_commit_sync_no_delay_count``). A flush under way still
     delays a partition's next flush.
+
+    ``request_window_ms``: how long the request keys of :meth:`send` are
+    remembered after their records were appended (0, the default: only
+    while they are buffered or being flushed; nothing is read back when a
+    lease is taken).
     """
 
     def __init__(
@@ -225,6 +233,7 @@ class Producer:
         lease_wait_s: float = 60.0,
         on_append: Callable[[int, AppendResult, float], None] | None = None,
         flush_when_idle: bool = False,
+        request_window_ms: int = 0,
     ) -> None:
         self.log = log
         self.topic = topic
@@ -244,6 +253,9 @@ class Producer:
         self.stats = ProducerStats()
         self._seq = [0] * self.partitions
         self._history: OrderedDict[str, OrderedDict[int, str | None]] = OrderedDict()
+        self.request_window_ms = request_window_ms
+        # Per partition, the request keys whose records are in the log: key -> append time (epoch ms), oldest first.
+        self._requests: list[OrderedDict[str, int]] = [OrderedDict() for _ in range(self.partitions)]
         self._buffers = [_Batch() for _ in range(self.partitions)]
         # A flush that failed keeps its records *and* sequence number here and
         # is retried before anything newer, so a half-done append (segment
@@ -275,10 +287,32 @@ class Producer:
             with self._lease_lock:
                 for p in self.owned:
                     if p <= partition and self._writers[p] is None:
-                        self._writers[p] = self.log.writer(
+                        writer = self.log.writer(
                             self.topic, p, self.producer_id, ttl_ms=self.lease_ttl_ms, wait_s=self.lease_wait_s
                         )
+                        self._load_requests(p, writer.index)
+                        self._writers[p] = writer
         return self._writers[partition]
+
+    def _load_requests(self, partition: int, index: PartitionIndex) -> None:
+        """Remember the request keys of ``partition``'s segments appended within the request window (by any writer:
+        a predecessor killed before it answered). Reads the newest segments' footers, newest first, until one is
+        older than the window."""
+        if self.request_window_ms <= 0:
+            return
+        horizon = int(time.time() * 1000) - self.request_window_ms
+        found: list[tuple[int, str]] = []
+        for info in reversed(index.segments):
+            if max([info.appended_at] + [at for _, at in info.parts]) < horizon:
+                break
+            with self.log.store.open_arrow(partition_key(self.topic, partition, info.name)) as source:
+                found += [
+                    (at, key) for at, batch in read_segment_requests(source).items() if at >= horizon for key in batch
+                ]
+        with self._lock:
+            known = self._requests[partition]
+            for at, key in sorted(found):
+                known.setdefault(key, at)
 
     def flush_lock(self, partition: int) -> threading.Lock:
         """The lock every flush of ``partition`` holds: held by another thread, no append of this producer runs
@@ -314,7 +348,9 @@ class Producer:
             records = records.cast(LOG_RECORD)
         return group_by_partition(records, self.route(records), order)
 
-    def send(self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None) -> Sent:
+    def send(
+        self, records: pa.Table | dict[int, pa.Table], *, source: Source | None = None, request_key: str | None = None
+    ) -> Sent:
         """Buffer :data:`LOG_RECORD` rows (a table, or one :meth:`split` made); may flush full partitions first.
 
         Returns :class:`Sent`, with one future per partition written,
@@ -331,6 +367,17 @@ class Producer:
         ``source.strict``) older than the last recorded and no longer
         checkable, raises :class:`SequenceConflictError` and nothing of
         ``records`` is buffered.
+
+        ``request_key`` names a request that has no producer sequence (a
+        Prometheus remote-write body: its digest). Per partition, rows of a
+        request whose key is buffered, or was appended within
+        ``request_window_ms``, are not buffered again; the future is that
+        earlier copy's. The keys go into each segment's footer
+        (:func:`~metrics_lake.core.log.segment.read_segment_requests`), and a
+        producer that takes a partition's lease reads those of the window
+        back, so a retry after the previous writer was killed between its
+        append and its answer is recognised too (once this producer holds the
+        lease: :meth:`acquire`).
         """
         parts = records if isinstance(records, dict) else self.split(records) if records.num_rows else {}
         if not parts:
@@ -346,6 +393,8 @@ class Producer:
             if source:
                 self._check_source(source, indexes)
             waits = {p: self._earlier_copy(p, source, indexes.get(p)) for p in parts} if source else {}
+            if request_key is not None:
+                waits |= {p: copy for p in parts if (copy := self._request_copy(p, request_key)) is not None}
             for p, part in parts.items():
                 if waits.get(p) is not None:
                     futures.append(waits[p])
@@ -362,6 +411,8 @@ class Producer:
                     self._wake.set()
                 buffer.tables.append(part)
                 buffer.nbytes += part.nbytes
+                if request_key is not None:
+                    buffer.requests.add(request_key)
                 if source:
                     buffer.sources[source.producer_id] = source.seq
                     if source.digest is not None:
@@ -429,6 +480,17 @@ class Producer:
             if batch is not None and source.producer_id in batch.sources:
                 return batch.done
         return _resolved(AppendResult(0, 0, duplicate=True))
+
+    def _request_copy(self, partition: int, key: str) -> Future | None:
+        """``None`` if request ``key`` has no rows in ``partition`` yet, else a future for the copy already there
+        (buffered, being flushed, or appended within the window). Call under ``self._lock``."""
+        for batch in (self._buffers[partition], self._pending[partition]):
+            if batch is not None and key in batch.requests:
+                return batch.done
+        appended = self._requests[partition].get(key)
+        if appended is not None and appended >= time.time() * 1000 - self.request_window_ms:
+            return _resolved(AppendResult(0, 0, duplicate=True))
+        return None
 
     def _remember(self, source: Source) -> None:
         """Record ``source``'s digest in the bounded in-memory history (call under ``self._lock``)."""
@@ -537,6 +599,7 @@ class Producer:
                     producer_seq=batch.seq,
                     sources=batch.sources,
                     digests=batch.digests,
+                    requests=sorted(batch.requests),
                 )
                 break
             except (OSError, FencedError) as exc:
@@ -550,12 +613,25 @@ class Producer:
                 self.stats.retries += 1
                 time.sleep(min(0.05 * 2**attempt, 2.0))
         with self._lock:
-            self._pending[partition] = None
+            self._pending[partition] = None  # its request keys move to the appended ones in the same step
+            self._remember_requests(partition, batch.requests)
             self.stats.segments += 1
             self.stats.segment_bytes += result.size_bytes
         if self.on_append is not None:
             self.on_append(partition, result, time.monotonic() - started)
         batch.done.set_result(result)
+
+    def _remember_requests(self, partition: int, appended: set[str]) -> None:
+        """Remember the request keys of an append, forgetting those older than the window (call under the lock)."""
+        if self.request_window_ms <= 0:
+            return
+        now = int(time.time() * 1000)
+        known = self._requests[partition]
+        for key in appended:
+            known[key] = now
+            known.move_to_end(key)
+        while known and next(iter(known.values())) < now - self.request_window_ms:
+            known.popitem(last=False)
 
     def _flush_aged_loop(self) -> None:
         # Sleep until the next batch is exactly linger_ms old (send() wakes the loop when a batch starts), and

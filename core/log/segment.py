@@ -9,7 +9,11 @@ offset instead, since its log compaction removes superseded records
 (:mod:`metrics_lake.core.log.keyed_compaction`).
 Its Parquet key-value metadata repeats what the partition index says about it
 (base offset, event-time range, writer epoch, producer sequences, append
-time), so the index can always be rebuilt from the segments alone.
+time), so the index can always be rebuilt from the segments alone. It may
+also hold the *request keys* of the requests whose records it holds
+(``lake.requests``: append time -> keys), which only a writer taking the
+partition over reads (:meth:`metrics_lake.core.log.producer.Producer.send`'s
+``request_key``), so the index, rewritten at every append, does not carry them.
 
 Format choice (``bench/segment_format.py``, 49,800 simulator events, one core):
 Parquet+zstd with the lake's column layout
@@ -39,6 +43,7 @@ from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, LOG_RECORD, 
 SEGMENT_SUFFIX = ".parquet"
 OFFSET_DIGITS = 20  # enough for any int64 offset, so names sort numerically
 _META_KEY = b"lake.segment"
+_REQUESTS_KEY = b"lake.requests"
 #: The schemas :func:`encode_segment` takes.
 _WRITABLE = (*RECORD_SCHEMAS, CODED_LOG_RECORD)
 
@@ -146,13 +151,16 @@ def encode_segment(
     object_name: str | None = None,
     parts: list[list[int]] | None = None,
     end_offset: int | None = None,
+    requests: dict[int, list[str]] | None = None,
 ) -> tuple[bytes, SegmentInfo]:
     """Serialise ``records`` (rows of one of :data:`RECORD_SCHEMAS`, or of :data:`CODED_LOG_RECORD`) as a segment.
 
     ``object_name`` and ``parts`` are for compacted segments (see
     :class:`SegmentInfo`); ``end_offset`` for a key-compacted one, whose
     records (carrying their ``offset``) no longer fill its offset range
-    (default: ``base_offset`` plus the record count). Returns the bytes and
+    (default: ``base_offset`` plus the record count). ``requests``: the
+    request keys of the records, by append time (epoch ms), kept in the
+    footer for :func:`read_segment_requests`. Returns the bytes and
     the :class:`SegmentInfo` for the index. Raises ``ValueError`` if
     ``records`` is empty or matches none of the schemas.
     """
@@ -191,6 +199,8 @@ def encode_segment(
     with pq.ParquetWriter(sink, records.schema, store_schema=not coded, **options) as writer:
         writer.write_table(records)
         writer.add_key_value_metadata({_META_KEY: json.dumps(info.to_json()).encode()})
+        if requests := {at: keys for at, keys in (requests or {}).items() if keys}:
+            writer.add_key_value_metadata({_REQUESTS_KEY: json.dumps(requests).encode()})
     data = sink.getvalue()
     return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)})
 
@@ -205,6 +215,16 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
         raise IntegrityError("not a lake segment: its Parquet footer lacks the lake.segment metadata")
     fields = json.loads(metadata[_META_KEY])
     return SegmentInfo.from_json({**fields, "size_bytes": size_bytes})
+
+
+def read_segment_requests(source) -> dict[int, list[str]]:
+    """The request keys a segment's footer holds, by append time (epoch ms); ``{}`` if none (module docstring).
+
+    ``source``: a file-like object or Arrow file (only the footer is read). Raises what
+    ``pyarrow.parquet.read_metadata`` raises for a file that is not Parquet.
+    """
+    stored = (pq.read_metadata(source).metadata or {}).get(_REQUESTS_KEY)
+    return {int(at): list(keys) for at, keys in json.loads(stored).items()} if stored else {}
 
 
 def decode_segment(source, schema: pa.Schema = LOG_RECORD) -> pa.Table:

@@ -45,6 +45,7 @@ from metrics_lake.core.log.segment import (
     decode_segment,
     encode_segment,
     read_segment_info,
+    read_segment_requests,
 )
 from metrics_lake.core.storage import ObjectExistsError, VersionConflictError
 from metrics_lake.lake_schemas.errors import ConflictError, IntegrityError
@@ -92,9 +93,11 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
     exactly their offsets' records, :class:`~metrics_lake.lake_schemas.errors.ConflictError` if
     another compaction wrote a different object under the merged name.
     """
-    tables = []
+    tables, requests = [], {}
     for info in run:
         with log_.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
+            for at, request_keys in read_segment_requests(source).items():  # a new writer's retry checks read them
+                requests.setdefault(at, []).extend(request_keys)
             tables.append(decode_segment(source))
     records = pa.concat_tables(tables)
     base, end = run[0].base_offset, run[-1].end_offset
@@ -103,16 +106,23 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
             f"{keys.partition_prefix(topic, partition)}: segments [{base}, {end}) hold {records.num_rows} records, "
             f"not {end - base}; nothing was compacted"
         )
-    return write_run_segment(log_, topic, partition, run, records, compacted_segment_name(base, end))
+    return write_run_segment(log_, topic, partition, run, records, compacted_segment_name(base, end), requests)
 
 
 def write_run_segment(
-    log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo], records: pa.Table, name: str
+    log_: SegmentLog,
+    topic: str,
+    partition: int,
+    run: list[SegmentInfo],
+    records: pa.Table,
+    name: str,
+    requests: dict[int, list[str]] | None = None,
 ) -> SegmentInfo:
     """Write ``records`` as the one segment object ``name`` replacing ``run`` (offsets ``[run's base, run's
-    end)``; its producers' sequences, digests and append parts merged, its newest append time and epoch); returns
-    its info. A leftover object of that name from a compaction that crashed before its index swap is reused if
-    it covers the same range and parts, else :class:`~metrics_lake.lake_schemas.errors.ConflictError`.
+    end)``; its producers' sequences, digests and append parts merged, its newest append time and epoch, and
+    ``requests``, the run's request keys by append time); returns its info. A leftover object of that name from
+    a compaction that crashed before its index swap is reused if it covers the same range and parts, else
+    :class:`~metrics_lake.lake_schemas.errors.ConflictError`.
     """
     base, end = run[0].base_offset, run[-1].end_offset
     producers: dict[str, int] = {}
@@ -131,6 +141,7 @@ def write_run_segment(
         digests=digests,
         object_name=name,
         parts=parts,
+        requests=requests,
     )
     key = keys.partition_key(topic, partition, name)
     try:

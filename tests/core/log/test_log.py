@@ -17,6 +17,7 @@ from metrics_lake.core.log.index import PartitionIndex
 from metrics_lake.core.log.log import PartitionWriter, SegmentLog
 from metrics_lake.core.log.producer import Producer, assign_partitions, partition_for
 from metrics_lake.core.log.segment import decode_segment, encode_segment, parse_segment_name, segment_name
+from metrics_lake.core.log.segment_compaction import compact_partition
 from metrics_lake.core.storage import LocalStore, ObjectExistsError
 from metrics_lake.lake_schemas.errors import TopicNotFoundError
 from metrics_lake.lake_schemas.log_records import CODED_LOG_RECORD, DICTIONARY_STRING, LOG_RECORD
@@ -311,6 +312,47 @@ def test_the_adaptive_group_commit_flushes_once_no_request_is_incoming_and_waits
         assert log.index("m", 0).next_offset == 10
     finally:
         producer.close()
+
+
+def test_a_request_key_is_appended_once_per_partition_across_producers_and_compaction(log):
+    """A request retried whole (same key): not buffered again while its first copy is buffered, nor once appended
+    within the window; a producer taking the partitions over reads the keys back from the segments' footers, also
+    after log compaction merged them; past the window (or with none) the body is appended again."""
+    body = pa.concat_tables([records(3, server=f"web-{i:02d}") for i in range(8)])  # rows in both partitions
+    lone = records(2, server="web-00")
+
+    def producer(window_ms: int) -> Producer:
+        made = Producer(log, "rw", partitions=2, linger_ms=60_000, request_window_ms=window_ms)
+        made.acquire()
+        return made
+
+    first = producer(60_000)
+    sent = first.send(body, request_key="k1")
+    retry = first.send(body, request_key="k1")  # still buffered: waits for the same flush
+    assert (sent.records, retry.records, retry.duplicates) == (24, 0, 24) and retry.futures == sent.futures
+    first.flush()
+    assert first.send(body, request_key="k1").duplicates == 24  # appended: remembered
+    first.send(lone, request_key="k2")
+    first.close()
+    assert sum(end_offsets(log, "rw").values()) == 26
+    merged = [compact_partition(log, "rw", p, delete_delay_ms=0) for p in range(2)]
+    assert sum(m.segments_before - m.segments_after for m in merged) >= 1  # k1's and k2's segments are one now
+
+    second = producer(60_000)  # as a gateway restarted after its predecessor was killed
+    assert second.send(body, request_key="k1").duplicates == 24
+    assert second.send(lone, request_key="k2").duplicates == 2
+    assert second.send(lone, request_key="k3").records == 2  # a new request
+    second.close()
+    assert sum(end_offsets(log, "rw").values()) == 28
+
+    time.sleep(0.01)
+    for window_ms in (1, 0):  # older than the window, or no window: appended again
+        again = producer(window_ms)
+        assert again.send(lone, request_key="k3").records == 2
+        again.close()
+    assert sum(end_offsets(log, "rw").values()) == 32
+    rows = [read_range(log, "rw", p, 0, end) for p, end in end_offsets(log, "rw").items()]
+    assert sum(table.num_rows for table in rows) == 32
 
 
 def test_without_the_adaptive_group_commit_incoming_requests_change_nothing(log):
