@@ -7,7 +7,6 @@ import base64
 import hashlib
 import json
 import random
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -415,16 +414,14 @@ def test_a_failing_address_is_throttled(start_gateway, pki, tokens):
 def test_prometheus_remote_write_sends_its_authorization_over_tls(start_gateway, tmp_path, pki, tokens):
     """Debian's Prometheus, scraping itself, remote-writes through two queues: the right token lands its samples,
     a wrong one (its samples labelled via="wrong") gets 401s and lands nothing."""
-    from tests.app.test_protocol_clients import PROMETHEUS, wait_http
+    from tests.app.test_protocol_clients import PROMETHEUS, running_prometheus
     from tests.helpers import free_port_pair
 
     assert PROMETHEUS, "prometheus is needed (.ci/run installs it)"
     url, gateway = start_gateway(tls=TlsFiles.of(*pki["server"]))
     port, _ = free_port_pair()
     queue = "queue_config: {batch_send_deadline: 1s, max_samples_per_send: 2000, min_backoff: 100ms, max_backoff: 1s}"
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"""
+    config = f"""
 global: {{scrape_interval: 1s}}
 scrape_configs:
   - job_name: self
@@ -440,28 +437,12 @@ remote_write:
     write_relabel_configs: [{{target_label: via, replacement: wrong}}]
     {queue}
 """
-    )
-    with (tmp_path / "prometheus.log").open("w") as log:
-        prometheus = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_http(f"http://127.0.0.1:{port}/-/ready")
-            deadline = time.monotonic() + 60
-            while not any(r["server"] == f"127.0.0.1:{port}" for r in stored(tmp_path)):
-                assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
-                time.sleep(1)
-            time.sleep(3)  # a few more sends of both queues
-        finally:
-            prometheus.terminate()
-            prometheus.wait(60)
+    with running_prometheus(config, tmp_path, port):
+        deadline = time.monotonic() + 60
+        while not any(r["server"] == f"127.0.0.1:{port}" for r in stored(tmp_path)):
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(1)
+        time.sleep(3)  # a few more sends of both queues
     rows = stored(tmp_path)
     assert len(rows) > 100 and {r["reason"].split(":")[0] for r in rows if r["reason"]} <= {"non_finite_value"}
     assert not [r for r in rows if ("via", "wrong") in (r["tags"] or [])]
@@ -502,19 +483,24 @@ def test_prometheus_retries_the_429s_of_a_full_gateway_buffer_and_every_sample_l
     own TSDB for the compared range exactly once (a 429 stores nothing, so a retry cannot duplicate)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tests.app.test_protocol_clients import NODE_EXPORTER, PROMETHEUS, ms, wait_http
+    from tests.app.test_protocol_clients import (
+        NODE_EXPORTER,
+        PROMETHEUS,
+        node_samples,
+        running_prometheus,
+        stored_node_samples,
+    )
     from tests.helpers import free_port_pair
 
     assert PROMETHEUS and NODE_EXPORTER, "prometheus and prometheus-node-exporter are needed (.ci/run installs them)"
     url, _ = start_gateway(tls=TlsFiles.of(*pki["server"]), gateway_buffer_bytes=1024)
     exporter_port, prometheus_port = free_port_pair()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"""
+    instance = f"127.0.0.1:{exporter_port}"
+    config = f"""
 global: {{scrape_interval: 1s}}
 scrape_configs:
   - job_name: node
-    static_configs: [{{targets: ["127.0.0.1:{exporter_port}"]}}]
+    static_configs: [{{targets: ["{instance}"]}}]
 remote_write:
   - url: {url}/api/v1/write
     authorization: {{credentials: "{tokens["write"]}"}}
@@ -522,64 +508,17 @@ remote_write:
     queue_config: {{min_shards: 8, max_shards: 8, max_samples_per_send: 50, batch_send_deadline: 1s,
                     min_backoff: 50ms, max_backoff: 1s, retry_on_http_429: true}}
 """
-    )
-    instance = f"127.0.0.1:{exporter_port}"
-    api = f"http://127.0.0.1:{prometheus_port}/api/v1"
-    with (tmp_path / "exporter.log").open("w") as exporter_log, (tmp_path / "prometheus.log").open("w") as log:
-        exporter = subprocess.Popen(
-            [NODE_EXPORTER, f"--web.listen-address={instance}"], stdout=exporter_log, stderr=subprocess.STDOUT
-        )
-        prometheus = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{prometheus_port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_http(f"http://{instance}/metrics")
-            wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready")
-            time.sleep(20)
-            end, window = time.time() - 2, 15
-            answer = requests.get(
-                f"{api}/query", params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": end}, timeout=30
-            )
-            answer.raise_for_status()
-            expected = {}
-            for series in answer.json()["data"]["result"]:
-                labels = dict(series["metric"])
-                name = labels.pop("__name__")
-                finite = [(round(float(t) * 1000), float(v)) for t, v in series["values"] if v.lower() != "nan"]
-                if finite:
-                    expected[(name, tuple(sorted(labels.items())))] = finite
-            lo_ms, hi_ms = int((end - window) * 1000), int(end * 1000)
-
-            def landed() -> dict:
-                points = {}
-                for row in stored(tmp_path):
-                    if row["server"] == instance and row["reason"] is None and lo_ms < ms(row["ts"]) <= hi_ms:
-                        tags = dict(row["tags"] or [])
-                        name = tags.pop("original_name", row["metric"])
-                        if name.startswith("node_"):
-                            points.setdefault((name, tuple(sorted(tags.items()))), []).append(
-                                (ms(row["ts"]), row["value"])
-                            )
-                return points
-
-            deadline = time.monotonic() + 90  # retried batches may trail the scrapes by the backoffs
-            while sum(map(len, (found := landed()).values())) < sum(map(len, expected.values())):
-                assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
-                time.sleep(1)
-        finally:
-            prometheus.terminate()
-            exporter.terminate()
-            prometheus.wait(60)
-            exporter.wait(30)
+    with running_prometheus(config, tmp_path, prometheus_port, exporter_port):
+        time.sleep(20)
+        end, window = time.time() - 2, 15
+        expected, _ = node_samples(prometheus_port, end, window)
+        lo_ms, hi_ms = int((end - window) * 1000), int(end * 1000)
+        wanted, deadline = sum(map(len, expected.values())), time.monotonic() + 90  # retries trail by the backoffs
+        while sum(map(len, (found := stored_node_samples(stored(tmp_path), instance, lo_ms, hi_ms)).values())) < wanted:
+            assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
+            time.sleep(1)
     assert len(expected) > 100
-    assert {key: sorted(points) for key, points in found.items()} == expected  # each sample once: no retry doubled
+    assert found == expected  # each sample once: no retry doubled one
     metrics = requests.get(f"{url}/metrics", headers=bearer(tokens["read"]), verify=pki["ca"], timeout=10).text
     codes = {
         sample.labels["code"]: sample.value

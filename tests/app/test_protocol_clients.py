@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import random
@@ -274,6 +275,76 @@ def wait_http(url: str, timeout: float = 60) -> None:
     raise AssertionError(f"{url} did not answer within {timeout} s")
 
 
+@contextlib.contextmanager
+def running_prometheus(config: str, tmp_path, port: int, exporter_port: int | None = None):
+    """Debian's Prometheus with the YAML ``config`` on ``127.0.0.1:port`` (and node_exporter on ``exporter_port``),
+    ready when entered; both are stopped on exit. Logs: ``prometheus.log`` and ``exporter.log`` in ``tmp_path``."""
+    (tmp_path / "prometheus.yml").write_text(config)
+    with contextlib.ExitStack() as stack:
+        processes = []
+        if exporter_port is not None:
+            exporter_log = stack.enter_context((tmp_path / "exporter.log").open("w"))
+            processes.append(
+                subprocess.Popen(
+                    [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{exporter_port}"],
+                    stdout=exporter_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        log = stack.enter_context((tmp_path / "prometheus.log").open("w"))
+        command = [
+            PROMETHEUS,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ]
+        processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT))
+        try:
+            if exporter_port is not None:
+                wait_http(f"http://127.0.0.1:{exporter_port}/metrics")
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            yield
+        finally:
+            for process in reversed(processes):
+                process.terminate()
+            for process in reversed(processes):
+                process.wait(60)
+
+
+def node_samples(prometheus_port: int, end: float, window: int) -> tuple[dict, int]:
+    """Every raw sample of every ``node_*`` series in ``(end - window, end]`` from Prometheus's HTTP API:
+    ``{(name, sorted label pairs without __name__): [(ts ms, value)]}`` without NaNs, and the NaN samples left out."""
+    answer = requests.get(
+        f"http://127.0.0.1:{prometheus_port}/api/v1/query",
+        params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": end},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    expected, nan_samples = {}, 0
+    for series in answer.json()["data"]["result"]:
+        labels = dict(series["metric"])
+        name = labels.pop("__name__")
+        samples = [(round(float(t) * 1000), float(v)) for t, v in series["values"]]
+        nan_samples += sum(math.isnan(v) for _, v in samples)
+        finite = [(t, v) for t, v in samples if not math.isnan(v)]
+        if finite:
+            expected[(name, tuple(sorted(labels.items())))] = finite
+    return expected, nan_samples
+
+
+def stored_node_samples(rows: list[dict], instance: str, lo_ms: int, hi_ms: int) -> dict:
+    """The valid ``node_*`` samples of ``instance`` in ``(lo_ms, hi_ms]`` among log or bronze ``rows``, keyed and
+    sorted as :func:`node_samples` keys Prometheus's (the original name, labels without ``original_name``)."""
+    stored = defaultdict(list)
+    for row in rows:
+        if row["server"] == instance and row.get("reason") is None and lo_ms < ms(row["ts"]) <= hi_ms:
+            tags = dict(row["tags"] or [])
+            name = tags.pop("original_name", row["metric"])
+            if name.startswith("node_"):  # node_exporter's go_*, process_* and promhttp_* are not in the reference
+                stored[(name, tuple(sorted(tags.items())))].append((ms(row["ts"]), row["value"]))
+    return {key: sorted(points) for key, points in stored.items()}
+
+
 @pytest.mark.slow
 def test_prometheus_remote_write_lands_node_exporter_series_matching_prometheus_own_api(
     spark, settings, store, start_gateway, tmp_path
@@ -281,9 +352,7 @@ def test_prometheus_remote_write_lands_node_exporter_series_matching_prometheus_
     assert PROMETHEUS and NODE_EXPORTER, "prometheus and prometheus-node-exporter are needed (.ci/run installs them)"
     url, _ = start_gateway()
     exporter_port, prometheus_port = free_port_pair()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        f"""
+    config = f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: node
@@ -292,68 +361,25 @@ remote_write:
   - url: {url}/api/v1/write
     queue_config: {{batch_send_deadline: 1s, max_samples_per_send: 2000}}
 """
-    )
-    logs = (tmp_path / "exporter.log").open("w"), (tmp_path / "prometheus.log").open("w")
-    exporter = subprocess.Popen(
-        [NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{exporter_port}"], stdout=logs[0], stderr=subprocess.STDOUT
-    )
-    prometheus = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}",
-        ],
-        stdout=logs[1],
-        stderr=subprocess.STDOUT,
-    )
-    api = f"http://127.0.0.1:{prometheus_port}/api/v1"
-    try:
-        wait_http(f"http://127.0.0.1:{exporter_port}/metrics")
-        wait_http(f"http://127.0.0.1:{prometheus_port}/-/ready")
+    with running_prometheus(config, tmp_path, prometheus_port, exporter_port):
         time.sleep(SCRAPE_SECONDS)
         end = time.time() - 10  # samples up to here were remote-written (1 s send deadline) well before we stop
         window = SCRAPE_SECONDS - 15
         # The reference: every raw sample of every node_* series in (end - window, end], from Prometheus's HTTP API.
-        answer = requests.get(
-            f"{api}/query", params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": end}, timeout=30
-        )
-        answer.raise_for_status()
-        reference = answer.json()["data"]["result"]
+        expected, nan_samples = node_samples(prometheus_port, end, window)
         # query_range agrees on the series (one step per scrape): the same names come back.
         ranged = requests.get(
-            f"{api}/query_range", params={"query": "node_load1", "start": end - window, "end": end, "step": 1}
+            f"http://127.0.0.1:{prometheus_port}/api/v1/query_range",
+            params={"query": "node_load1", "start": end - window, "end": end, "step": 1},
         )
         assert ranged.json()["data"]["result"][0]["metric"]["instance"] == f"127.0.0.1:{exporter_port}"
-    finally:
-        prometheus.terminate()
-        exporter.terminate()
-        prometheus.wait(60)
-        exporter.wait(30)
 
     run_stream(spark, settings, once=True)
 
     instance = f"127.0.0.1:{exporter_port}"
-    lo_ms, hi_ms = int((end - window) * 1000), int(end * 1000)
-    stored = defaultdict(list)
-    for row in bronze(store):
-        if lo_ms < ms(row["ts"]) <= hi_ms and row["server"] == instance:
-            tags = dict(row["tags"] or [])
-            name = tags.pop("original_name", row["metric"])
-            if not name.startswith("node_"):
-                continue  # node_exporter's go_*, process_* and promhttp_* series: not in the reference query
-            stored[(name, tuple(sorted(tags.items())))].append((ms(row["ts"]), row["value"]))
-    expected, nan_samples = {}, 0
-    for series in reference:
-        labels = dict(series["metric"])
-        name = labels.pop("__name__")
-        samples = [(round(float(t) * 1000), float(v)) for t, v in series["values"]]
-        nan_samples += sum(math.isnan(v) for _, v in samples)
-        finite = [(t, v) for t, v in samples if not math.isnan(v)]
-        if finite:
-            expected[(name, tuple(sorted(labels.items())))] = finite
+    stored = stored_node_samples(bronze(store), instance, int((end - window) * 1000), int(end * 1000))
     assert len(expected) > 100  # node_exporter exposes hundreds of node_* series
     assert sum(len(v) for v in expected.values()) >= len(expected) * (window - 3)  # about one sample a second
-    assert {key: sorted(points) for key, points in stored.items()} == expected
+    assert stored == expected
     nans = [r for r in quarantine(store) if r["reason"].startswith("non_finite_value") and instance in r["raw"]]
     assert len(nans) >= nan_samples  # NaN samples are quarantined (more may fall outside the compared range)
