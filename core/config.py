@@ -184,9 +184,10 @@ class LakeSettings(BaseSettings):
     delta_log_retention_hours: int = Field(
         6,
         ge=1,
-        description="The tables `lake stream` writes every batch keep their Delta log this long: time travel on "
-        "them reaches back this far (at most LAKE_VACUUM_RETENTION_HOURS). Each batch adds an entry, and every open "
-        "of a table on a local lake lists them all: at a 1 s trigger keep it to a few hours.",
+        description="The tables `lake stream` writes every batch keep their Delta log, and the tombstones of the "
+        "files they removed, this long: time travel on them reaches back this far (at most "
+        "LAKE_VACUUM_RETENTION_HOURS). Each batch adds an entry, every open of a table on a local lake lists them "
+        "all, and every checkpoint repeats the tombstones: at a 1 s trigger keep it to a few hours.",
     )
     compaction_interval_seconds: float = Field(
         30.0,

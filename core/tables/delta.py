@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # importing pyarrow.dataset imports pandas (pyarrow 26): 0.2 
 
 __all__ = [
     "LOG_RETENTION",
+    "TOMBSTONE_RETENTION",
     "TABLE_PROPERTIES",
     "TableSummary",
     "LatestTables",
@@ -63,6 +64,9 @@ __all__ = [
 TABLE_PROPERTIES = {"delta.checkpointInterval": "10", "delta.enableExpiredLogCleanup": "false"}
 #: The Delta table property that says how long log entries (the versions time travel reaches) are kept.
 LOG_RETENTION = "delta.logRetentionDuration"
+#: The Delta table property that says how long a removed file's tombstone (its ``remove`` action) stays in the
+#: checkpoints (Delta's default: 7 days).
+TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
 
 
 def table_uri(store: Store, name: str) -> str:

@@ -8,7 +8,9 @@ import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError
 
 from metrics_lake.agents.simulator import FleetSimulator
@@ -136,9 +138,29 @@ def test_a_round_keeps_the_speed_tables_delta_log_for_its_retention_and_deletes_
 
     after = open_table(store, Table.LAST_SEEN)
     assert after.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+    assert after.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 2 hours"
     commits = sorted(int(p.name.split(".")[0]) for p in log_dir.glob("*.json"))
     # Entries before the newest checkpoint older than the retention (version 19's) are gone; from it on all stay.
     assert commits == list(range(19, after.version() + 1)) and after.version() == 24
     assert open_table(store, Table.LAST_SEEN, version=19).version() == 19  # the oldest version kept reads
     with pytest.raises(DeltaError, match="No files in log segment"):  # older versions are out of reach
         open_table(store, Table.LAST_SEEN, version=5)
+
+
+def test_checkpoints_leave_out_the_tombstones_older_than_the_tables_tombstone_retention(tmp_path):
+    """What keeps a compacted table's checkpoints from growing (:func:`log_retention_properties`): delta-rs writes
+    into a checkpoint only the tombstones younger than ``delta.deletedFileRetentionDuration``. Here 2 s: six files
+    removed, then after 3 s six more; the checkpoint holds the six recent tombstones, not twelve."""
+    uri = str(tmp_path / "table")
+    rows = pa.table({"value": [1.0, 2.0]})
+    write_deltalake(uri, rows, configuration={"delta.deletedFileRetentionDuration": "interval 2 seconds"})
+    for _ in range(6):
+        write_deltalake(uri, rows, mode="overwrite")  # each overwrite removes the file before it
+    time.sleep(3)
+    for _ in range(6):
+        write_deltalake(uri, rows, mode="overwrite")
+    table = DeltaTable(uri)
+    table.create_checkpoint()
+    checkpoint = tmp_path / "table" / "_delta_log" / f"{table.version():020d}.checkpoint.parquet"
+    removes = pq.read_table(checkpoint, columns=["remove"]).column("remove").drop_null()
+    assert len(removes) == 6
