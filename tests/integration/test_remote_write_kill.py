@@ -56,31 +56,39 @@ class Sender:
         self.start_ms = start_ms
         self.samples: list[tuple] = []
         self.outages = self.resent = 0
-        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.error: BaseException | None = None  # what stopped the thread early, for the test to report
+        self.thread = threading.Thread(target=self.run_recording_errors, daemon=True)
 
-    def post_until_acknowledged(self, body: bytes) -> bool:
-        """Send ``body`` until a 2xx; returns whether an attempt failed on the way (the gateway was down)."""
+    def post_until_acknowledged(self, body: bytes) -> None:
+        """Send ``body`` until a 2xx, counting an outage if an attempt failed on the way (the gateway was down)."""
         failed = False
         while True:
             try:
                 status = requests.post(self.url, data=body, headers=HEADERS, timeout=10).status_code
                 if status in (200, 204):
-                    return failed
+                    self.outages += failed
+                    return
                 assert status in (429, 503), status  # what Prometheus retries; anything else is a test failure
             except requests.RequestException:
                 pass
             failed = True
             time.sleep(0.05)
 
+    def run_recording_errors(self) -> None:
+        try:
+            self.run()
+        except BaseException as error:  # a thread's exception would otherwise only be printed
+            self.error = error
+
     def run(self) -> None:
         last = None
         for number in range(BODIES_PER_SENDER):
             body, samples = body_of(self.index, self.start_ms + number * 1000, self.rng)
-            if self.post_until_acknowledged(body):
-                self.outages += 1
-                if last is not None:  # the answer before the outage may be the one that was lost: send it again
-                    self.post_until_acknowledged(last)
-                    self.resent += 1
+            outages = self.outages
+            self.post_until_acknowledged(body)
+            if self.outages > outages and last is not None:  # the answer before the outage may be the lost one
+                self.post_until_acknowledged(last)
+                self.resent += 1
             self.samples += samples
             if self.rng.random() < 1 / 3:
                 self.post_until_acknowledged(body)
@@ -103,8 +111,8 @@ def test_a_sigkilled_gateway_lands_every_retried_remote_write_sample_once(spark,
         for sender in senders:
             sender.thread.start()
         for _ in range(2):
-            deadline = time.monotonic() + 60
-            while sum(len(s.samples) for s in senders) < 200 and time.monotonic() < deadline:
+            deadline, target = time.monotonic() + 60, sum(len(s.samples) for s in senders) + 200
+            while sum(len(s.samples) for s in senders) < target and time.monotonic() < deadline:  # mid-load
                 time.sleep(0.05)
             time.sleep(random.uniform(0.2, 0.6))
             gateway.kill()  # mid-load: some bodies are appended and not answered, others not appended
@@ -115,7 +123,8 @@ def test_a_sigkilled_gateway_lands_every_retried_remote_write_sample_once(spark,
             assert not sender.thread.is_alive()
     finally:
         gateway.stop()
-    assert all(sender.outages >= 1 for sender in senders)  # every sender lived through an outage
+    assert [sender.error for sender in senders] == [None] * SENDERS
+    assert [sender.outages >= 1 for sender in senders] == [True] * SENDERS  # every sender lived through an outage
     resent = sum(sender.resent for sender in senders)
     expected = collections.Counter(sample for sender in senders for sample in sender.samples)
     assert resent > SENDERS and max(expected.values()) == 1  # bodies were re-sent; each sample is one point
