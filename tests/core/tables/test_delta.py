@@ -115,6 +115,23 @@ def test_latest_tables_keep_one_table_open_and_bring_it_to_every_other_writers_c
     assert tables.latest(store, BRONZE).version() == open_table(store, BRONZE).version() == 13
 
 
+def test_a_kept_table_is_refreshed_only_when_another_commit_exists(any_store, monkeypatch) -> None:
+    """A refresh lists the whole Delta log on a local lake (docs/performance.md): when the next version's commit
+    does not exist, the kept table is current and is handed out as it is."""
+    tables = LatestTables()
+    kept = tables.latest(any_store, BRONZE)
+    refreshed_from, refresh = [], kept.update_incremental
+    monkeypatch.setattr(kept, "update_incremental", lambda: (refreshed_from.append(kept.version()), refresh())[1])
+
+    assert tables.latest(any_store, BRONZE) is kept and refreshed_from == []
+    _append(any_store, 1)
+    _append(any_store, 2)
+    assert tables.latest(any_store, BRONZE).version() == 2 and refreshed_from == [0]
+    assert tables.latest(any_store, BRONZE).version() == 2 and refreshed_from == [0]
+    _append(any_store, 3, kept)  # its own commit leaves the object at 2 (delta-rs): the next ask refreshes it
+    assert tables.latest(any_store, BRONZE).version() == 3 and refreshed_from == [0, 2]
+
+
 def test_a_kept_table_whose_update_fails_is_opened_again(store, monkeypatch) -> None:
     tables = LatestTables()
     broken = tables.latest(store, BRONZE)
