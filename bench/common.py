@@ -186,3 +186,22 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     for line in (header, *rows):
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+
+
+def run_batch_of_the_log(settings, store, open_windows, tables):
+    """One in-process micro-batch of everything ``settings``' topic holds past the tables' positions, as the stream's
+    driver runs it without Spark (:func:`metrics_lake.core.speed.micro_batch.run_batch_in_process`; ``open_windows``
+    and ``tables`` kept from one batch to the next); returns its ``BatchOutcome``."""
+    from metrics_lake.core.log.consumer import end_offsets
+    from metrics_lake.core.log.log import SegmentLog
+    from metrics_lake.core.speed.micro_batch import run_batch_in_process
+
+    return run_batch_in_process(
+        store,
+        settings.topic,
+        end_offsets(SegmentLog(store), settings.topic),
+        watermark_seconds=settings.watermark_seconds,
+        clock_skew_seconds=settings.quality_clock_skew_seconds,
+        open_windows=open_windows,
+        tables=tables,
+    )

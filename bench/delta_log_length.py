@@ -26,17 +26,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from common import print_table, scratch_dir
+from common import print_table, run_batch_of_the_log, scratch_dir
 from deltalake import DeltaTable
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.arrow_memory import use_system_allocator
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.consumer import end_offsets
-from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import producer_for
 from metrics_lake.core.maintenance.continuous_compaction import VACUUMED_TABLES
-from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.tables.delta import LatestTables, table_uri
 from metrics_lake.spark.jobs.stream_metrics import prepare_lake
@@ -72,15 +69,7 @@ def run(entries: int, servers: int, batches: int) -> list[float]:
             producer.send(events)
             producer.flush()
             started = time.perf_counter()
-            run_batch_in_process(
-                store,
-                settings.topic,
-                end_offsets(SegmentLog(store), settings.topic),
-                watermark_seconds=settings.watermark_seconds,
-                clock_skew_seconds=settings.quality_clock_skew_seconds,
-                open_windows=open_windows,
-                tables=tables,
-            )
+            run_batch_of_the_log(settings, store, open_windows, tables)
             seconds.append(time.perf_counter() - started)
     return seconds[WARM_UP:]
 

@@ -26,15 +26,12 @@ from concurrent.futures import ProcessPoolExecutor
 
 import psutil
 import pyarrow as pa
-from common import mib, print_table, scratch_dir
+from common import mib, print_table, run_batch_of_the_log, scratch_dir
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.arrow_memory import use_system_allocator
 from metrics_lake.core.config import load_settings
-from metrics_lake.core.log.consumer import end_offsets
-from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import producer_for
-from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.speed.open_windows import OpenWindows
 from metrics_lake.core.tables.delta import LatestTables
 from metrics_lake.spark.jobs.stream_metrics import compact, idle_alerts, prepare_lake
@@ -64,15 +61,7 @@ def run(batches: int, servers: int, compaction: bool, trace: bool) -> list[tuple
             for _, events in fleet.second_batches():
                 producer.send(events)
                 producer.flush()
-                run_batch_in_process(
-                    store,
-                    settings.topic,
-                    end_offsets(SegmentLog(store), settings.topic),
-                    watermark_seconds=settings.watermark_seconds,
-                    clock_skew_seconds=settings.quality_clock_skew_seconds,
-                    open_windows=open_windows,
-                    tables=tables,
-                )
+                run_batch_of_the_log(settings, store, open_windows, tables)
                 done += 1
                 if done % 5 == 0:
                     idle_alerts(settings, idle_tables, store)
