@@ -187,8 +187,8 @@ class LakeSettings(BaseSettings):
         description="The tables `lake stream` writes every batch keep their Delta log, and the tombstones of the "
         "files they removed, this long: time travel on them reaches back this far (at most "
         "LAKE_VACUUM_RETENTION_HOURS). Each batch adds an entry, and on a local lake every open, refresh and commit "
-        "of a table lists them all: a batch of 5,000 events took 1.26x as long with an hour of a 1 s trigger's "
-        "entries as with 10 minutes', 3.3x with 6 hours (docs/performance.md). On S3 a listing starts from a key: "
+        "of a table lists them all: a batch of 5,000 events took 1.16x as long with an hour of a 1 s trigger's "
+        "entries as with 10 minutes', 1.86x with 6 hours (docs/performance.md). On S3 a listing starts from a key: "
         "a longer retention costs little there.",
     )
     compaction_interval_seconds: float = Field(
