@@ -12,6 +12,7 @@ or ``s3://bucket/prefix``)::
                                                   inventory_pin_key: the inventory version the group joins
                                                   events with, from which offsets on
     tables/<name>/                                table_prefix: a Delta table (_delta_log/ and data files)
+    tables/<name>/_delta_log/<version>.json       table_commit_key: the Delta commit of one version
     tables/_leases/<name>.json                    table_lease_key: a table's maintenance lease
     quality/<path>                                quality_key: data docs and the trend plot
     registry/versions/<version>.json              config_version_key: stored queries and alert rules, one
@@ -73,6 +74,7 @@ __all__ = [
     "partition_prefix",
     "quality_key",
     "config_version_key",
+    "table_commit_key",
     "table_key",
     "table_lease_key",
     "table_prefix",
@@ -208,6 +210,12 @@ def table_prefix(name: str) -> str:
 def table_key(name: str, relative: str) -> str:
     """``tables/<name>/<relative>``: an object of a table (a data file, ``_delta_log``)."""
     return f"{table_prefix(name)}/{relative}"
+
+
+def table_commit_key(name: str, version: int) -> str:
+    """``tables/<name>/_delta_log/<version, 20 digits>.json``: the Delta commit that made ``version`` of a table
+    (the Delta protocol's name for a commit file)."""
+    return table_key(name, f"_delta_log/{version:020d}.json")
 
 
 def table_lease_key(name: str) -> str:

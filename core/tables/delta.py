@@ -224,7 +224,7 @@ def _committed_after(store: Store, name: str, version: int) -> bool:
     length").
     """
     try:
-        store.size(keys.table_key(name, f"_delta_log/{version + 1:020d}.json"))
+        store.size(keys.table_commit_key(name, version + 1))
     except FileNotFoundError:
         return False
     return True

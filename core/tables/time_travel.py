@@ -133,7 +133,7 @@ def table_history(store: Store, name: str, limit: int = 20) -> list[TableVersion
     for version, at, operation in commits:
         added = removed = rows_added = 0
         rows_removed: int | None = 0
-        for line in store.read(keys.table_key(name, f"_delta_log/{version:020d}.json")).splitlines():
+        for line in store.read(keys.table_commit_key(name, version)).splitlines():
             action = json.loads(line)
             if "add" in action:
                 add = action["add"]
