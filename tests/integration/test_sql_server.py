@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -20,6 +19,7 @@ from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.tables.delta import list_tables, open_table
 from tests.helpers import free_port_block
 from tests.integration.test_kill_restart import LAKE, lake_env
+from tests.integration.test_sql_server_tokens import wait_for_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,21 +50,7 @@ print(json.dumps(answers))
 """
 
 
-def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120.0) -> str:
-    """Stderr lines of ``process`` up to the first containing ``text``; fails if it exits first or times out."""
-    deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            pytest.fail(f"server exited ({process.wait()}): {''.join(seen)[-3000:]}")
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-    pytest.fail(f"no {text!r} within {timeout} s: {''.join(seen)[-3000:]}")
-
-
-def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store):
+def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store, tmp_path):
     with Producer(log, settings.topic, partitions=settings.partitions) as producer:
         producer.send(FleetSimulator(servers=4, metrics=3, seconds=20, seed=3, start_ms=1_800_000_000_000).generate())
     env = lake_env(settings)
@@ -74,15 +60,18 @@ def test_connect_and_hiveserver2_clients_query_the_lake(settings, log, store):
     expected = sum(1 for r in bronze.to_pylist() if r["metric"] == metric and r["server"] == server)
     base = free_port_block((0, 1), lowest=21000)
     connect_port, jdbc_port = base, base + 1
-    server_process = subprocess.Popen(
-        [LAKE, "sql-server", "--connect-port", str(connect_port), "--jdbc-port", str(jdbc_port)],
-        env=env,
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-    )
+    # Its log in a file, as in the other server tests: a pipe nobody reads after the banner could fill and stall it.
+    server_log = tmp_path / "sql-server.log"
+    with open(server_log, "wb") as output:
+        server_process = subprocess.Popen(
+            [LAKE, "sql-server", "--connect-port", str(connect_port), "--jdbc-port", str(jdbc_port)],
+            env=env,
+            stderr=output,
+            stdout=subprocess.DEVNULL,
+        )
     try:
-        banner = wait_for_line(server_process, "JDBC/ODBC")
+        wait_for_text(server_log, "JDBC/ODBC", server_process)
+        banner = server_log.read_text()
         assert f"sc://127.0.0.1:{connect_port}" in banner
         # A long-lived server compiles with C2 too (spark/jobs/sql_server.py), unlike the lake's short jobs.
         (java,) = [p for p in psutil.Process(server_process.pid).children(recursive=True) if p.name() == "java"]

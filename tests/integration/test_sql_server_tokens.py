@@ -99,6 +99,11 @@ def docs_block(language: str, marker: str) -> str:
 
 
 def wait_for_text(path: Path, text: str, process: subprocess.Popen, timeout: float = 180.0) -> None:
+    """Wait until ``path`` (a server's log) holds ``text``; fails if ``process`` exits first or after ``timeout`` s.
+
+    180 s for a ``lake sql-server`` to be ready: it takes about 15 s on an idle 2-core machine, but over 120 s in
+    a CI run of the whole suite (four workers on two cores; its query warm-up alone took 59 s there).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if text in path.read_text(errors="replace"):
