@@ -53,7 +53,7 @@ from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.alerting import AlertLog, append_clock_us, read_last_seen
 from metrics_lake.core.speed.progress import QueryProgress, newest_window_end, query_progress, watermark_app_id
 from metrics_lake.core.storage import open_store
-from metrics_lake.core.tables.delta import open_table, table_dataset
+from metrics_lake.core.tables.delta import committed_after, open_table, table_dataset
 from metrics_lake.lake_schemas.errors import LakeError, RangeError
 from metrics_lake.lake_schemas.tables import Table
 from metrics_lake.lake_schemas.types import TAGS
@@ -173,7 +173,8 @@ class DashboardReader:
                 table = open_table(self.store, name)
             else:
                 table = cached[0]
-                table.update_incremental()
+                if committed_after(self.store, name, table.version()):  # a stat, not a listing of the whole log
+                    table.update_incremental()
         except TableNotFoundError:
             return None
         with self._lock:

@@ -32,6 +32,7 @@ __all__ = [
     "TABLE_PROPERTIES",
     "TableSummary",
     "LatestTables",
+    "committed_after",
     "ensure_table",
     "list_tables",
     "open_table",
@@ -180,7 +181,7 @@ class LatestTables:
     its last checkpoint and every commit after it; bringing an open one up to date
     (``DeltaTable.update_incremental``) reads only the commits made since it was last asked for. A table asked
     for the first time is opened with :func:`ensure_table` (created or evolved if need be). A table with no commit
-    after the version it holds is handed out without asking delta-rs (:func:`_committed_after`). If bringing a table
+    after the version it holds is handed out without asking delta-rs (:func:`committed_after`). If bringing a table
     up to date raises a ``DeltaError`` (an object store that failed a read, say), the table is dropped and opened
     again, so a half-updated table is never handed out; the open raises if the cause persists. (delta-rs 1.6
     brings a table up to date from a checkpoint when the commits before it were cleaned up or unreadable:
@@ -203,7 +204,7 @@ class LatestTables:
         uri = table_uri(store, name)
         table = self._tables.get(uri)
         if table is not None:
-            if not _committed_after(store, name, table.version()):
+            if not committed_after(store, name, table.version()):
                 return table
             try:
                 table.update_incremental()
@@ -214,14 +215,14 @@ class LatestTables:
         return table
 
 
-def _committed_after(store: Store, name: str, version: int) -> bool:
+def committed_after(store: Store, name: str, version: int) -> bool:
     """Whether table ``name`` has a version after ``version``: its commit ``version + 1`` exists (Delta versions
     are consecutive, and a commit is created whole, put-if-absent).
 
     One stat (a HEAD on S3) instead of ``update_incremental``'s listing, which on a local lake reads every
     entry the log holds: about 10 of the 16 a batch asks for find nothing new (counted over 25 batches:
     257 of 404), and each listing costs about 1.5 µs per log entry (docs/performance.md, "The Delta log's
-    length").
+    length"). Raises what the store raises for a failed stat other than a missing object.
     """
     try:
         store.size(keys.table_commit_key(name, version + 1))

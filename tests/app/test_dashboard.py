@@ -232,3 +232,22 @@ def test_grouped_queries_and_the_label_filter(settings, store, log):
     assert {s["server"] for s in client.get("/api/servers").json()["servers"]} == {"web-1", "web-2", "web-3", "db-1"}
     bad = client.get("/api/servers", params={"select": "role=web,9x=1"})
     assert bad.status_code == 400 and bad.json()["parameter"] == "select" and "9x" in bad.json()["error"]
+
+
+def test_a_kept_table_is_refreshed_only_when_another_commit_exists(settings, store, monkeypatch):
+    """As the stream's kept tables (tests/core/tables/test_delta.py): a refresh that would find nothing new, a
+    listing of the whole Delta log on a local lake, is not made."""
+    from metrics_lake.core.tables.delta import ensure_table
+    from metrics_lake.lake_schemas.tables import Table
+    from tests.core.tables.test_delta import _append
+
+    ensure_table(store, Table.BRONZE_EVENTS)
+    reader = DashboardReader(settings, [], refresh_seconds=0)
+    kept = reader.table(Table.BRONZE_EVENTS)
+    refreshed_from, refresh = [], kept.update_incremental
+    monkeypatch.setattr(kept, "update_incremental", lambda: (refreshed_from.append(kept.version()), refresh())[1])
+
+    assert reader.table(Table.BRONZE_EVENTS) is kept and refreshed_from == []
+    _append(store, 1)
+    assert reader.table(Table.BRONZE_EVENTS).version() == 1 and refreshed_from == [0]
+    assert reader.table(Table.BRONZE_EVENTS).version() == 1 and refreshed_from == [0]
