@@ -311,6 +311,59 @@ def test_a_remote_write_body_declaring_too_many_bytes_is_refused_before_decompre
         remote_write.decode(body, 64)
 
 
+def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_gives(monkeypatch):
+    """A decoder keeps the series of earlier requests in a catalog, started again past SERIES_CACHE series (3
+    here, so it restarts often): neither reuse, nor the restart, nor threads sharing it change any record."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    monkeypatch.setattr(remote_write, "SERIES_CACHE", 3)
+    pool = [
+        {"__name__": "node_load1", "instance": "a", "job": "node"},
+        {"__name__": "node_load1", "instance": "b", "job": "node"},
+        {"__name__": "job:rate5m:sum", "instance": "a"},
+        {"__name__": "up"},  # no instance: missing_field
+        {"__name__": "bad name!", "instance": "c"},  # stored as bad_name_
+        {"instance": "d"},  # no metric name: missing_field
+        {"__name__": "rpc_seconds", "instance": "a", "le": "0.5"},
+    ]
+    rng = random.Random(59)
+
+    def body(i: int) -> bytes:
+        request = WriteRequest()
+        for labels in rng.sample(pool, rng.randint(1, len(pool))):
+            series = request.timeseries.add()
+            for name, value in labels.items():
+                series.labels.append(Label(name=name, value=value).SerializeToString())
+            for k in range(rng.randint(0, 3)):
+                value = rng.choice([1.5, -2.0, 0.0, math.nan, STALE_NAN, float(i)])
+                series.samples.add(value=value, timestamp=T_MS + 1000 * k)
+            if rng.random() < 0.2:
+                series.histograms.append(b"\x08\x01")
+        return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
+
+    bodies = [body(i) for i in range(300)]
+    shared = remote_write.Decoder()
+    with ThreadPoolExecutor(4) as threads:
+        decoded = list(threads.map(lambda b: shared.decode(b, 1 << 20), bodies))
+    for got, sent in zip(decoded, bodies, strict=True):
+        fresh = remote_write.decode(sent, 1 << 20)
+        assert got.records.equals(fresh.records) and got.skipped == fresh.skipped
+    rows = pa.concat_tables(d.records for d in decoded).to_pylist()
+    valid_metrics = {"node_load1", "job_rate5m_sum", "bad_name_", "rpc_seconds"}
+    assert {r["metric"] for r in rows if r["reason"] is None} == valid_metrics
+    assert {r["reason"].split(":")[0] for r in rows if r["reason"]} == {
+        "missing_field",
+        "non_finite_value",
+        "unsupported",
+    }
+    histogram_reasons = {r["reason"] for r in rows if (r["reason"] or "").startswith("unsupported")}
+    assert histogram_reasons <= {f"unsupported: a native histogram of {m!r}" for m in [*valid_metrics, "up", None]}
+    assert len(histogram_reasons) >= 4
+
+
 # --- InfluxDB line protocol -------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ contract's fields, so the quarantine shows what arrived.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -36,10 +37,15 @@ from metrics_lake.lake_schemas.errors import ContractViolation
 from metrics_lake.lake_schemas.log_records import LOG_RECORD
 from metrics_lake.lake_schemas.types import TAGS
 
-__all__ = ["PointsBuilder", "Tags"]
+if TYPE_CHECKING:
+    from metrics_lake.app.gateway.protocols.series_catalog import SeriesCatalog
+
+__all__ = ["PointsBuilder", "SeriesKey", "Tags", "series_ok", "tags_array"]
 
 #: A series' tags: (key, value) string pairs, in the order the protocol gave them.
 Tags = tuple[tuple[str, str], ...]
+#: A series: (server, metric, tags); a ``None`` name fails the contract's check.
+SeriesKey = tuple[str | None, str | None, Tags]
 
 
 class PointsBuilder:
@@ -48,11 +54,16 @@ class PointsBuilder:
     Strings (servers, metrics, tags) must be valid Unicode, as protobuf's
     decoding and a strict UTF-8 decode guarantee. Not thread-safe: one
     builder per request.
+
+    ``catalog``: a :class:`~metrics_lake.app.gateway.protocols.series_catalog.SeriesCatalog` whose ids the
+    points name (:meth:`extend`), instead of series registered with :meth:`series` (a decoder uses one or the
+    other): the records take each point's server, metric and tags from the catalog's Arrow columns.
     """
 
-    def __init__(self) -> None:
-        self._series: dict[tuple[str | None, str | None, Tags], int] = {}
-        self._series_list: list[tuple[str | None, str | None, Tags]] = []
+    def __init__(self, catalog: SeriesCatalog | None = None) -> None:
+        self._catalog = catalog
+        self._series: dict[SeriesKey, int] = {}
+        self._series_list: list[SeriesKey] = []
         # Points added one by one, and earlier ones already in arrays (index, ts, value) by extend(), in order.
         self._index: list[int] = []
         self._ts: list[int] = []
@@ -74,19 +85,14 @@ class PointsBuilder:
 
     def series(self, server: str | None, metric: str | None, tags: Tags) -> int:
         """The id of the series (server, metric, tags), registered on first use; a ``None`` name fails the check."""
+        if self._catalog is not None:
+            raise TypeError("a builder on a series catalog takes the catalog's ids")  # programming error
         key = (server, metric, tags)
         found = self._series.get(key)
         if found is None:
             found = self._series[key] = len(self._series_list)
             self._series_list.append(key)
         return found
-
-    def new_series(self, key: tuple[str | None, str | None, Tags]) -> int:
-        """A new id for the series ``key`` (server, metric, tags), without looking for an earlier one: for a decoder
-        whose request names each series once (remote-write), where :meth:`series`'s lookup would hash every tag
-        set for nothing. Two ids of one series are harmless (the rows are the same)."""
-        self._series_list.append(key)
-        return len(self._series_list) - 1
 
     def add(self, series: int, ts_ms: int, value: float, raw: str | None = None) -> None:
         """One point of ``series`` at ``ts_ms`` (epoch milliseconds); ``raw``: its original text, if it has one."""
@@ -136,20 +142,19 @@ class PointsBuilder:
             index, ts, value = (np.concatenate(parts) for parts in zip(*self._chunks, strict=True))
         else:
             index, ts, value = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64)
-        servers, metrics, tags = zip(*self._series_list, strict=True) if self._series_list else ((), (), ())
-        servers, metrics = pa.array(servers, pa.string()), pa.array(metrics, pa.string())
+        servers, metrics, tags, names_ok = self._series_columns()
         ok = (ts >= MIN_TS_MS) & (ts < MAX_TS_MS) & np.isfinite(value)
         if len(servers):
-            ok &= _series_ok(servers, metrics)[index]
+            ok &= names_ok[index]
         kept = np.flatnonzero(ok)
         take = pa.array(index[kept])
         accepted = pa.table(
             {
                 "ts": pa.array(ts[kept], pa.int64()).cast(LOG_RECORD.field("ts").type),
-                "server": servers.take(take),
-                "metric": metrics.take(take),
+                "server": _contiguous(servers.take(take)),
+                "metric": _contiguous(metrics.take(take)),
                 "value": pa.array(value[kept], pa.float64()),
-                "tags": _tags_array(tags).take(take),
+                "tags": _contiguous(tags.take(take)),
                 "raw": pa.nulls(len(kept), pa.string()),
                 "reason": pa.nulls(len(kept), pa.string()),
             },
@@ -160,7 +165,7 @@ class PointsBuilder:
             return accepted
         raws, reasons = [], []
         for i in failed.tolist():
-            server, metric, point_tags = self._series_list[index[i]]
+            server, metric, point_tags = self._series_of(int(index[i]))
             event = {"ts": int(ts[i]), "server": server, "metric": metric, "value": float(value[i])}
             event["tags"] = dict(point_tags) if point_tags else None
             raws.append(self._raw.get(i) or raw_text(json.dumps(event, allow_nan=True)))
@@ -182,16 +187,33 @@ class PointsBuilder:
         )
         return pa.concat_tables([accepted, refused]).take(pa.array(np.argsort(slots, kind="stable")))
 
+    def _series_columns(self) -> tuple[pa.Array | pa.ChunkedArray, pa.Array | pa.ChunkedArray, pa.Array, np.ndarray]:
+        """Servers, metrics, tags by series id, and whether each series' names pass the contract (numpy bool)."""
+        if self._catalog is not None:
+            return self._catalog.columns()
+        servers, metrics, tags = zip(*self._series_list, strict=True) if self._series_list else ((), (), ())
+        servers, metrics = pa.array(servers, pa.string()), pa.array(metrics, pa.string())
+        return servers, metrics, tags_array(tags), series_ok(servers, metrics) if len(servers) else np.zeros(0, bool)
 
-def _tags_array(tags: tuple[Tags, ...]) -> pa.Array:
+    def _series_of(self, series_id: int) -> SeriesKey:
+        """(server, metric, tags) of a series id, as Python values."""
+        return self._catalog.series(series_id) if self._catalog is not None else self._series_list[series_id]
+
+
+def _contiguous(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``values`` as one array (a catalog's columns are chunked; records are built of plain arrays)."""
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def tags_array(tags: tuple[Tags, ...]) -> pa.Array:
     """A TAGS array of one entry per series; each distinct tag set converted once (series share resource tags)."""
     distinct: dict[Tags, int] = {}
     index = [distinct.setdefault(t, len(distinct)) for t in tags]
     return pa.array([list(t) or None for t in distinct], TAGS).take(pa.array(index, pa.int32()))
 
 
-def _series_ok(servers: pa.Array, metrics: pa.Array) -> np.ndarray:
-    """Per series: the contract's server and metric-name rules (a null name fails)."""
+def series_ok(servers: pa.Array, metrics: pa.Array) -> np.ndarray:
+    """Per series: the contract's server and metric-name rules (a null name fails); numpy bool."""
     return pc.fill_null(pc.and_(servers_ok(servers), metrics_ok(metrics)), False).to_numpy(zero_copy_only=False)
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections import OrderedDict
 
 import cramjam
 import numpy as np
@@ -35,14 +34,15 @@ from google.protobuf.message import DecodeError
 
 from metrics_lake.app.gateway.protocols import Decoded
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
-from metrics_lake.app.gateway.protocols.points import PointsBuilder, Tags
+from metrics_lake.app.gateway.protocols.points import PointsBuilder, SeriesKey
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
+from metrics_lake.app.gateway.protocols.series_catalog import SeriesCatalog
 
 __all__ = ["SnappyError", "SnappyTooLarge", "decode", "snappy_length"]
 
 #: The bits of Prometheus's stale marker (``value.StaleNaN`` in prometheus/model).
 STALE_NAN_BITS = 0x7FF0000000000002
-#: Label sets whose (server, metric, tags) are remembered across requests (Prometheus resends the same series).
+#: Series kept in a decoder's catalog across requests (Prometheus resends the same series) before it starts again.
 SERIES_CACHE = 100_000
 
 
@@ -68,10 +68,12 @@ def snappy_length(body: bytes) -> int:
 
 
 class Decoder:
-    """Decodes remote-write bodies, remembering the mapping of recently seen label sets; thread-safe."""
+    """Decodes remote-write bodies, keeping the series of recent requests in a
+    :class:`~metrics_lake.app.gateway.protocols.series_catalog.SeriesCatalog` keyed by their encoded labels;
+    thread-safe. Past :data:`SERIES_CACHE` series the catalog starts again empty."""
 
     def __init__(self) -> None:
-        self._series: OrderedDict[tuple, tuple[str | None, str | None, Tags]] = OrderedDict()
+        self._catalog = SeriesCatalog()
         self._lock = threading.Lock()
 
     def decode(self, body: bytes, limit: int) -> Decoded:
@@ -85,58 +87,58 @@ class Decoder:
             raise
         except (ValueError, DecodeError, cramjam.DecompressionError) as exc:
             return _unreadable(body, f"not a snappy-compressed remote-write WriteRequest: {str(exc)[:200]}")
-        builder = PointsBuilder()
+        catalog = self._current_catalog()
+        builder = PointsBuilder(catalog)
         try:
-            skipped = self._points(request, builder)
+            skipped = _points(request, builder, catalog)
         except DecodeError as exc:  # a label that is not a Label message (or not UTF-8): the body is malformed
             return _unreadable(body, f"not a remote-write WriteRequest: a label does not decode ({str(exc)[:200]})")
         return Decoded(builder.records(), skipped)
 
-    def _points(self, request: WriteRequest, builder: PointsBuilder) -> int:
-        """Add every sample of ``request`` to ``builder``; return the stale markers skipped.
+    def _current_catalog(self) -> SeriesCatalog:
+        """The catalog a new request uses: a new one once the current holds :data:`SERIES_CACHE` series (requests
+        under way keep theirs)."""
+        with self._lock:
+            if len(self._catalog) >= SERIES_CACHE:
+                self._catalog = SeriesCatalog()
+            return self._catalog
 
-        Samples are collected in plain lists and handed over as arrays once
-        (:meth:`PointsBuilder.extend`); each series gets a new id without a
-        lookup (a request names a series once); stale markers are found
-        vectorised, by their bits.
-        """
-        series_ids, stamps, values = [], [], []
-        new_series, add_id, add_stamp, add_value = builder.new_series, series_ids.append, stamps.append, values.append
-        histograms = []  # (samples before it, the histogram's bytes, metric)
-        for series in request.timeseries:
-            found = self._mapped(tuple(series.labels))
-            sid = new_series(found)
-            for sample in series.samples:
-                add_id(sid)
-                add_stamp(sample.timestamp)
-                add_value(sample.value)
-            if series.histograms:
-                histograms += [(len(stamps), bytes(h), found[1]) for h in series.histograms]
-        value = np.asarray(values, dtype=np.float64)
-        stale = value.view(np.uint64) == STALE_NAN_BITS
-        index = np.asarray(series_ids, dtype=np.int64)
-        ts = np.asarray(stamps, dtype=np.int64)
-        skipped = int(stale.sum())
-        if skipped:
-            kept = ~stale
-            index, ts, value = index[kept], ts[kept], value[kept]
-            before = np.concatenate([[0], np.cumsum(kept)])  # points kept before each original position
-        builder.extend(index, ts, value)
-        for position, histogram, metric in histograms:
-            at = int(before[position]) if skipped else position
-            builder.reject(base64.b64encode(histogram), "unsupported", f"a native histogram of {metric!r}", before=at)
-        return skipped
 
-    def _mapped(self, encoded: tuple[bytes, ...]) -> tuple[str | None, str | None, Tags]:
-        """(server, metric, tags) of a series' encoded ``Label`` messages; a :class:`DecodeError` if one is not."""
-        found = self._series.get(encoded)
-        if found is None:
-            found = _series_of(tuple((label.name, label.value) for label in map(Label.FromString, encoded)))
-            with self._lock:
-                self._series[encoded] = found
-                if len(self._series) > SERIES_CACHE:
-                    self._series.popitem(last=False)
-        return found
+def _points(request: WriteRequest, builder: PointsBuilder, catalog: SeriesCatalog) -> int:
+    """Add every sample of ``request`` to ``builder`` (on ``catalog``); return the stale markers skipped.
+
+    Samples are collected in plain lists and handed over as arrays once
+    (:meth:`PointsBuilder.extend`); a series' id is looked up by its encoded
+    labels, which are decoded only for a series the catalog lacks; stale
+    markers are found vectorised, by their bits. Raises ``DecodeError`` for
+    a label that is not a ``Label`` message.
+    """
+    series_ids, stamps, values = [], [], []
+    id_of, add_id, add_stamp, add_value = catalog.id_of, series_ids.append, stamps.append, values.append
+    histograms = []  # (samples before it, the histogram's bytes, its series id)
+    for series in request.timeseries:
+        sid = id_of(tuple(series.labels), _series_of)
+        for sample in series.samples:
+            add_id(sid)
+            add_stamp(sample.timestamp)
+            add_value(sample.value)
+        if series.histograms:
+            histograms += [(len(stamps), bytes(h), sid) for h in series.histograms]
+    value = np.asarray(values, dtype=np.float64)
+    stale = value.view(np.uint64) == STALE_NAN_BITS
+    index = np.asarray(series_ids, dtype=np.int64)
+    ts = np.asarray(stamps, dtype=np.int64)
+    skipped = int(stale.sum())
+    if skipped:
+        kept = ~stale
+        index, ts, value = index[kept], ts[kept], value[kept]
+        before = np.concatenate([[0], np.cumsum(kept)])  # points kept before each original position
+    builder.extend(index, ts, value)
+    for position, histogram, sid in histograms:
+        at = int(before[position]) if skipped else position
+        metric = catalog.series(sid)[1]
+        builder.reject(base64.b64encode(histogram), "unsupported", f"a native histogram of {metric!r}", before=at)
+    return skipped
 
 
 def _unreadable(body: bytes, detail: str) -> Decoded:
@@ -146,8 +148,9 @@ def _unreadable(body: bytes, detail: str) -> Decoded:
     return Decoded(builder.records(), unreadable=detail)
 
 
-def _series_of(labels: tuple) -> tuple[str | None, str | None, Tags]:
-    """(server, metric, tags) of a label set."""
+def _series_of(encoded: tuple[bytes, ...]) -> SeriesKey:
+    """(server, metric, tags) of a series' encoded ``Label`` messages; a ``DecodeError`` if one is not."""
+    labels = tuple((label.name, label.value) for label in map(Label.FromString, encoded))
     named = dict(labels)
     metric, original = metric_name(named.get("__name__", ""))
     tags = [(k, v) for k, v in labels if k != "__name__"]
