@@ -217,15 +217,24 @@ class LatestTables:
 
 def committed_after(store: Store, name: str, version: int) -> bool:
     """Whether table ``name`` has a version after ``version``: its commit ``version + 1`` exists (Delta versions
-    are consecutive, and a commit is created whole, put-if-absent).
+    are consecutive, and a commit is created whole, put-if-absent), or commit ``version`` itself no longer does
+    (log retention cleaned the log up past it: cleanup removes the oldest commits first, and only those before a
+    newer checkpoint, so a table left unasked for longer than the log retention is still brought up to date).
 
-    One stat (a HEAD on S3) instead of ``update_incremental``'s listing, which on a local lake reads every
+    Two stats (HEADs on S3) instead of ``update_incremental``'s listing, which on a local lake reads every
     entry the log holds: about 10 of the 16 a batch asks for find nothing new (counted over 25 batches:
     257 of 404), and each listing costs about 1.5 µs per log entry (docs/performance.md, "The Delta log's
     length"). Raises what the store raises for a failed stat other than a missing object.
     """
+    return _exists(store, keys.table_commit_key(name, version + 1)) or not _exists(
+        store, keys.table_commit_key(name, version)
+    )
+
+
+def _exists(store: Store, key: str) -> bool:
+    """Whether object ``key`` exists (a stat)."""
     try:
-        store.size(keys.table_commit_key(name, version + 1))
+        store.size(key)
     except FileNotFoundError:
         return False
     return True

@@ -14,9 +14,11 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+from metrics_lake.core import keys
 from metrics_lake.core.tables.commits import commit_changes, commit_files, remove_action
 from metrics_lake.core.tables.data_files import write_data_files
 from metrics_lake.core.tables.delta import (
+    LOG_RETENTION,
     TABLE_PROPERTIES,
     LatestTables,
     ensure_table,
@@ -130,6 +132,28 @@ def test_a_kept_table_is_refreshed_only_when_another_commit_exists(any_store, mo
     assert tables.latest(any_store, BRONZE).version() == 2 and refreshed_from == [0]
     _append(any_store, 3, kept)  # its own commit leaves the object at 2 (delta-rs): the next ask refreshes it
     assert tables.latest(any_store, BRONZE).version() == 3 and refreshed_from == [0, 2]
+
+
+def test_a_kept_table_left_unasked_while_the_log_was_cleaned_up_past_it_is_still_refreshed(store) -> None:
+    """Its next commit no longer exists, but neither does its own: the log moved on (a dashboard idle for longer
+    than the log retention)."""
+    tables = LatestTables()
+    kept = tables.latest(store, BRONZE)
+    for batch in range(1, 4):
+        _append(store, batch)
+    writer = open_table(store, BRONZE)
+    writer.alter.set_table_properties({LOG_RETENTION: "interval 0 seconds"})
+    writer = open_table(store, BRONZE)
+    writer.create_checkpoint()
+    writer.cleanup_metadata()
+    assert not any_commit(store, [0, 1]) and kept.version() == 0
+
+    assert tables.latest(store, BRONZE).version() == writer.version() == 4
+
+
+def any_commit(store, versions: list[int]) -> bool:
+    """Whether the bronze table's log still holds a commit of one of ``versions``."""
+    return any(store.exists(keys.table_commit_key(BRONZE, v)) for v in versions)
 
 
 def test_a_kept_table_whose_update_fails_is_opened_again(store, monkeypatch) -> None:
