@@ -43,6 +43,7 @@ from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.app.gateway.protocols import influx, otlp, remote_write
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 
 TARGET = 200_000
@@ -108,17 +109,17 @@ def prepare(servers: int, metrics: int, seconds: int, batch: int) -> tuple[int, 
     parts = batches(rows, batch)
     otlp_messages = [otlp_message(b) for b in parts]
     limit = 64 << 20
-    memory = SeriesMemory()
+    memory, recent = SeriesMemory(), RecentSeries()  # as the gateway's endpoints keep them
     writer = remote_write.Decoder()
     cases = {
         "json": (json_bodies, lambda body: records_from_body(body, "application/x-ndjson")),
         "otlp": (
             [m.SerializeToString() for m in otlp_messages],
-            lambda body: otlp.decode(body, otlp.PROTOBUF_TYPE, memory).records,
+            lambda body: otlp.decode(body, otlp.PROTOBUF_TYPE, memory, recent).records,
         ),
         "otlp_json": (
             [json_format.MessageToJson(m, indent=None).encode() for m in otlp_messages],
-            lambda body: otlp.decode(body, otlp.JSON_TYPE, memory).records,
+            lambda body: otlp.decode(body, otlp.JSON_TYPE, memory, recent).records,
         ),
         "remote_write": ([remote_write_body(b) for b in parts], lambda body: writer.decode(body, limit).records),
         "influx": ([influx_body(b) for b in parts], lambda body: influx.decode(body).records),

@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from metrics_lake.app.gateway.body import BodyError, records_from_body
 from metrics_lake.app.gateway.protocols import Decoded, influx, otlp, remote_write
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 from metrics_lake.app.gateway.service import Outcome, events_answer
 
@@ -107,9 +108,10 @@ class OtlpEndpoint(Endpoint):
 
     def __init__(self) -> None:
         self.memory = SeriesMemory()
+        self.recent = RecentSeries()
 
     def decode(self, body, content_type, options, limit):  # noqa: D102
-        return otlp.decode(body, content_type, self.memory)
+        return otlp.decode(body, content_type, self.memory, self.recent)
 
     def success(self, outcome, decoded, request):  # noqa: D102
         content_type = request.headers.get("content-type", "")

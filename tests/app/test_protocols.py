@@ -27,6 +27,7 @@ from metrics_lake.app.gateway.protocols.histograms import (
     exponential_value,
 )
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 from metrics_lake.core.kernels.sketch import RELATIVE_ERROR
 from metrics_lake.lake_schemas.contract import PROTOCOL_REASON_CODES
@@ -94,6 +95,39 @@ def decode_otlp(request, memory=None, json_encoding=False):
     if json_encoding:
         return otlp.decode(json_format.MessageToJson(request).encode(), "application/json", memory)
     return otlp.decode(request.SerializeToString(), "application/x-protobuf", memory)
+
+
+def test_otlp_decoded_on_a_shared_catalog_across_requests_and_threads_gives_what_it_gives_without():
+    """OTLP registers its series in a catalog kept across requests (restarted every 3 series here): the records
+    are those of a decode without one, for gauges with and without point attributes, summaries and bad points."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(61)
+    resources = [{"host.name": "web-1"}, {"host.name": "web-2", "service.name": "api"}, {"service.name": ""}]
+
+    def request(i: int) -> bytes:
+        metrics = []
+        for name in rng.sample(["cpu", "mem", "", "job:rate5m"], rng.randint(1, 4)):
+            attributes = rng.choice([None, {"cpu": str(rng.randint(0, 2))}])
+            values = [rng.choice([0.5, float(i), math.nan, -1.0]) for _ in range(rng.randint(1, 3))]
+            metrics.append(gauge(name, *values, attributes=attributes))
+        return otlp_request(*metrics, resource=rng.choice(resources)).SerializeToString()
+
+    bodies = [request(i) for i in range(200)]
+    recent = RecentSeries(limit=3)
+    with ThreadPoolExecutor(4) as threads:
+        shared = list(threads.map(lambda b: otlp.decode(b, otlp.PROTOBUF_TYPE, SeriesMemory(), recent), bodies))
+    for got, body in zip(shared, bodies, strict=True):
+        alone = otlp.decode(body, otlp.PROTOBUF_TYPE, SeriesMemory())
+        assert got.records.equals(alone.records) and got.skipped == alone.skipped
+    rows = [r for d in shared for r in d.records.to_pylist()]
+    assert {r["metric"] for r in rows if r["reason"] is None} == {"cpu", "mem", "job_rate5m"}
+    assert {r["reason"].split(":")[0] for r in rows if r["reason"]} == {
+        "bad_metric_name",
+        "missing_field",
+        "non_finite_value",
+    }
 
 
 @pytest.mark.parametrize("json_encoding", [False, True], ids=["protobuf", "json"])
@@ -311,7 +345,7 @@ def test_a_remote_write_body_declaring_too_many_bytes_is_refused_before_decompre
         remote_write.decode(body, 64)
 
 
-def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_gives(monkeypatch):
+def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_gives():
     """A decoder keeps the series of earlier requests in a catalog, started again past SERIES_CACHE series (3
     here, so it restarts often): neither reuse, nor the restart, nor threads sharing it change any record."""
     import random
@@ -319,7 +353,6 @@ def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_give
 
     import pyarrow as pa
 
-    monkeypatch.setattr(remote_write, "SERIES_CACHE", 3)
     pool = [
         {"__name__": "node_load1", "instance": "a", "job": "node"},
         {"__name__": "node_load1", "instance": "b", "job": "node"},
@@ -345,7 +378,7 @@ def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_give
         return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
 
     bodies = [body(i) for i in range(300)]
-    shared = remote_write.Decoder()
+    shared = remote_write.Decoder(RecentSeries(limit=3))
     with ThreadPoolExecutor(4) as threads:
         decoded = list(threads.map(lambda b: shared.decode(b, 1 << 20), bodies))
     for got, sent in zip(decoded, bodies, strict=True):

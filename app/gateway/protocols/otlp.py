@@ -58,6 +58,7 @@ from metrics_lake.app.gateway.protocols.histograms import (
 )
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.app.gateway.protocols.points import PointsBuilder, Tags
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 
 __all__ = ["JSON_TYPE", "PROTOBUF_TYPE", "decode", "response_body"]
@@ -76,13 +77,15 @@ def is_json(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == JSON_TYPE
 
 
-def decode(body: bytes, content_type: str, memory: SeriesMemory) -> Decoded:
+def decode(body: bytes, content_type: str, memory: SeriesMemory, recent: RecentSeries | None = None) -> Decoded:
     """Log records of one OTLP export request (module docstring); never raises for bad input.
 
     ``content_type``: ``application/json`` for OTLP's JSON encoding, else
     protobuf. ``memory``: the gateway's per-series state (temporality).
+    ``recent``: the series of earlier requests, so this one's records take
+    their columns from a catalog (:mod:`~metrics_lake.app.gateway.protocols.series_catalog`).
     """
-    builder = PointsBuilder()
+    builder = PointsBuilder(recent.catalog() if recent is not None else None)
     request = ExportMetricsServiceRequest()
     try:
         if is_json(content_type):

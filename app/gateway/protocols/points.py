@@ -56,8 +56,8 @@ class PointsBuilder:
     builder per request.
 
     ``catalog``: a :class:`~metrics_lake.app.gateway.protocols.series_catalog.SeriesCatalog` whose ids the
-    points name (:meth:`extend`), instead of series registered with :meth:`series` (a decoder uses one or the
-    other): the records take each point's server, metric and tags from the catalog's Arrow columns.
+    points name (:meth:`series` registers there, or a decoder looks its own keys up there): the records take
+    each point's server, metric and tags from the catalog's Arrow columns instead of converting them.
     """
 
     def __init__(self, catalog: SeriesCatalog | None = None) -> None:
@@ -84,10 +84,11 @@ class PointsBuilder:
         return len(self._rejects)
 
     def series(self, server: str | None, metric: str | None, tags: Tags) -> int:
-        """The id of the series (server, metric, tags), registered on first use; a ``None`` name fails the check."""
-        if self._catalog is not None:
-            raise TypeError("a builder on a series catalog takes the catalog's ids")  # programming error
+        """The id of the series (server, metric, tags), registered on first use (in the catalog, if the builder
+        has one); a ``None`` name fails the check."""
         key = (server, metric, tags)
+        if self._catalog is not None:
+            return self._catalog.id_of(key, _itself)
         found = self._series.get(key)
         if found is None:
             found = self._series[key] = len(self._series_list)
@@ -198,6 +199,11 @@ class PointsBuilder:
     def _series_of(self, series_id: int) -> SeriesKey:
         """(server, metric, tags) of a series id, as Python values."""
         return self._catalog.series(series_id) if self._catalog is not None else self._series_list[series_id]
+
+
+def _itself(key: SeriesKey) -> SeriesKey:
+    """A series key that is its own (server, metric, tags)."""
+    return key
 
 
 def _contiguous(values: pa.Array | pa.ChunkedArray) -> pa.Array:

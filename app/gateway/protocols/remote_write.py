@@ -26,7 +26,6 @@ or not a ``WriteRequest`` is one ``invalid_payload`` reject holding it
 from __future__ import annotations
 
 import base64
-import threading
 
 import cramjam
 import numpy as np
@@ -36,14 +35,12 @@ from metrics_lake.app.gateway.protocols import Decoded
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.app.gateway.protocols.points import PointsBuilder, SeriesKey
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
-from metrics_lake.app.gateway.protocols.series_catalog import SeriesCatalog
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries, SeriesCatalog
 
 __all__ = ["SnappyError", "SnappyTooLarge", "decode", "snappy_length"]
 
 #: The bits of Prometheus's stale marker (``value.StaleNaN`` in prometheus/model).
 STALE_NAN_BITS = 0x7FF0000000000002
-#: Series kept in a decoder's catalog across requests (Prometheus resends the same series) before it starts again.
-SERIES_CACHE = 100_000
 
 
 class SnappyError(ValueError):
@@ -69,12 +66,11 @@ def snappy_length(body: bytes) -> int:
 
 class Decoder:
     """Decodes remote-write bodies, keeping the series of recent requests in a
-    :class:`~metrics_lake.app.gateway.protocols.series_catalog.SeriesCatalog` keyed by their encoded labels;
-    thread-safe. Past :data:`SERIES_CACHE` series the catalog starts again empty."""
+    :class:`~metrics_lake.app.gateway.protocols.series_catalog.SeriesCatalog` keyed by their encoded labels
+    (:class:`~metrics_lake.app.gateway.protocols.series_catalog.RecentSeries`); thread-safe."""
 
-    def __init__(self) -> None:
-        self._catalog = SeriesCatalog()
-        self._lock = threading.Lock()
+    def __init__(self, recent: RecentSeries | None = None) -> None:
+        self.recent = recent or RecentSeries()
 
     def decode(self, body: bytes, limit: int) -> Decoded:
         """Log records of one remote-write body (module docstring); never raises for bad input except
@@ -87,21 +83,13 @@ class Decoder:
             raise
         except (ValueError, DecodeError, cramjam.DecompressionError) as exc:
             return _unreadable(body, f"not a snappy-compressed remote-write WriteRequest: {str(exc)[:200]}")
-        catalog = self._current_catalog()
+        catalog = self.recent.catalog()
         builder = PointsBuilder(catalog)
         try:
             skipped = _points(request, builder, catalog)
         except DecodeError as exc:  # a label that is not a Label message (or not UTF-8): the body is malformed
             return _unreadable(body, f"not a remote-write WriteRequest: a label does not decode ({str(exc)[:200]})")
         return Decoded(builder.records(), skipped)
-
-    def _current_catalog(self) -> SeriesCatalog:
-        """The catalog a new request uses: a new one once the current holds :data:`SERIES_CACHE` series (requests
-        under way keep theirs)."""
-        with self._lock:
-            if len(self._catalog) >= SERIES_CACHE:
-                self._catalog = SeriesCatalog()
-            return self._catalog
 
 
 def _points(request: WriteRequest, builder: PointsBuilder, catalog: SeriesCatalog) -> int:

@@ -11,9 +11,9 @@ request looks each label set up by its encoded bytes, collects ids, and its
 records take their server, metric and tags columns from the catalog's
 arrays by id (:meth:`~metrics_lake.app.gateway.protocols.points.PointsBuilder.records`).
 
-A catalog only grows; its owner replaces it with an empty one past a size
-(:data:`~metrics_lake.app.gateway.protocols.remote_write.SERIES_CACHE`): a
-request keeps the catalog it started with, so ids never change under it.
+A catalog only grows; :class:`RecentSeries` replaces it with an empty one past
+:data:`SERIES_CACHE` series: a request keeps the catalog it started with, so
+ids never change under it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ import pyarrow as pa
 from metrics_lake.app.gateway.protocols.points import SeriesKey, series_ok, tags_array
 from metrics_lake.lake_schemas.types import TAGS
 
-__all__ = ["SeriesCatalog", "SeriesColumns"]
+__all__ = ["SERIES_CACHE", "RecentSeries", "SeriesCatalog", "SeriesColumns"]
+
+#: Series a catalog holds before requests start on a new one (Prometheus and OTLP senders resend the same series).
+SERIES_CACHE = 100_000
 
 #: Conversions kept as separate chunks before they are combined into one (each combine copies the arrays).
 MAX_CHUNKS = 16
@@ -101,3 +104,20 @@ def _appended(chunks: pa.ChunkedArray, new: pa.Array) -> pa.ChunkedArray:
     """``chunks`` with ``new`` after them, combined into one chunk once there are :data:`MAX_CHUNKS`."""
     appended = pa.chunked_array([*chunks.chunks, new], new.type)
     return pa.chunked_array([appended.combine_chunks()]) if appended.num_chunks > MAX_CHUNKS else appended
+
+
+class RecentSeries:
+    """The catalog a decoder's requests start on, replaced by an empty one once it holds ``limit`` series (default
+    :data:`SERIES_CACHE`); thread-safe. Memory: about ``limit`` series' keys and Arrow columns."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = SERIES_CACHE if limit is None else limit
+        self._catalog = SeriesCatalog()
+        self._lock = threading.Lock()
+
+    def catalog(self) -> SeriesCatalog:
+        """The catalog for a new request (requests under way keep theirs)."""
+        with self._lock:
+            if len(self._catalog) >= self.limit:
+                self._catalog = SeriesCatalog()
+            return self._catalog
