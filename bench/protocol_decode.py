@@ -109,7 +109,7 @@ def prepare(servers: int, metrics: int, seconds: int, batch: int) -> tuple[int, 
     parts = batches(rows, batch)
     otlp_messages = [otlp_message(b) for b in parts]
     limit = 64 << 20
-    memory, recent = SeriesMemory(), RecentSeries()  # as the gateway's endpoints keep them
+    memory, recent, influx_recent = SeriesMemory(), RecentSeries(), RecentSeries()  # as the gateway's endpoints
     writer = remote_write.Decoder()
     cases = {
         "json": (json_bodies, lambda body: records_from_body(body, "application/x-ndjson")),
@@ -122,7 +122,7 @@ def prepare(servers: int, metrics: int, seconds: int, batch: int) -> tuple[int, 
             lambda body: otlp.decode(body, otlp.JSON_TYPE, memory, recent).records,
         ),
         "remote_write": ([remote_write_body(b) for b in parts], lambda body: writer.decode(body, limit).records),
-        "influx": ([influx_body(b) for b in parts], lambda body: influx.decode(body).records),
+        "influx": ([influx_body(b) for b in parts], lambda body: influx.decode(body, recent=influx_recent).records),
     }
     return len(rows), cases
 

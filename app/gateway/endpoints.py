@@ -170,6 +170,7 @@ class InfluxEndpoint(Endpoint):
 
     def __init__(self, version: int) -> None:
         self.version = version
+        self.recent = RecentSeries()
         self.path = "/api/v2/write" if version == 2 else "/write"
 
     def options(self, request):  # noqa: D102
@@ -179,7 +180,7 @@ class InfluxEndpoint(Endpoint):
             raise BodyError(400, str(exc)) from None
 
     def decode(self, body, content_type, options, limit):  # noqa: D102
-        return influx.decode(body, options["precision"])
+        return influx.decode(body, options["precision"], recent=self.recent)
 
     def success(self, outcome, decoded, request):  # noqa: D102
         if outcome.errors:

@@ -422,6 +422,38 @@ def test_line_protocol_escaping_per_the_reference():
     assert reject["raw"].startswith("my\\ measurement")
 
 
+def test_line_protocol_decoded_on_a_shared_catalog_gives_what_it_gives_without():
+    """Line protocol registers its series in a catalog kept across requests (restarted every 3 series): the
+    records, rejects with their lines among them, are those of a decode without one."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(62)
+    lines = [
+        "cpu,host=a usage_user=0.5,usage_system=1i {t}",
+        "cpu,host=b,core=1 usage_user={v} {t}",
+        "mem,host=a used=3i {t}",
+        "mem used=1 {t}",  # no host: missing_field
+        'disk,host=a state="full" {t}',  # a string field: wrong_type
+        "m,host=a v= {t}",  # malformed: invalid_payload
+    ]
+    bodies = [
+        "\n".join(rng.choice(lines).format(t=T_NS + i, v=float(i)) for _ in range(rng.randint(1, 6))).encode()
+        for i in range(200)
+    ]
+    recent = RecentSeries(limit=3)
+    with ThreadPoolExecutor(4) as threads:
+        shared = list(threads.map(lambda b: influx.decode(b, now_ms=T_MS, recent=recent), bodies))
+    for got, body in zip(shared, bodies, strict=True):
+        assert got.records.equals(influx.decode(body, now_ms=T_MS).records)
+    rows = [r for d in shared for r in d.records.to_pylist()]
+    assert {r["reason"].split(":")[0] for r in rows if r["reason"]} == {
+        "invalid_payload",
+        "missing_field",
+        "wrong_type",
+    }
+
+
 @pytest.mark.parametrize(
     ("precision", "stamp"),
     [("ns", 1763600000123456789), ("us", 1763600000123456), ("ms", 1763600000123), ("s", 1763600000), ("h", 489888)],

@@ -34,6 +34,7 @@ import time
 from metrics_lake.app.gateway.protocols import Decoded
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.app.gateway.protocols.points import PointsBuilder
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
 from metrics_lake.lake_schemas.errors import InputError
 
 __all__ = ["PRECISIONS", "LineError", "decode", "precision_divisor"]
@@ -73,14 +74,16 @@ def precision_divisor(precision: str | None) -> int:
         raise InputError(f"precision {precision[:20]!r} is not one of {', '.join(PRECISIONS)}") from None
 
 
-def decode(body: bytes, precision: int = 1, now_ms: int | None = None) -> Decoded:
+def decode(body: bytes, precision: int = 1, now_ms: int | None = None, recent: RecentSeries | None = None) -> Decoded:
     """Log records of a line-protocol body (module docstring); never raises for bad input.
 
     ``precision``: nanoseconds per timestamp unit (:func:`precision_divisor`);
-    ``now_ms``: the time of lines without a timestamp (default: now).
+    ``now_ms``: the time of lines without a timestamp (default: now);
+    ``recent``: the series of earlier requests, so this one's records take
+    their columns from a catalog (:mod:`~metrics_lake.app.gateway.protocols.series_catalog`).
     """
     now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    builder = PointsBuilder()
+    builder = PointsBuilder(recent.catalog() if recent is not None else None)
     try:
         lines = body.decode("utf-8").split("\n")
     except UnicodeDecodeError:
