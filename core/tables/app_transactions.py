@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 from metrics_lake.core import keys
 from metrics_lake.core.storage import Store
 
-__all__ = ["FollowedTable", "followed"]
+__all__ = ["TXN_RETENTION", "FollowedTable", "followed"]
 
 #: A table property under which delta-rs expires ``txn`` actions: their versions cannot be followed by commits.
 TXN_RETENTION = "delta.setTransactionRetentionDuration"
