@@ -9,7 +9,8 @@ that committed nothing counts nothing.
 For a stream that runs for months, gauges read at each scrape say whether
 anything grows that should not: the process's own (``process_*``:
 ``process_resident_memory_bytes`` and the rest of prometheus_client's
-process collector), and the lake's (:class:`LakeStateCollector`): active data
+process collector; ``lake_process_*``: what its allocators hold in use and
+free, :mod:`metrics_lake.app.process_metrics`), and the lake's (:class:`LakeStateCollector`): active data
 files and Delta version per speed table (``lake_table_active_files``,
 ``lake_table_version``) and segments per log partition
 (``lake_log_segments``). Alert on them as on any other metric (e.g. files
@@ -23,6 +24,7 @@ import threading
 import prometheus_client as prom
 from prometheus_client.core import GaugeMetricFamily
 
+from metrics_lake.app.process_metrics import register_process_metrics
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.speed.micro_batch import BatchOutcome
 from metrics_lake.core.speed.progress import POSITION_TABLES
@@ -71,7 +73,7 @@ class SpeedMetrics:
 
     def __init__(self, store: Store | None = None, topic: str | None = None) -> None:
         self.registry = prom.CollectorRegistry()
-        prom.ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, open fds, CPU seconds
+        register_process_metrics(self.registry)  # resident size, open fds, CPU seconds, malloc and Arrow bytes
         if store is not None and topic is not None:
             self.registry.register(LakeStateCollector(store, topic))
         self.batches = prom.Counter("lake_stream_batches", "Committed micro-batches.", registry=self.registry)

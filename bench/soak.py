@@ -20,7 +20,9 @@ windows lag p99 of the period (seconds since the moment the log held as many
 records as ``metric_windows_1m`` does, sampled every 2 s), the dashboard
 panel's latency and a warm analyst query's (the last 15 minutes of
 ``metric_windows_1m`` aggregated per metric, with deltalake and pyarrow in
-this process: the same snapshot every reader sees). At the end the agents
+this process: the same snapshot every reader sees), and what the driver's
+allocators hold (its ``lake_process_*`` gauges: glibc malloc's bytes in use
+and kept free, pyarrow's pool): data held, against memory kept for reuse. At the end the agents
 stop, the stream catches up, and bronze must hold every acknowledged event
 exactly once (positions unique, count equal).
 
@@ -147,12 +149,17 @@ def rss(pid: int, tree: bool = False) -> int:
         return 0
 
 
-def active_files(metrics_url: str) -> dict[str, int]:
-    """``lake_table_active_files`` per table, from the stream's ``/metrics``."""
-    text = requests.get(metrics_url, timeout=5).text
+def active_files(text: str) -> dict[str, int]:
+    """``lake_table_active_files`` per table, from the stream's ``/metrics`` text."""
     return {
         m[1]: int(float(m[2])) for m in re.finditer(r'^lake_table_active_files\{table="(\w+)"\} (\S+)$', text, re.M)
     }
+
+
+def gauge(text: str, name: str) -> float:
+    """The value of unlabelled gauge ``name`` in a ``/metrics`` text (NaN if absent)."""
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found[1]) if found else float("nan")
 
 
 def main() -> None:
@@ -195,7 +202,8 @@ def main() -> None:
     print(
         f"{'min':>5} {'gateway':>9} {'driver':>9} {'stream tree':>12} {'dashboard':>10} "
         + " ".join(f"{t[:12]:>12}" for t in TABLES)
-        + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11} {'driver min-max':>15}",
+        + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11} {'driver min-max':>15}"
+        + f" {'malloc used':>12} {'malloc free':>12} {'arrow':>6}",
         flush=True,
     )
     try:
@@ -215,7 +223,12 @@ def main() -> None:
                 next_panel = now + 10
             if now >= next_report + args.report_minutes * 60:
                 next_report = now
-                files = active_files(metrics_url)
+                scraped = requests.get(metrics_url, timeout=5).text
+                files = active_files(scraped)
+                malloc_used, malloc_free, arrow = (
+                    gauge(scraped, f"lake_process_{name}_bytes")
+                    for name in ("malloc_in_use", "malloc_free", "arrow_allocated")
+                )
                 minutes = (now - started) / 60
                 rate = agents.acked / max(now - started, 1e-9)
                 print(
@@ -223,7 +236,8 @@ def main() -> None:
                     f"{mib(rss(stream.pid, tree=True)):>12} {mib(rss(dashboard.pid)):>10} "
                     + " ".join(f"{files.get(str(t), 0):>12,}" for t in TABLES)
                     + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
-                    f" {rate:>11,.0f} {f'{mib(min(driver_rss))}-{mib(max(driver_rss))}':>15}",
+                    f" {rate:>11,.0f} {f'{mib(min(driver_rss))}-{mib(max(driver_rss))}':>15}"
+                    f" {malloc_used / 2**20:>12,.0f} {malloc_free / 2**20:>12,.0f} {arrow / 2**20:>6,.0f}",
                     flush=True,
                 )
                 lags, panel_seconds, driver_rss = [], [], []

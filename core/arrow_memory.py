@@ -1,11 +1,17 @@
 """The memory the lake's processes allocate from: the system allocator, which keeps what they free for reuse.
 
-- :func:`use_system_allocator`: pyarrow's default pool becomes the system
-  allocator (glibc's malloc) instead of this build's mimalloc, unless
-  ``ARROW_DEFAULT_MEMORY_POOL`` (Arrow's "Memory Management" documentation)
-  names one. The speed layer's tasks allocate a few large, short-lived
-  buffers per chunk of the log, and mimalloc maps fresh pages for them
-  again and again, each a page fault the kernel zeroes.
+- :func:`default_to_system_allocator`: Arrow's C++ default pool becomes the
+  system allocator (glibc's malloc) instead of this build's mimalloc, by
+  ``ARROW_DEFAULT_MEMORY_POOL=system`` (Arrow's "Memory Management"
+  documentation), unless the variable names another pool. Arrow reads it
+  once, when pyarrow is imported, so this comes first, before any import of
+  pyarrow; processes started from this one (Spark's JVM and its Python
+  workers) inherit it.
+- :func:`use_system_allocator`: the same for the pool pyarrow's Python calls
+  default to, where the variable came too late (pyarrow already imported).
+  The speed layer's tasks allocate a few large, short-lived buffers per
+  chunk of the log, and mimalloc maps fresh pages for them again and again,
+  each a page fault the kernel zeroes.
 - :func:`keep_freed_memory`: malloc serves large blocks from its heap and
   keeps them when freed (``mallopt``, glibc's "Memory Allocation Tunables"),
   with every thread on the main arena, so a stream driver that rebuilds its
@@ -14,12 +20,24 @@
 - :func:`release_freed_memory`: the price of keeping freed memory is that a
   process keeps its high-water mark, so a long-running process gives it back
   after its rare large steps (the stream: after every compaction round).
+- :func:`memory_usage`: what the process's allocators hold, in use and free,
+  so that a resident size that grows can be told apart: live data, or freed
+  memory the allocator keeps.
 
-The ``lake`` process sets the first two first thing
-(:func:`metrics_lake.app.cli.main`), and so does Spark's Python worker daemon
-before it forks (``metrics_lake.spark.worker_daemon``): the speed layer's
-tasks run there. What each choice was measured to save, and against what, is
-on the documentation's performance page ("Memory allocation").
+Why both pools: ``pyarrow.set_memory_pool`` changes only the pool of
+pyarrow's Python calls. Arrow's C++ code allocates from its own default
+(Parquet's reader and writer properties, for one), which only the variable
+chooses: in a ``lake stream`` driver that set the Python pool alone, mimalloc
+still held 48 MiB and its mapping 136 MiB resident after 11 minutes
+(2026-11-28, ``bench/soak.py``).
+
+The ``lake`` process calls :func:`default_to_system_allocator` before it
+imports anything else (:mod:`metrics_lake.app.entry`), then the next two
+(:func:`metrics_lake.app.cli.main`), and so does Spark's Python worker
+daemon before it forks (``metrics_lake.spark.worker_daemon``): the speed
+layer's tasks run there. This module imports pyarrow only when a function
+needs it. What each choice was measured to save, and against what, is on
+the documentation's performance page ("Memory allocation").
 """
 
 from __future__ import annotations
@@ -28,10 +46,18 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from dataclasses import dataclass
 
-import pyarrow as pa
-
-__all__ = ["MALLOC_ENV", "POOL_ENV", "keep_freed_memory", "release_freed_memory", "use_system_allocator"]
+__all__ = [
+    "MALLOC_ENV",
+    "POOL_ENV",
+    "MemoryUsage",
+    "default_to_system_allocator",
+    "keep_freed_memory",
+    "memory_usage",
+    "release_freed_memory",
+    "use_system_allocator",
+]
 
 #: Arrow's own environment variable for its default pool (``system``, ``jemalloc`` or ``mimalloc``).
 POOL_ENV = "ARROW_DEFAULT_MEMORY_POOL"
@@ -54,6 +80,20 @@ _M_ARENA_MAX = -8
 _KEEP_BYTES = 2**31 - 1
 
 
+def default_to_system_allocator() -> bool:
+    """Make the system allocator Arrow's C++ default pool in this process and those it starts (module docstring).
+
+    Sets ``ARROW_DEFAULT_MEMORY_POOL=system`` unless the variable is set
+    (the user's choice wins). Must run before pyarrow is imported: returns
+    False, changing nothing, if it already is or the variable is set; True
+    once set.
+    """
+    if "pyarrow" in sys.modules or os.environ.get(POOL_ENV):
+        return False
+    os.environ[POOL_ENV] = "system"
+    return True
+
+
 def use_system_allocator() -> None:
     """Make the system allocator pyarrow's default pool in this process, unless ``ARROW_DEFAULT_MEMORY_POOL`` is set.
 
@@ -62,6 +102,8 @@ def use_system_allocator() -> None:
     thread-safe). Affects every pyarrow call that does not name a pool
     (reads, compute, Parquet writes). Then :func:`keep_freed_memory`.
     """
+    import pyarrow as pa
+
     if not os.environ.get(POOL_ENV):
         pa.set_memory_pool(pa.system_memory_pool())
     keep_freed_memory()
@@ -105,3 +147,44 @@ def release_freed_memory() -> bool:
         return False
     trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
     return bool(trim(0)) if trim is not None else False
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33+): every field a ``size_t`` of bytes (or a count)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """What a process's allocators hold, in bytes.
+
+    ``malloc_in_use``: glibc malloc's allocated bytes, every arena, mapped blocks included (``mallinfo2``'s
+    ``uordblks + hblkhd``): live native data (pyarrow's buffers in the system pool, numpy arrays, CPython's
+    large objects and its small-object arenas); ``malloc_free``: free bytes malloc keeps in its arenas
+    (``fordblks``; resident only as far as they were touched and not trimmed); ``arrow_allocated``: bytes
+    pyarrow's default pool has handed out and not yet freed (a part of ``malloc_in_use`` when that pool is the
+    system allocator). ``None`` where the C library has no ``mallinfo2`` (not glibc 2.33+).
+    """
+
+    malloc_in_use: int | None
+    malloc_free: int | None
+    arrow_allocated: int
+
+
+def memory_usage() -> MemoryUsage:
+    """The process's :class:`MemoryUsage` now (``mallinfo2`` walks every arena under its lock: milliseconds with a
+    large heap, so for a scrape, not for every batch)."""
+    import pyarrow as pa
+
+    mallinfo2 = None
+    if sys.platform.startswith("linux"):
+        mallinfo2 = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallinfo2", None)
+    if mallinfo2 is None:
+        return MemoryUsage(None, None, pa.total_allocated_bytes())
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return MemoryUsage(info.uordblks + info.hblkhd, info.fordblks, pa.total_allocated_bytes())

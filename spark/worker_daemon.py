@@ -69,10 +69,13 @@ def _import_task_modules() -> None:
     import metrics_lake.spark.datasources.log_source  # noqa: F401
     from metrics_lake.core.arrow_memory import use_system_allocator
 
-    use_system_allocator()  # forked workers inherit the pool (metrics_lake.core.arrow_memory)
+    use_system_allocator()  # forked workers inherit the pools (metrics_lake.core.arrow_memory)
 
 
 if __name__ == "__main__":
+    from metrics_lake.core.arrow_memory import default_to_system_allocator
+
+    default_to_system_allocator()  # before pyarrow is imported: Arrow's C++ pool too (metrics_lake.core.arrow_memory)
     if sys.argv[1:2] in ([], [TASK_WORKER]):
         _import_task_modules()
         gc.freeze()  # after every import, right before the forks

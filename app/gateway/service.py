@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from metrics_lake.app.auth import Authenticator, Caller
 from metrics_lake.app.gateway.body import records_from_body
+from metrics_lake.app.process_metrics import register_process_metrics
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Change, Inventory, check_labels
 from metrics_lake.core.log.log import AppendResult
@@ -47,6 +48,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = prom.CollectorRegistry()
+        register_process_metrics(self.registry)  # resident size, CPU seconds, malloc and Arrow bytes
         self.accepted = prom.Counter(
             "lake_gateway_events_accepted",
             "Valid events appended to the log (retried duplicates not counted).",

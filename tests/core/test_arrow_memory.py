@@ -44,6 +44,59 @@ def test_the_cli_sets_it_before_any_command_runs():
     assert probe.stderr.split()[-1] == "system"
 
 
+#: A Parquet round trip after the lake command's start (``entry``) or after only pyarrow's Python pool was set
+#: (``python``): the Python pool's name and the most mimalloc ever held (Parquet's writer allocates from Arrow's
+#: C++ default pool).
+CPP_POOL_PROBE = """
+import io, sys
+if sys.argv[1] == "entry":
+    from metrics_lake.app import entry
+    sys.argv = ["lake", "--help"]
+    try:
+        entry.main()
+    except SystemExit:
+        pass
+else:
+    from metrics_lake.core.arrow_memory import use_system_allocator
+    use_system_allocator()
+import pyarrow as pa, pyarrow.parquet as pq
+sink = io.BytesIO()
+pq.write_table(pa.table({"x": pa.array(range(10**6))}), sink)
+pq.read_table(io.BytesIO(sink.getvalue()))
+print(pa.default_memory_pool().backend_name, pa.mimalloc_memory_pool().max_memory())
+"""
+
+
+def test_the_lake_command_makes_it_arrows_cpp_default_pool_too():
+    env = {k: v for k, v in os.environ.items() if k != POOL_ENV}
+
+    def probe(start: str) -> list[str]:
+        ran = subprocess.run([sys.executable, "-c", CPP_POOL_PROBE, start], env=env, capture_output=True, text=True)
+        return ran.stdout.split()[-2:]
+
+    pool, mimalloc_peak = probe("python")
+    assert pool == "system" and int(mimalloc_peak) > 1_000_000  # why the variable is needed
+    assert probe("entry") == ["system", "0"]
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("", "True system"),
+        ("import pyarrow; ", "False mimalloc"),  # too late: Arrow read the variable at import
+        ("import os; os.environ['ARROW_DEFAULT_MEMORY_POOL'] = 'jemalloc'; ", "False jemalloc"),
+    ],
+)
+def test_the_variable_is_set_only_before_pyarrow_is_imported_and_only_if_unset(setup, expected):
+    env = {k: v for k, v in os.environ.items() if k != POOL_ENV}
+    code = (
+        f"{setup}from metrics_lake.core.arrow_memory import default_to_system_allocator as d; first = d(); "
+        "import pyarrow as pa; print(first, pa.default_memory_pool().backend_name)"
+    )
+    probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == expected
+
+
 #: Where malloc puts a 64 MiB block, on the main thread and then on a new thread (below the program break: the
 #: heap; else a mapping of its own), and whether a block of the same size allocated after freeing it is the same
 #: memory, not pages the kernel zeroed again.
