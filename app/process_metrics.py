@@ -8,14 +8,15 @@ open fds, CPU seconds) :func:`register_process_metrics` adds
 :class:`MemoryCollector`, read at each scrape:
 
 - ``lake_process_malloc_in_use_bytes``: glibc malloc's allocated bytes (live
-  native data: pyarrow's buffers, numpy arrays, CPython's objects);
+  native data: pyarrow's buffers, numpy arrays, CPython's larger objects);
 - ``lake_process_malloc_free_bytes``: free bytes malloc keeps in its arenas;
 - ``lake_process_arrow_allocated_bytes``: pyarrow's default pool, allocated
   and not yet freed.
 
 Resident size growing while the first stays flat is memory kept, not leaked;
 the first growing is data held. Memory of other allocators (delta-rs's
-jemalloc) is in neither: it is the rest of the resident size.
+jemalloc, CPython's small-object arenas) is in neither: it is the rest of
+the resident size.
 """
 
 from __future__ import annotations

@@ -164,10 +164,11 @@ class MemoryUsage:
 
     ``malloc_in_use``: glibc malloc's allocated bytes, every arena, mapped blocks included (``mallinfo2``'s
     ``uordblks + hblkhd``): live native data (pyarrow's buffers in the system pool, numpy arrays, CPython's
-    large objects and its small-object arenas); ``malloc_free``: free bytes malloc keeps in its arenas
-    (``fordblks``; resident only as far as they were touched and not trimmed); ``arrow_allocated``: bytes
-    pyarrow's default pool has handed out and not yet freed (a part of ``malloc_in_use`` when that pool is the
-    system allocator). ``None`` where the C library has no ``mallinfo2`` (not glibc 2.33+).
+    objects over 512 bytes; not its small-object arenas, which it maps itself); ``malloc_free``: free bytes
+    malloc keeps in its arenas (``fordblks``; resident only as far as they were touched and not trimmed);
+    ``arrow_allocated``: bytes pyarrow's default pool has handed out and not yet freed (a part of
+    ``malloc_in_use`` when that pool is the system allocator). ``None`` where the C library has no
+    ``mallinfo2`` (not glibc 2.33+).
     """
 
     malloc_in_use: int | None

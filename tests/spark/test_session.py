@@ -70,23 +70,30 @@ def test_rdd_and_sql_python_tasks_fork_from_the_one_preloaded_daemon(spark):
 
 
 def test_python_workers_allocate_arrow_buffers_from_the_system_allocator(spark):
-    """The worker daemon sets Arrow's pool and malloc's reuse of large blocks before it forks
-    (metrics_lake.core.arrow_memory): every task has both."""
+    """The worker daemon sets Arrow's pools (Python's and, before importing pyarrow, C++'s) and malloc's reuse of
+    large blocks before it forks (metrics_lake.core.arrow_memory): every task has all three; a Parquet write, whose
+    buffers come from Arrow's C++ default pool, takes nothing from mimalloc."""
 
     def memory_of_worker(_):
         import ctypes
         import ctypes.util
+        import io
+
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"x": pa.array(range(100_000))}), io.BytesIO())
 
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         libc.free.argtypes = [ctypes.c_void_p]
         libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
         block = libc.malloc(64 << 20)
-        yield pa.default_memory_pool().backend_name, "heap" if block < libc.sbrk(0) else "mapped"
+        placed = "heap" if block < libc.sbrk(0) else "mapped"
+        yield pa.default_memory_pool().backend_name, placed, pa.mimalloc_memory_pool().max_memory()
         libc.free(block)
 
     workers = spark.sparkContext.parallelize([0, 1], 2).mapPartitions(memory_of_worker).collect()
-    assert set(workers) == {("system", "heap")}
+    assert set(workers) == {("system", "heap", 0)}
 
 
 def test_python_workers_leave_the_daemons_imports_out_of_garbage_collection(spark):
