@@ -22,8 +22,10 @@ median seconds of each step of a batch (``lake --verbose stream``'s
 stages: planning, Spark tasks, each table's commit). A batch's
 windows upsert grows over each wall-clock minute (the open minute's windows
 gain buckets), so a measured span of whole minutes (the default, 60 s) weighs
-every second of the minute once, wherever the run starts. Run:
-``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60]``.
+every second of the minute once, wherever the run starts. With
+``--compaction-cost`` the peer is instead ``lake stream`` with continuous
+compaction off, so the difference is what compaction costs. Run:
+``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60] [--compaction-cost]``.
 """
 
 from __future__ import annotations
@@ -135,10 +137,14 @@ def measure(root: Path, settings, rate: int, seconds: int, start_consumer, stop_
     return result
 
 
-def run_lake(rate: int, seconds: int) -> dict:
+def run_lake(rate: int, seconds: int, compaction: bool = True) -> dict:
+    """``lake stream --trigger 1`` at ``rate`` (module docstring); ``compaction=False``: with continuous compaction
+    off (``LAKE_COMPACTION_INTERVAL_SECONDS=0``), to measure what it costs."""
     with tempfile.TemporaryDirectory(prefix="lake-steady-") as tmp:
         work = Path(tmp)
         env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250")
+        if not compaction:
+            env["LAKE_COMPACTION_INTERVAL_SECONDS"] = "0"
         settings = load_settings(root=env["LAKE_ROOT"], checkpoint_dir=env["LAKE_CHECKPOINT_DIR"])
         SegmentLog(LocalStore(settings.root)).ensure_topic(settings.topic, settings.partitions)
         process: list[subprocess.Popen] = []
@@ -231,14 +237,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", nargs="+", type=int, default=[50_000, 100_000, 200_000])
     parser.add_argument("--seconds", type=int, default=60, help="seconds measured after the warm-up (whole minutes)")
+    parser.add_argument(
+        "--compaction-cost",
+        action="store_true",
+        help="the peer is the same lake stream with continuous compaction off (what compaction costs)",
+    )
     args = parser.parse_args()
     use_system_allocator()  # the peer allocates as the lake's processes do (metrics_lake.core.arrow_memory)
     print(
         f"{'target ev/s':>12} {'runner':<28} {'produced ev/s':>14} {'table':<18} {'lag p50 s':>10} {'p99 s':>7} "
         f"{'max s':>7} {'peak RSS MiB':>13}"
     )
+    peer = ("peer: same code, no Spark", run_peer)
+    if args.compaction_cost:
+        peer = ("peer: no compaction", lambda rate, seconds: run_lake(rate, seconds, compaction=False))
     for rate in args.rates:
-        for name, run in (("lake stream --trigger 1", run_lake), ("peer: same code, no Spark", run_peer)):
+        for name, run in (("lake stream --trigger 1", run_lake), peer):
             r = run(rate, args.seconds)
             for table in TABLES:
                 lag = r[table]
