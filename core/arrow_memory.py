@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -78,6 +79,16 @@ _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
 #: Free memory at the top of the heap malloc keeps instead of returning it (bytes; the largest value mallopt takes).
 _KEEP_BYTES = 2**31 - 1
+
+
+@functools.cache
+def _libc_function(name: str):
+    """The C library's function ``name`` (a ctypes function), or None off Linux or where it has none (musl: no
+    ``mallopt``; glibc before 2.33: no ``mallinfo2``). Looked up once: ``find_library`` runs ``ldconfig``, about
+    2.5 ms, and :func:`memory_usage` is called at every scrape."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return getattr(ctypes.CDLL(ctypes.util.find_library("c")), name, None)
 
 
 def default_to_system_allocator() -> bool:
@@ -123,11 +134,8 @@ def keep_freed_memory() -> bool:
     True once set.
     """
     tuned = any(os.environ.get(name) for name in MALLOC_ENV) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
-    if not sys.platform.startswith("linux") or tuned:
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:  # musl has no mallopt
+    mallopt = _libc_function("mallopt")
+    if mallopt is None or tuned:
         return False
     settings = ((_M_MMAP_MAX, 0), (_M_ARENA_MAX, 1), (_M_TRIM_THRESHOLD, _KEEP_BYTES))
     return all(mallopt(parameter, value) == 1 for parameter, value in settings)
@@ -143,9 +151,7 @@ def release_freed_memory() -> bool:
     batch uses again. Returns False where there is no ``malloc_trim`` (not
     glibc), else whether memory was released.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim", None)
+    trim = _libc_function("malloc_trim")
     return bool(trim(0)) if trim is not None else False
 
 
@@ -181,11 +187,9 @@ def memory_usage() -> MemoryUsage:
     large heap, so for a scrape, not for every batch)."""
     import pyarrow as pa
 
-    mallinfo2 = None
-    if sys.platform.startswith("linux"):
-        mallinfo2 = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "mallinfo2", None)
+    mallinfo2 = _libc_function("mallinfo2")
     if mallinfo2 is None:
         return MemoryUsage(None, None, pa.total_allocated_bytes())
-    mallinfo2.restype = _MallInfo2
+    mallinfo2.restype = _MallInfo2  # the cached function object: setting it again is the same
     info = mallinfo2()
     return MemoryUsage(info.uordblks + info.hblkhd, info.fordblks, pa.total_allocated_bytes())
