@@ -314,11 +314,16 @@ def window_states(
     return _states(
         windows,
         query,
-        int(wanted.min()),
-        int(wanted.max()) + query.duration_s * 1_000_000,
+        *window_span(query, wanted),
         lambda window_start, window_end: np.isin(window_start, wanted),
         merge,
     )
+
+
+def window_span(query: StoredQuery, starts_us: np.ndarray) -> tuple[int, int]:
+    """``[lo, hi)`` (epoch µs): the minutes that ``query``'s windows starting at ``starts_us`` (not empty) hold."""
+    wanted = np.asarray(starts_us, dtype=np.int64)
+    return int(wanted.min()), int(wanted.max()) + query.duration_s * 1_000_000
 
 
 def _states(

@@ -21,35 +21,42 @@ upsert inserts the batch's states into those rows
 minute is several files, one per shard of its series, each kept.
 
 Stored queries read more than the minute being written: a 1-hour window
-holds every minute of its hour, so without more each batch would read every
-earlier minute's file of the hour again (at 200,000 series and minute 30,
-about 30 files of 120 MB) for the few rows of the queried metrics. The
-driver therefore also keeps, from one query evaluation to the next, the
-rows of the queried metrics it took from each file (a *selection*: a few
-thousand rows a minute). A minute's last file is one the driver wrote and
-kept, so the evaluation after it takes its selection without reading it; a
-file neither kept nor selected is read, with the metric filter pushed into
-the Parquet reader.
+holds every minute of its hour. A query window is the merge of its minutes,
+and a minute's state the merge of every selected series' window of that
+minute (:func:`~metrics_lake.core.kernels.stored_queries.merge_minutes`).
+Merging is what costs: the fleet's hourly query merged every minute of the
+hour so far again in each batch (in process, 2,500 servers x 10 metrics,
+batches of 20 s of events: at minute 8 of the hour 0.15 s of a batch's 0.29 s
+of query results, growing with the minute; 0.14 s of CPU with the merges
+kept). The driver therefore keeps each query's merged minutes with the files
+that may hold that minute's rows (:meth:`OpenWindows.merged_minutes`): the
+files whose ``window_start`` statistics cover the minute
+(:func:`minute_files`). A file is immutable and its name unique, so a minute
+covered by the very same files has the very same rows, and its merge is
+reused; only the minutes whose files changed (the batch's own, a late
+event's, a compaction's or a recompute's) are merged again. A file that
+covers a minute by its statistics without holding rows of it only makes
+that minute merge again when the file comes or goes.
 
-A query window is the merge of its minutes, and a minute's state the
-merge of every selected series' window of that minute
-(:func:`~metrics_lake.core.kernels.stored_queries.merge_minutes`). Merging
-is what costs: the fleet's hourly query merged every minute of the hour so
-far again in each batch (in process, 2,500 servers x 10 metrics, batches
-of 20 s of events: at minute 8 of the hour 0.15 s of a batch's 0.29 s of
-query results, growing with the minute; 0.14 s of CPU with the merges kept). The driver
-therefore also keeps each query's merged minutes with the files their rows
-came from (:meth:`OpenWindows.merged_minutes`): a minute merged before from
-the very same files has the very same rows, so its merge is reused, and
-only the minutes whose files changed (the batch's own, a late event's, a
-compaction's or a recompute's) are merged again.
+So the rows an evaluation needs are those of the minutes it merges again
+(:meth:`OpenWindows.stale_minutes`) and, for a ``PER SERVER`` query, every
+minute of its windows (each server's rows are its own states). The driver
+keeps, from one evaluation to the next, the rows of the queried metrics it
+took from each file it needed (a *selection*), since the next batch needs
+nearly the same: a ``PER SERVER`` query's earlier minutes again, and the
+minute being written, whose last file is one the driver wrote and kept. A
+file neither kept nor selected is read, with the metric filter pushed into
+the Parquet reader. Keeping every file of the hour instead held 43 MB at
+minute 7 of the hour (4,000 servers, the default queries), growing by about
+6 MB a minute until the hour ended.
 
 Memory: the rows of the files one commit wrote, about one minute's windows
 (at 200,000 series near a minute's end: about 120 MB, most of it sketches),
-plus the selections the last query evaluation took (for the default stored
-queries at 2,000 servers: 6,000 rows for each minute of the current hour,
-sketches included), plus each query's merged minutes (a row per minute for
-a fleet-wide query, a row per group and minute for ``BY``).
+plus the selections the last evaluation needed (for the default stored
+queries: the CPU rows of the current quarter hour for ``server_cpu_15m``, and
+the rows of the minutes merged again, usually the current one), plus each
+query's merged minutes (a row per minute for a fleet-wide query, a row per
+group and minute for ``BY``).
 """
 
 from __future__ import annotations
@@ -64,24 +71,28 @@ from metrics_lake.core.kernels.stored_queries import StoredQuery, merge_minutes,
 from metrics_lake.core.kernels.windows import WINDOW_STATE
 from metrics_lake.core.tables.snapshots import DataFile
 
-__all__ = ["SOURCE", "OpenWindows", "with_sources"]
+__all__ = ["MINUTE_US", "OpenWindows", "minute_files"]
 
-#: The column :func:`with_sources` adds to window rows: the Delta log path of the file each row came from.
-SOURCE = "source"
+#: A 1-minute window's length in µs: the step of ``metric_windows_1m``'s ``window_start``.
+MINUTE_US = 60_000_000
 
 
-def with_sources(selections: Mapping[str, pa.Table]) -> pa.Table:
-    """The rows of ``selections`` (Delta log path -> rows taken from that file), concatenated, with a
-    :data:`SOURCE` column (dictionary-encoded path) naming each row's file: what
-    :meth:`OpenWindows.merged_minutes` tells unchanged minutes by."""
-    rows = pa.concat_tables(selections.values())
-    files = np.repeat(np.arange(len(selections), dtype=np.int32), [t.num_rows for t in selections.values()])
-    paths = pa.DictionaryArray.from_arrays(pa.array(files, pa.int32()), pa.array(list(selections), pa.string()))
-    return rows.append_column(SOURCE, paths)
+def minute_files(files: Iterable[DataFile], lo_us: int, hi_us: int) -> dict[int, frozenset[str]]:
+    """Each minute in ``[lo_us, hi_us)`` (epoch µs) that one of ``files`` may hold rows of, mapped to the Delta log
+    paths of those files: those whose ``window_start`` statistics cover it (a file without statistics covers every
+    minute). Every row of a minute comes from a file its set names; the set may name more."""
+    covered: dict[int, set[str]] = {}
+    for data_file in files:
+        low, high = data_file.window_starts or (lo_us, hi_us - 1)
+        low, high = max(low, lo_us), min(high + 999, hi_us - 1)  # Delta keeps the statistics to the millisecond
+        for minute in range(low + (-low) % MINUTE_US, high + 1, MINUTE_US):
+            covered.setdefault(minute, set()).add(data_file.relative)
+    return {minute: frozenset(paths) for minute, paths in covered.items()}
 
 
 class OpenWindows:
-    """Rows of the open-window files the speed layer committed last, and selections of window files, by Delta log path.
+    """Rows of the open-window files the speed layer committed last, selections of window files, by Delta log path,
+    and the stored queries' merged minutes.
 
     One per running stream (its driver); not thread-safe (a stream commits
     one batch at a time). Kept rows are :data:`~metrics_lake.lake_schemas.tables.METRIC_WINDOWS_1M`
@@ -92,9 +103,9 @@ class OpenWindows:
 
     def __init__(self) -> None:
         self._rows: dict[str, pa.Table] = {}
-        self._selected: tuple[frozenset[str], tuple[str, ...]] | None = None  # (metrics, columns) of _selections
-        self._selections: dict[str, pa.Table] = {}
-        # query -> minute (epoch µs) -> (paths of the files its rows came from, the minute merged)
+        self._columns: tuple[str, ...] = ()  # of every selection
+        self._selections: dict[str, tuple[frozenset[str], pa.Table]] = {}  # path -> (metrics, their rows)
+        # query -> minute (epoch µs) -> (paths of the files covering it, the minute merged)
         self._minutes: dict[tuple[str, int, str], dict[int, tuple[frozenset[str], pa.Table]]] = {}
 
     def rows_of(self, files: Iterable[DataFile]) -> list[pa.Table] | None:
@@ -112,23 +123,30 @@ class OpenWindows:
         self._rows = dict(written)
 
     def selection_of(self, data_file: DataFile, metrics: frozenset[str], columns: tuple[str, ...]) -> pa.Table | None:
-        """``columns`` of the rows of ``metrics`` in ``data_file``, if kept: a selection the last query evaluation
-        took with the same metrics and columns, or the file's kept rows filtered; else ``None``."""
-        if self._selected == (metrics, columns) and data_file.relative in self._selections:
-            return self._selections[data_file.relative]
-        rows = self._rows.get(data_file.relative)
+        """``columns`` of the rows of ``metrics`` in ``data_file``, if kept: from a selection the last evaluation took
+        of the same columns and of these metrics or more, or from the file's kept rows; else ``None``."""
+        kept = self._selections.get(data_file.relative) if self._columns == columns else None
+        if kept is not None and kept[0] == metrics:
+            return kept[1]
+        rows = kept[1] if kept is not None and kept[0] >= metrics else self._rows.get(data_file.relative)
         if rows is None:
             return None
         wanted = pc.is_in(rows.column("metric"), pa.array(sorted(metrics), pa.string()))
         return rows.filter(wanted).select(list(columns))
 
     def keep_selections(
-        self, metrics: frozenset[str], columns: tuple[str, ...], selections: Mapping[str, pa.Table]
+        self, columns: tuple[str, ...], selections: Mapping[str, tuple[frozenset[str], pa.Table]]
     ) -> None:
-        """Keep ``selections`` (Delta log path -> ``columns`` of the rows of ``metrics`` in that file), forgetting
-        the selections kept before: only the files the last evaluation read stay."""
-        self._selected = (metrics, columns)
+        """Keep ``selections`` (Delta log path -> (metrics, ``columns`` of their rows in that file)), forgetting
+        the selections kept before: only the files the last evaluation needed stay."""
+        self._columns = columns
         self._selections = dict(selections)
+
+    def stale_minutes(self, query: StoredQuery, coverage: Mapping[int, frozenset[str]]) -> list[int]:
+        """The minutes of ``coverage`` (minute -> the files covering it, :func:`minute_files`) that
+        :meth:`merged_minutes` would merge again for ``query``: those not merged last time from the same files."""
+        previous = self._minutes.get(_key(query), {})
+        return sorted(at for at, files in coverage.items() if at not in previous or previous[at][0] != files)
 
     def merged_minutes(
         self,
@@ -136,44 +154,38 @@ class OpenWindows:
         windows: pa.Table,
         keep: pa.ChunkedArray | pa.Array,
         keyed: Callable[[pa.Table], pa.Table],
+        *,
+        coverage: Mapping[int, frozenset[str]] | None = None,
     ) -> pa.Table:
         """A :data:`~metrics_lake.core.kernels.stored_queries.MinuteMerge` that remembers: the rows of ``windows``
-        that ``keep`` selects, keyed and merged per key and minute, each minute merged last time for ``query`` from
-        exactly the same files reused, and only the other minutes' rows taken from ``windows``. Keeps this call's
-        minutes for the next one (those of ``query`` it did not see are forgotten).
+        that ``keep`` selects, keyed and merged per key and minute, each minute of ``coverage`` (minute -> the files
+        covering it, :func:`minute_files`, for every minute of the query's windows) merged last time for ``query``
+        from exactly the same files reused. Bind ``coverage`` (``functools.partial``); without it every minute is
+        merged and nothing kept.
 
-        ``windows`` carry :data:`SOURCE` (:func:`with_sources`); without it every minute is merged. A file is
-        immutable and its name unique, so the same files give a minute the same rows; a minute a commit changed
-        (the batch's states, a compaction, a recompute) has rows from another file. A stored query's text and
-        revision name it: an edited query merges anew.
+        ``windows`` must hold every row of ``query`` in the minutes :meth:`stale_minutes` names; other minutes'
+        rows are not used. Keeps this call's minutes for the next one (those of ``query`` it did not see are
+        forgotten). A stored query's text and revision name it: an edited query merges anew.
         """
-        if SOURCE not in windows.column_names:
+        if coverage is None:
             return merge_selected(query, windows, keep, keyed)
-        selected = pc.fill_null(keep, False)
-        minute = pc.cast(windows.column("window_start"), pa.int64())
-        pairs = pa.table({"minute": minute, "file": windows.column(SOURCE)}).filter(selected)  # two small columns
-        pairs = pairs.set_column(1, "file", pairs.column("file").cast(pa.string()))
-        distinct = pairs.group_by(["minute", "file"]).aggregate([])
-        files: dict[int, set[str]] = {}
-        for at, path in zip(distinct.column("minute").to_pylist(), distinct.column("file").to_pylist(), strict=True):
-            files.setdefault(at, set()).add(path)
-        key = (query.name, query.revision, query.text)
-        previous, kept = self._minutes.get(key, {}), {}
-        for at, sources in files.items():
-            hit = previous.get(at)
-            if hit is not None and hit[0] == sources:
-                kept[at] = hit
-        todo = np.array(sorted(set(files) - set(kept)), np.int64)
-        if len(todo):
-            fresh = merge_minutes(keyed(windows.filter(pc.and_(selected, pc.is_in(minute, pa.array(todo))))))
+        key = _key(query)
+        stale = self.stale_minutes(query, coverage)
+        previous = self._minutes.get(key, {})
+        kept = {at: previous[at] for at in coverage if at in previous and previous[at][0] == coverage[at]}
+        if stale:
+            todo = np.array(stale, np.int64)
+            minute = pc.cast(windows.column("window_start"), pa.int64())
+            rows = windows.filter(pc.and_(pc.fill_null(keep, False), pc.is_in(minute, pa.array(todo))))
+            fresh = merge_minutes(keyed(rows)) if rows.num_rows else WINDOW_STATE.empty_table()
             starts = pc.cast(fresh.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
             bounds = np.searchsorted(starts, todo)
-            for at, lo, hi in zip(todo.tolist(), bounds, [*bounds[1:], len(starts)], strict=True):
-                kept[at] = (frozenset(files[at]), fresh.slice(int(lo), int(hi - lo)))
-        for stale in [k for k in self._minutes if k[0] == query.name and k != key]:  # the query before an edit
-            del self._minutes[stale]
+            for at, lo, hi in zip(stale, bounds, [*bounds[1:], len(starts)], strict=True):
+                kept[at] = (coverage[at], fresh.slice(int(lo), int(hi - lo)))
+        for stale_key in [k for k in self._minutes if k[0] == query.name and k != key]:  # the query before an edit
+            del self._minutes[stale_key]
         self._minutes[key] = kept
-        if not kept:  # no row selected
+        if not kept:  # no minute covered
             return WINDOW_STATE.empty_table()
         return pa.concat_tables([kept[at][1] for at in sorted(kept)])
 
@@ -203,3 +215,8 @@ class OpenWindows:
     def selected_paths(self) -> list[str]:
         """The Delta log paths of the files a selection is kept of, sorted."""
         return sorted(self._selections)
+
+
+def _key(query: StoredQuery) -> tuple[str, int, str]:
+    """What names a stored query's merged minutes: its name, revision and text."""
+    return query.name, query.revision, query.text

@@ -47,7 +47,11 @@ class DataFile:
     ``path``: where it is in the store's ``pyarrow.fs`` file system;
     ``relative``: its path as the Delta log names it (for remove actions);
     ``size`` in bytes; ``partition_values`` as Delta stores them (strings);
-    ``records``: row count from the file's statistics (``None`` if absent).
+    ``records``: row count from the file's statistics (``None`` if absent);
+    ``window_starts``: the smallest and largest ``window_start`` of a windowed
+    table's file from its statistics (epoch µs; ``None`` if absent). Delta
+    keeps timestamps to the millisecond, so a row's ``window_start`` lies in
+    ``[low, high + 999]``.
     """
 
     path: str
@@ -55,6 +59,7 @@ class DataFile:
     size: int
     partition_values: tuple[tuple[str, str | None], ...]
     records: int | None = None
+    window_starts: tuple[int, int] | None = None
 
 
 def check_readable(table: DeltaTable, name: str) -> None:
@@ -89,7 +94,7 @@ def snapshot_files(
     if partition is not None:
         wanted = {partition[1]} if isinstance(partition[1], str) else set(partition[1])
     files = []
-    for row in actions.to_pylist():
+    for row, window_starts in zip(actions.to_pylist(), _window_starts(actions), strict=True):
         relative = row["path"]
         path = unquote(relative)
         full = path.partition("://")[2] if "://" in path else path if path.startswith("/") else f"{base}/{path}"
@@ -97,8 +102,20 @@ def snapshot_files(
             (c.removeprefix("partition."), None if row[c] is None else _text(row[c])) for c in partition_columns
         )
         if wanted is None or dict(values).get(partition[0]) in wanted:
-            files.append(DataFile(full, relative, int(row["size_bytes"]), values, row.get("num_records")))
+            records = row.get("num_records")
+            files.append(DataFile(full, relative, int(row["size_bytes"]), values, records, window_starts))
     return files
+
+
+def _window_starts(actions: pa.Table) -> list[tuple[int, int] | None]:
+    """Per add action, its file's ``(min, max)`` ``window_start`` statistics in epoch µs, or ``None``."""
+    names = ("min.window_start", "max.window_start")
+    if not all(name in actions.column_names for name in names):
+        return [None] * actions.num_rows
+    low, high = (pc.cast(actions.column(name).cast(pa.timestamp("us", tz="UTC")), pa.int64()) for name in names)
+    return [
+        None if lo is None or hi is None else (lo, hi) for lo, hi in zip(low.to_pylist(), high.to_pylist(), strict=True)
+    ]
 
 
 def windowed_files(

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import Transaction
 
-from metrics_lake.core.kernels.stored_queries import StoredQuery, affected_windows, query_rows, window_states
+from metrics_lake.core.kernels.stored_queries import (
+    MinuteMerge,
+    StoredQuery,
+    affected_windows,
+    query_rows,
+    window_span,
+    window_states,
+)
 from metrics_lake.core.kernels.windows import WINDOW_STATE, merge_states
 from metrics_lake.core.speed.batch_plan import QUERIES, WINDOWS, BatchPlan
-from metrics_lake.core.speed.open_windows import OpenWindows, with_sources
+from metrics_lake.core.speed.open_windows import OpenWindows, minute_files
 from metrics_lake.core.speed.progress import (
     CONSUMER,
     backfill_revision_app_id,
@@ -34,7 +42,7 @@ from metrics_lake.core.speed.table_commits.windows import write_window_files
 from metrics_lake.core.storage import Store
 from metrics_lake.core.tables.commits import commit_changes, offset_transactions, remove_action
 from metrics_lake.core.tables.delta import LatestTables
-from metrics_lake.core.tables.snapshots import days_between, read_data_file, read_data_files, windowed_files
+from metrics_lake.core.tables.snapshots import DataFile, days_between, read_data_file, read_data_files, windowed_files
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M, QUERY_RESULTS
 
 __all__ = [
@@ -106,11 +114,7 @@ def upsert_query_results(
             chosen = [by_name[name] for name in starts]
             results = QUERY_RESULTS.empty_table()
             if chosen:
-                lo = min(int(s[0]) for s in starts.values())
-                hi = max(int(s[-1]) + by_name[name].duration_s * 1_000_000 for name, s in starts.items())
-                windows = _windows_between(store, tables, {q.metric for q in chosen}, lo, hi, open_windows=open_windows)
-                merge = open_windows.merged_minutes if open_windows is not None else None
-                states = pa.concat_tables([window_states(windows, q, starts[q.name], merge) for q in chosen])
+                states = _query_states(store, tables, chosen, starts, open_windows)
                 results = query_rows(merge_states(states), chosen, None, dt.datetime.now(dt.UTC))
             replaced = pa.table(
                 {
@@ -157,7 +161,8 @@ def _windows_after(store: Store, tables: LatestTables, query: StoredQuery, cutof
     if newest < lo:
         return np.zeros(0, np.int64)
     # Only the minutes: reading the window states (sketches) here cost most of a first batch's query results.
-    windows = _windows_between(store, tables, {query.metric}, lo, newest + 1, columns=["metric", "window_start"])
+    files = _window_files(store, tables, lo, newest + 1)
+    windows = _read_windows(store, {query.metric: files}, lo, newest + 1, columns=["metric", "window_start"])
     minutes = np.unique(pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False))
     starts = affected_windows(query, minutes)
     return starts if cutoff_us is None else starts[starts + query.duration_s * 1_000_000 > cutoff_us]
@@ -199,44 +204,84 @@ def _replaced_mask(rows: pa.Table, replaced: pa.Table, cutoffs: dict[str, int | 
     return mask
 
 
-def _windows_between(
+def _query_states(
     store: Store,
     tables: LatestTables,
-    metrics: set[str],
+    queries: list[StoredQuery],
+    starts: dict[str, np.ndarray],
+    open_windows: OpenWindows | None,
+) -> pa.Table:
+    """Window states of each of ``queries``' windows starting at ``starts[name]`` (epoch µs, sorted), from the
+    committed windows table (:func:`~metrics_lake.core.kernels.stored_queries.window_states`).
+
+    Without ``open_windows`` every file of the windows' minutes is read and
+    every minute merged. With it, only the files covering a minute whose
+    rows are needed are taken (from what it keeps, else read): each minute
+    of a ``PER SERVER`` query's windows, and the minutes it merges again for
+    the others (:meth:`~metrics_lake.core.speed.open_windows.OpenWindows.stale_minutes`);
+    the rest of each minute comes merged from the evaluation before.
+    """
+    spans = {q.name: window_span(q, starts[q.name]) for q in queries}
+    lo, hi = min(span[0] for span in spans.values()), max(span[1] for span in spans.values())
+    files = _window_files(store, tables, lo, hi)
+    merges: dict[str, MinuteMerge | None] = dict.fromkeys(spans)
+    needed: dict[str, list[DataFile]] = {q.metric: files for q in queries}
+    if open_windows is not None:
+        wanted: dict[str, set[str]] = {}  # metric -> paths of the files whose rows of it are needed
+        for query in queries:
+            coverage = minute_files(files, *spans[query.name])
+            minutes = coverage if query.per_server else open_windows.stale_minutes(query, coverage)
+            wanted.setdefault(query.metric, set()).update(*(coverage[at] for at in minutes))
+            merges[query.name] = partial(open_windows.merged_minutes, coverage=coverage)
+        needed = {metric: [f for f in files if f.relative in paths] for metric, paths in wanted.items()}
+    windows = _read_windows(store, needed, lo, hi, open_windows=open_windows)
+    return pa.concat_tables([window_states(windows, q, starts[q.name], merges[q.name]) for q in queries])
+
+
+def _window_files(store: Store, tables: LatestTables, lo_us: int, hi_us: int) -> list[DataFile]:
+    """Files of the committed windows table that may hold a ``window_start`` in ``[lo_us, hi_us)`` (statistics)."""
+    table = tables.latest(store, WINDOWS)
+    return windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
+
+
+def _read_windows(
+    store: Store,
+    needed: dict[str, list[DataFile]],
     lo_us: int,
     hi_us: int,
     columns: list[str] | None = None,
     open_windows: OpenWindows | None = None,
 ) -> pa.Table:
-    """Window states of ``metrics`` with ``lo_us <= window_start < hi_us`` from the committed windows table.
+    """Window states with ``lo_us <= window_start < hi_us`` of each metric of ``needed`` from the files it names
+    (metric -> files of the committed windows table).
 
     ``columns``: those to read, ``metric`` and ``window_start`` among them
     (default: every column of :data:`~metrics_lake.core.kernels.windows.WINDOW_STATE`). A file's rows of
-    ``metrics`` come from ``open_windows`` if it keeps them, else from the
+    its metrics come from ``open_windows`` if it keeps them, else from the
     file with the metric filter pushed into the Parquet reader; ``open_windows``
-    then keeps what this call took from each file
-    (:mod:`metrics_lake.core.speed.open_windows`), and the rows carry its
-    :data:`~metrics_lake.core.speed.open_windows.SOURCE` column (each row's file).
+    then keeps what this call took from each file, and only that
+    (:mod:`metrics_lake.core.speed.open_windows`).
     """
-    table = tables.latest(store, WINDOWS)
-    candidates = windowed_files(store, WINDOWS, table, days_between(lo_us, hi_us), lo_us, hi_us - 1)
     names = tuple(columns or WINDOW_STATE.names)
-    wanted = frozenset(metrics)
     target = pa.schema([METRIC_WINDOWS_1M.field(c) for c in names])
+    by_path: dict[str, DataFile] = {}
+    metrics_of: dict[str, set[str]] = {}
+    for metric, files in needed.items():
+        for data_file in files:
+            by_path[data_file.relative] = data_file
+            metrics_of.setdefault(data_file.relative, set()).add(metric)
     filesystem, _ = store.arrow_fs()
-    of_metrics = pc.field("metric").isin(pa.array(sorted(wanted), pa.string()))
-    selections = {}
-    for data_file in candidates:
-        kept = open_windows.selection_of(data_file, wanted, names) if open_windows is not None else None
+    selections: dict[str, tuple[frozenset[str], pa.Table]] = {}
+    for path, data_file in by_path.items():
+        metrics = frozenset(metrics_of[path])
+        kept = open_windows.selection_of(data_file, metrics, names) if open_windows is not None else None
         if kept is None:
+            of_metrics = pc.field("metric").isin(pa.array(sorted(metrics), pa.string()))
             kept = read_data_file(data_file, METRIC_WINDOWS_1M, filesystem, list(names), rows=of_metrics)
-        selections[data_file.relative] = kept.cast(target)
+        selections[path] = (metrics, kept.cast(target))
     if open_windows is not None:
-        open_windows.keep_selections(wanted, names, selections)
-    if not selections:
-        rows = target.empty_table()
-    else:  # which file each row came from: the stream reuses minutes merged from the same files before
-        rows = with_sources(selections) if open_windows is not None else pa.concat_tables(selections.values())
+        open_windows.keep_selections(names, selections)
+    rows = pa.concat_tables([rows for _, rows in selections.values()]) if selections else target.empty_table()
     start = pc.cast(rows.column("window_start"), pa.int64())
     return rows.filter(pc.and_(pc.greater_equal(start, lo_us), pc.less(start, hi_us)))
 

@@ -450,3 +450,31 @@ def test_the_query_evaluation_reads_a_window_file_once_and_only_the_queried_metr
     tables = [open_table(s, QUERIES).to_pyarrow_table().drop_columns(["computed_at"]) for s in (store, reading)]
     order = [(c, "ascending") for c in ("query", "aggregate", "metric", "server", "window_start")]
     assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))
+
+
+def test_a_stream_keeps_only_the_window_rows_its_stored_queries_need_next(store, log, tmp_path):
+    """An hourly fleet query reuses each earlier minute's merge, so the stream keeps no rows of those minutes: what it
+    selects from window files between batches is the current windows of a PER SERVER query (whose rows are its
+    states) and the minutes merged again, however far into the hour. The results equal a stream that keeps nothing."""
+    events = FleetSimulator(servers=4, metrics=2, seconds=540, rate=1.0, seed=47, start_ms=START_MS).generate()
+    unkept = LocalStore(str(tmp_path / "unkept"))
+    produce(log, events)
+    produce(SegmentLog(unkept), events)
+    queries = [
+        parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE avg, max, percentile(99)"),
+        parse_query("server_cpu", "FROM * SELECT host.cpu.utilization WINDOW 2m COMPUTE max PER SERVER"),
+    ]
+    ends, kept, selected = end_offsets(log, TOPIC), OpenWindows(), []
+    for step in range(1, 28):  # 20 s of events a batch
+        cut = {p: end * step // 27 for p, end in ends.items()}
+        batch(store, cut, watermark_seconds=60, queries=queries, open_windows=kept)
+        batch(unkept, cut, watermark_seconds=60, queries=queries)
+        files = {f.relative: f for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS))}
+        newest = max(f.window_starts[1] for f in files.values())
+        for path in kept.selected_paths:  # of this 2-minute window, or the minute before it sealed this batch
+            assert files[path].window_starts[1] >= newest - newest % 120_000_000 - 60_000_000
+        selected.append(len(kept.selected_paths))
+    assert len(files) >= 3 * max(selected)  # the hour's files outnumber those kept: most minutes are not kept
+    tables = [open_table(s, QUERIES).to_pyarrow_table().drop_columns(["computed_at"]) for s in (store, unkept)]
+    order = [(c, "ascending") for c in ("query", "aggregate", "metric", "server", "window_start")]
+    assert tables[0].num_rows > 0 and tables[0].sort_by(order).equals(tables[1].sort_by(order))

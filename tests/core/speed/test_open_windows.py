@@ -1,19 +1,23 @@
-"""A stream's memory of stored queries' merged minutes (OpenWindows.merged_minutes): reused exactly when a minute's
-rows come from the same files, merged again otherwise, and always equal to merging every minute anew."""
+"""A stream's memory of stored queries' merged minutes (OpenWindows.merged_minutes): reused exactly when the files
+covering a minute (by their window_start statistics) are the same, merged again otherwise from those files' rows
+alone, and always equal to merging every minute anew."""
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
-from metrics_lake.core.kernels.stored_queries import parse_query, window_states
+from metrics_lake.core.kernels.stored_queries import parse_query, window_span, window_states
 from metrics_lake.core.kernels.windows import aggregate_events
 from metrics_lake.core.speed import open_windows as module
-from metrics_lake.core.speed.open_windows import SOURCE, OpenWindows, with_sources
+from metrics_lake.core.speed.open_windows import OpenWindows, minute_files
+from metrics_lake.core.tables.snapshots import DataFile
 from metrics_lake.lake_schemas.tables import METRIC_WINDOWS_1M
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 3_600_000  # an hour's start
@@ -48,14 +52,32 @@ def merged(monkeypatch) -> list[list[int]]:
     return calls
 
 
-def evaluate(kept: OpenWindows, query, selections: dict[str, pa.Table]) -> pa.Table:
-    """The query's states for its windows over the hour, through the memo, checked against merging every minute."""
-    rows = with_sources(selections)
-    starts = [START_MS * 1000]
-    through_memo = window_states(rows, query, starts, kept.merged_minutes)
-    anew = window_states(rows.drop_columns([SOURCE]), query, starts)
-    assert through_memo.num_rows > 0 and through_memo.equals(anew)
+def data_file(path: str, rows: pa.Table, window_starts: tuple[int, int] | None = None) -> DataFile:
+    """A file named ``path`` holding ``rows``, its statistics ``window_starts`` (default: those of its rows)."""
+    if window_starts is None and rows.num_rows:
+        start = pc.cast(rows.column("window_start"), pa.int64())
+        window_starts = (pc.min(start).as_py(), pc.max(start).as_py())
+    return DataFile(path, path, 0, (), rows.num_rows, window_starts)
+
+
+def evaluate(kept: OpenWindows, query, selections: dict[str, pa.Table], **stats) -> pa.Table:
+    """The query's states for its window over the hour, through the memo and given only the rows of the files
+    covering a stale minute, checked against merging every minute of every file anew. ``stats``: file -> statistics
+    other than its rows'."""
+    starts = np.array([START_MS * 1000], np.int64)
+    files = [data_file(path, rows, stats.get(path)) for path, rows in selections.items()]
+    coverage = minute_files(files, *window_span(query, starts))
+    needed = {path for at in kept.stale_minutes(query, coverage) for path in coverage[at]}
+    given = pa.concat_tables([rows for path, rows in selections.items() if path in needed] or [empty()])
+    through_memo = window_states(given, query, starts, partial(kept.merged_minutes, coverage=coverage))
+    anew = window_states(pa.concat_tables(selections.values()), query, starts)
+    assert through_memo.equals(anew)
+    assert anew.num_rows > 0 or all(rows.num_rows == 0 for rows in selections.values())
     return through_memo
+
+
+def empty() -> pa.Table:
+    return windows_of(60, seed=1).slice(0, 0)
 
 
 def test_only_minutes_whose_files_changed_are_merged_again(merged):
@@ -83,7 +105,7 @@ def test_only_minutes_whose_files_changed_are_merged_again(merged):
     assert merged[3:] == [[3]]
 
 
-def test_an_edited_query_or_another_query_merges_anew_and_rows_without_sources_are_merged(merged):
+def test_an_edited_query_or_another_query_merges_anew_and_without_coverage_nothing_is_kept(merged):
     query = parse_query("fleet_cpu", "FROM * SELECT host.cpu.utilization WINDOW 1h COMPUTE max")
     windows = windows_of(180, seed=5)
     selections = {"a": minute_rows(windows, 0, 1), "b": minute_rows(windows, 2)}
@@ -97,10 +119,13 @@ def test_an_edited_query_or_another_query_merges_anew_and_rows_without_sources_a
     evaluate(kept, grouped, selections)  # a BY query's groups per minute are kept like the fleet's
     assert len(merged) == 3
     starts = [START_MS * 1000]
-    plain = pa.concat_tables(selections.values())  # no SOURCE column: the kernel's own merge, nothing kept
+    plain = pa.concat_tables(selections.values())  # no coverage: the kernel's own merge, nothing kept
     assert window_states(plain, query, starts, kept.merged_minutes).equals(window_states(plain, query, starts))
-    nothing = minute_rows(windows, 50)  # no row of the query's windows: no state, nothing merged
-    assert window_states(with_sources({"a": nothing}), query, starts, kept.merged_minutes).num_rows == 0
+    assert len(merged) == 3
+    # A file whose statistics cover minute 50 without rows of it: the minute is merged from nothing, no state.
+    assert (
+        evaluate(kept, query, {"a": minute_rows(windows, 50)}, a=(START_MS * 1000 + 50 * MINUTE_US,) * 2).num_rows == 0
+    )
     assert len(merged) == 3
 
 
@@ -118,3 +143,24 @@ def test_forgetting_the_queries_the_registry_no_longer_holds_keeps_the_others_mi
     evaluate(kept, fleet, selections)  # still kept: nothing merged
     evaluate(kept, grouped, selections)  # forgotten: merged anew
     assert merged == [[0, 1]] * 3
+
+
+def test_a_minute_is_covered_by_every_file_whose_statistics_hold_it_and_by_files_without_statistics():
+    hour = START_MS * 1000
+    at = [hour + m * MINUTE_US for m in range(6)]
+    files = [
+        data_file("early", empty(), (at[0] - 5 * MINUTE_US, at[1])),  # starts before the span: clipped to it
+        data_file("middle", empty(), (at[1], at[3])),
+        data_file("later", empty(), (at[5] + MINUTE_US, at[5] + 9 * MINUTE_US)),  # after the span: covers nothing
+        data_file("unknown", empty(), None),  # no statistics: every minute of the span
+    ]
+    coverage = minute_files(files, at[0], at[5] + MINUTE_US)
+    assert coverage == {
+        at[0]: {"early", "unknown"},
+        at[1]: {"early", "middle", "unknown"},
+        at[2]: {"middle", "unknown"},
+        at[3]: {"middle", "unknown"},
+        at[4]: {"unknown"},
+        at[5]: {"unknown"},
+    }
+    assert minute_files(files[:3], at[4], at[5]) == {}
