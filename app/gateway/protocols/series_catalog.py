@@ -76,6 +76,17 @@ class SeriesCatalog:
                 self._added.append(series)
         return found
 
+    def ids_of(self, keys: list[Hashable], make: Callable[[int], SeriesKey]) -> np.ndarray:
+        """The ids of the series cached under ``keys`` (int64, in their order); ``make(i)`` gives the (server,
+        metric, tags) of ``keys[i]`` the first time. One dictionary lookup per key, in C, where :meth:`id_of` is a
+        Python call per series; what ``make`` raises propagates (the series before it stay added)."""
+        found = list(map(self._ids.get, keys))
+        if None in found:
+            for at, series_id in enumerate(found):
+                if series_id is None:
+                    found[at] = self.id_of(keys[at], lambda _key, at=at: make(at))
+        return np.array(found, dtype=np.int64)
+
     def columns(self) -> SeriesColumns:
         """Every series added so far, by id (see :data:`SeriesColumns`)."""
         with self._lock:
