@@ -25,9 +25,10 @@ or not a ``WriteRequest`` is one ``invalid_payload`` reject holding it
 Decoding: protobuf's own parser (upb) decides whether a body is a
 ``WriteRequest``, as it always did; the samples are then taken as columns
 by ``ptars``, which parses the protobuf wire format straight into Arrow
-arrays (Rust), with no Python object per series or sample. Walking upb's
-messages in Python instead cost 2.4–3.0 ms per 1,000 series of 2 samples,
-ptars 0.26 ms (``bench/protocol_decode.py``). A body ptars refuses although
+arrays (Rust), with no Python object per series or sample: the Python loop
+over upb's series and samples was most of a request's decoding, which now
+runs about three times as fast (``bench/protocol_decode.py``, on
+docs/performance.md). A body ptars refuses although
 upb reads it (a field with an unexpected wire type, which upb keeps as an
 unknown field) is decoded through upb's messages, with the same result.
 """
