@@ -190,9 +190,16 @@ def main() -> None:
         [LAKE, "dashboard", "--port", str(dashboard_port)], env=env, stdout=logs["dashboard"], stderr=subprocess.STDOUT
     )
     metrics_url = f"http://127.0.0.1:{stream_port}/metrics"
-    wait_url(metrics_url)
     dash = f"http://127.0.0.1:{dashboard_port}"
-    wait_url(f"{dash}/api/health")
+    try:
+        wait_url(metrics_url)
+        wait_url(f"{dash}/api/health")
+    except RuntimeError as failed:  # nothing left running; the logs say why
+        agents.stop.set()
+        for process in (gateway, stream, dashboard):
+            process.kill()
+        tails = {name: (work / f"{name}.log").read_text(errors="replace")[-800:] for name in logs}
+        raise SystemExit(f"soak: {failed}; the processes' last output: {tails}") from None
     panel = f"{dash}/api/queries/{requests.get(f'{dash}/api/queries', timeout=10).json()['queries'][0]['name']}/series"
     started = time.monotonic()
     lags: list[float] = []
