@@ -11,7 +11,10 @@ open fds, CPU seconds) :func:`register_process_metrics` adds
   native data: pyarrow's buffers, numpy arrays, CPython's larger objects);
 - ``lake_process_malloc_free_bytes``: free bytes malloc keeps in its arenas;
 - ``lake_process_arrow_allocated_bytes``: pyarrow's default pool, allocated
-  and not yet freed.
+  and not yet freed;
+- ``lake_process_malloc_releases_total``: times the process gave malloc's
+  free memory back to the system (after compaction rounds, and whenever its
+  resident size grew ``LAKE_FREED_MEMORY_KEEP_BYTES`` above its low).
 
 Resident size growing while the first stays flat is memory kept, not leaked;
 the first growing is data held. Memory of other allocators (delta-rs's
@@ -22,7 +25,7 @@ the resident size.
 from __future__ import annotations
 
 import prometheus_client as prom
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from metrics_lake.core.arrow_memory import memory_usage
 
@@ -33,7 +36,8 @@ class MemoryCollector:
     """A prometheus_client collector of :func:`~metrics_lake.core.arrow_memory.memory_usage` (module docstring)."""
 
     def collect(self):
-        """The gauges, as ``prometheus_client`` asks for them (none of malloc's where there is no ``mallinfo2``)."""
+        """The gauges and the releases counter, as ``prometheus_client`` asks for them (no malloc gauges where there is
+        no ``mallinfo2``)."""
         usage = memory_usage()
         gauges = (
             (
@@ -51,6 +55,11 @@ class MemoryCollector:
         for name, documentation, value in gauges:
             if value is not None:
                 yield GaugeMetricFamily(name, documentation, value=value)
+        yield CounterMetricFamily(
+            "lake_process_malloc_releases",
+            "Times the process gave the memory glibc malloc keeps free back to the system.",
+            value=usage.releases,
+        )
 
 
 def register_process_metrics(registry: prom.CollectorRegistry) -> None:

@@ -14,7 +14,8 @@ Every ``--report-minutes`` it prints a row: minutes run, RSS of the gateway,
 the stream (its driver, and the whole tree: JVM and Python workers) and the
 dashboard at that moment, the lowest and highest RSS of the driver over the
 period (sampled every 2 s: it saws between its batches' and compaction's
-peaks and the trims after them, so one sample says little of a trend),
+peaks and the trims after them, so one sample says little of a trend) and
+of the gateway,
 active files per speed table (the stream's ``/metrics``), the
 windows lag p99 of the period (seconds since the moment the log held as many
 records as ``metric_windows_1m`` does, sampled every 2 s), the dashboard
@@ -22,7 +23,8 @@ panel's latency and a warm analyst query's (the last 15 minutes of
 ``metric_windows_1m`` aggregated per metric, with deltalake and pyarrow in
 this process: the same snapshot every reader sees), and what the driver's
 allocators hold (its ``lake_process_*`` gauges: glibc malloc's bytes in use
-and kept free, pyarrow's pool): data held, against memory kept for reuse. At the end the agents
+and kept free, pyarrow's pool; the times it gave free memory back so far):
+data held, against memory kept for reuse. At the end the agents
 stop, the stream catches up, and bronze must hold every acknowledged event
 exactly once (positions unique, count equal).
 
@@ -205,12 +207,13 @@ def main() -> None:
     lags: list[float] = []
     panel_seconds: list[float] = []
     driver_rss: list[int] = []
+    gateway_rss: list[int] = []
     next_panel = next_report = started
     print(
         f"{'min':>5} {'gateway':>9} {'driver':>9} {'stream tree':>12} {'dashboard':>10} "
         + " ".join(f"{t[:12]:>12}" for t in TABLES)
         + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11} {'driver min-max':>15}"
-        + f" {'malloc used':>12} {'malloc free':>12} {'arrow':>6}",
+        + f" {'malloc used':>12} {'malloc free':>12} {'arrow':>6} {'releases':>9} {'gateway min-max':>16}",
         flush=True,
     )
     try:
@@ -223,6 +226,7 @@ def main() -> None:
             reached = int(np.searchsorted(counts, counted, side="right"))
             lags.append(0.0 if reached >= len(times) else now - times[reached])
             driver_rss.append(rss(stream.pid))
+            gateway_rss.append(rss(gateway.pid))
             if now >= next_panel:
                 t0 = time.perf_counter()
                 requests.get(panel, timeout=60)
@@ -236,6 +240,7 @@ def main() -> None:
                     gauge(scraped, f"lake_process_{name}_bytes")
                     for name in ("malloc_in_use", "malloc_free", "arrow_allocated")
                 )
+                releases = gauge(scraped, "lake_process_malloc_releases_total")
                 minutes = (now - started) / 60
                 rate = agents.acked / max(now - started, 1e-9)
                 print(
@@ -244,10 +249,11 @@ def main() -> None:
                     + " ".join(f"{files.get(str(t), 0):>12,}" for t in TABLES)
                     + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
                     f" {rate:>11,.0f} {f'{mib(min(driver_rss))}-{mib(max(driver_rss))}':>15}"
-                    f" {malloc_used / 2**20:>12,.0f} {malloc_free / 2**20:>12,.0f} {arrow / 2**20:>6,.0f}",
+                    f" {malloc_used / 2**20:>12,.0f} {malloc_free / 2**20:>12,.0f} {arrow / 2**20:>6,.0f}"
+                    f" {releases:>9,.0f} {f'{mib(min(gateway_rss))}-{mib(max(gateway_rss))}':>16}",
                     flush=True,
                 )
-                lags, panel_seconds, driver_rss = [], [], []
+                lags, panel_seconds, driver_rss, gateway_rss = [], [], [], []
     finally:
         agents.stop.set()
         agents.thread.join(60)

@@ -20,6 +20,10 @@
 - :func:`release_freed_memory`: the price of keeping freed memory is that a
   process keeps its high-water mark, so a long-running process gives it back
   after its rare large steps (the stream: after every compaction round).
+- :class:`FreedMemoryBudget`: and between them, whenever its resident size
+  has grown a set amount past its low (the stream after each batch, the
+  gateway every second), so that it swings by at most that much instead of
+  by whatever its largest step since the last round kept.
 - :func:`memory_usage`: what the process's allocators hold, in use and free,
   so that a resident size that grows can be told apart: live data, or freed
   memory the allocator keeps.
@@ -47,11 +51,15 @@ import ctypes.util
 import functools
 import os
 import sys
+import threading
 from dataclasses import dataclass
+
+import psutil
 
 __all__ = [
     "MALLOC_ENV",
     "POOL_ENV",
+    "FreedMemoryBudget",
     "MemoryUsage",
     "default_to_system_allocator",
     "keep_freed_memory",
@@ -151,8 +159,61 @@ def release_freed_memory() -> bool:
     batch uses again. Returns False where there is no ``malloc_trim`` (not
     glibc), else whether memory was released.
     """
+    global _releases
     trim = _libc_function("malloc_trim")
-    return bool(trim(0)) if trim is not None else False
+    if trim is None:
+        return False
+    with _releases_lock:
+        _releases += 1
+    return bool(trim(0))
+
+
+_releases = 0  # calls of release_freed_memory in this process, for MemoryUsage
+_releases_lock = threading.Lock()
+
+
+class FreedMemoryBudget:
+    """Gives back the memory malloc keeps free once the process's resident size has grown ``keep_bytes`` past its low.
+
+    :meth:`check` (cheap: one read of ``/proc/self/statm`` through psutil)
+    compares the resident size with the lowest it has seen since the last
+    release; at ``keep_bytes`` or more above it, it calls
+    :func:`release_freed_memory` and the resident size after that becomes
+    the new low. So a process that keeps freed blocks for reuse
+    (:func:`keep_freed_memory`) swings by about ``keep_bytes`` between its
+    batches' peaks and its trims, instead of keeping whatever its largest
+    step since its last rare trim left free; and live data that grows
+    raises the low with it (one release per ``keep_bytes`` of growth, not
+    one per check). ``keep_bytes`` 0: release at every check.
+
+    Why the resident size and not ``mallinfo2``'s free bytes: pages
+    ``malloc_trim`` gave back stay in malloc's free lists and are still
+    counted free, so that figure would not fall after a release. Memory of
+    other allocators (delta-rs's jemalloc) moves the resident size too; a
+    release that cannot give it back costs one trim and raises the low.
+    Thread-safe. Raises ``ValueError`` for a negative ``keep_bytes``.
+    """
+
+    def __init__(self, keep_bytes: int) -> None:
+        if keep_bytes < 0:
+            raise ValueError(f"keep_bytes must be >= 0, got {keep_bytes}")  # programming error
+        self.keep_bytes = keep_bytes
+        self._low: int | None = None
+        self._lock = threading.Lock()
+        self._process = psutil.Process()
+
+    def check(self) -> bool:
+        """Release freed memory if the resident size is ``keep_bytes`` or more above its low (class docstring);
+        returns whether it did."""
+        with self._lock:
+            resident = self._process.memory_info().rss
+            if self._low is None or resident < self._low:
+                self._low = resident
+            if resident - self._low < self.keep_bytes:
+                return False
+            release_freed_memory()
+            self._low = self._process.memory_info().rss
+            return True
 
 
 class _MallInfo2(ctypes.Structure):
@@ -174,12 +235,14 @@ class MemoryUsage:
     malloc keeps in its arenas (``fordblks``; resident only as far as they were touched and not trimmed);
     ``arrow_allocated``: bytes pyarrow's default pool has handed out and not yet freed (a part of
     ``malloc_in_use`` when that pool is the system allocator). ``None`` where the C library has no
-    ``mallinfo2`` (not glibc 2.33+).
+    ``mallinfo2`` (not glibc 2.33+). ``releases``: times this process has given malloc's free memory back
+    (:func:`release_freed_memory`).
     """
 
     malloc_in_use: int | None
     malloc_free: int | None
     arrow_allocated: int
+    releases: int
 
 
 def memory_usage() -> MemoryUsage:
@@ -189,7 +252,7 @@ def memory_usage() -> MemoryUsage:
 
     mallinfo2 = _libc_function("mallinfo2")
     if mallinfo2 is None:
-        return MemoryUsage(None, None, pa.total_allocated_bytes())
+        return MemoryUsage(None, None, pa.total_allocated_bytes(), _releases)
     mallinfo2.restype = _MallInfo2  # the cached function object: setting it again is the same
     info = mallinfo2()
-    return MemoryUsage(info.uordblks + info.hblkhd, info.fordblks, pa.total_allocated_bytes())
+    return MemoryUsage(info.uordblks + info.hblkhd, info.fordblks, pa.total_allocated_bytes(), _releases)

@@ -209,6 +209,13 @@ class LakeSettings(BaseSettings):
         description="Continuous compaction merges a day's files of one size tier once this many have gathered "
         "(the tiers' size factor too): a day keeps fewer than 3x this many small files.",
     )
+    freed_memory_keep_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="`lake stream` (after each batch) and `lake gateway` (every second) give the memory malloc keeps "
+        "free for reuse back to the system once their resident size has grown this much above its low since they "
+        "last did, so it swings by about this much; 0: after every batch and every second.",
+    )
     vacuum_interval_seconds: float = Field(
         3600.0,
         ge=0,

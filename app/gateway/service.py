@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from metrics_lake.app.auth import Authenticator, Caller
 from metrics_lake.app.gateway.body import records_from_body
 from metrics_lake.app.process_metrics import register_process_metrics
+from metrics_lake.core.arrow_memory import FreedMemoryBudget
 from metrics_lake.core.config import LakeSettings
 from metrics_lake.core.inventory import Change, Inventory, check_labels
 from metrics_lake.core.log.log import AppendResult
@@ -237,7 +238,16 @@ class Gateway:
     partition's flush lock, so this gateway's appends never race it (the
     append after it finds the index changed and re-applies on top). A round
     that fails is logged and tried at the next.
+
+    Every second another thread gives the memory malloc keeps free back once
+    the resident size has grown ``LAKE_FREED_MEMORY_KEEP_BYTES`` above its low
+    (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`): requests and
+    log compaction free their buffers, malloc keeps them for reuse, and
+    without it the process would keep its highest peak for good.
     """
+
+    #: Seconds between the memory thread's checks (one read of /proc/self/statm each).
+    MEMORY_CHECK_SECONDS = 1.0
 
     def __init__(
         self,
@@ -274,6 +284,9 @@ class Gateway:
         if settings.gateway_log_compaction_seconds > 0:
             self._compactor = threading.Thread(target=self._compact_loop, name="log-compaction", daemon=True)
             self._compactor.start()
+        self._memory = FreedMemoryBudget(settings.freed_memory_keep_bytes)
+        self._memory_thread = threading.Thread(target=self._memory_loop, name="memory-release", daemon=True)
+        self._memory_thread.start()
 
     def compact_log(self) -> int:
         """Compact each owned partition once (class docstring); returns the segments merged away."""
@@ -292,10 +305,16 @@ class Gateway:
         return merged
 
     def stop_compacting(self) -> None:
-        """End the background log compaction (after its round in progress); :meth:`compact_log` still works."""
+        """End the background log compaction (after its round in progress) and the memory thread; :meth:`compact_log`
+        still works."""
         self._stop.set()
         if self._compactor is not None:
             self._compactor.join()
+        self._memory_thread.join()
+
+    def _memory_loop(self) -> None:
+        while not self._stop.wait(self.MEMORY_CHECK_SECONDS):
+            self._memory.check()
 
     def _compact_loop(self) -> None:
         while not self._stop.wait(self.settings.gateway_log_compaction_seconds):

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from metrics_lake.core.arrow_memory import release_freed_memory
+from metrics_lake.core.arrow_memory import FreedMemoryBudget, release_freed_memory
 from metrics_lake.core.config import LakeSettings, load_settings
 from metrics_lake.core.config_store import ConfigStore
 from metrics_lake.core.log.consumer import end_offsets
@@ -289,7 +289,9 @@ def start_stream(
     reading at most ``settings.max_records_per_batch`` records; ``progress``
     gets every committed batch's outcome. Each batch's ends come from Spark's
     offset log (:func:`logged_ends`); should that format change, from the
-    batch's rows, with a warning. Batches run through ``gate``: close it
+    batch's rows, with a warning. After a batch the driver gives the memory
+    malloc keeps free back once it passes ``LAKE_FREED_MEMORY_KEEP_BYTES``
+    (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`). Batches run through ``gate``: close it
     before stopping the query to stop between batches (:class:`BatchGate`).
     A checkpoint Spark would refuse is deleted first (:func:`discard_damaged_checkpoint`).
     """
@@ -298,6 +300,7 @@ def start_stream(
     checkpoint = checkpoint_location(settings)
     discard_damaged_checkpoint(checkpoint)
     open_windows, tables = OpenWindows(), LatestTables()  # foreachBatch runs in this process: one batch at a time
+    memory = FreedMemoryBudget(settings.freed_memory_keep_bytes)
     warned = threading.Event()
 
     def each_batch(batch_df, batch_id: int) -> None:
@@ -311,6 +314,7 @@ def start_stream(
                 log.warning("no end offsets in %s for batch %d; each batch now collects them", checkpoint, batch_id)
             ends = {int(row["partition"]): int(row["end"]) for row in batch_df.collect()}
         outcome = run_batch(spark, settings, ends, open_windows, tables)
+        memory.check()
         if outcome is not None and progress is not None:
             progress(outcome)
 
@@ -376,7 +380,8 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     The batches are the streaming query's (:func:`run_batch`), bounded the
     same way (:func:`~metrics_lake.spark.datasources.log_source.limit_offsets`)
     from the lowest position the tables hold up to the log's end offsets
-    when it starts. Exactly once holds as for the query: each table commits
+    when it starts, the memory malloc keeps free given back after a batch
+    once it passes ``LAKE_FREED_MEMORY_KEEP_BYTES`` (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`). Exactly once holds as for the query: each table commits
     its records with its positions, and a batch plans from those positions,
     so a run killed anywhere is completed by the next one, whatever batch
     bounds either chose. ``progress`` gets every committed batch's outcome.
@@ -385,8 +390,10 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     begin = starting_offsets(store, settings.topic)
     target = end_offsets(SegmentLog(store), settings.topic)
     batches, open_windows, tables = 0, OpenWindows(), LatestTables()
+    memory = FreedMemoryBudget(settings.freed_memory_keep_bytes)
     while (ends := limit_offsets(begin, target, settings.max_records_per_batch)) != begin:
         outcome = run_batch(spark, settings, ends, open_windows, tables)
+        memory.check()
         batches += 1
         if outcome is not None and progress is not None:
             progress(outcome)

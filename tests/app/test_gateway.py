@@ -195,3 +195,21 @@ def test_the_gateway_compacts_its_partitions_while_senders_append_and_loses_noth
 def _family(url: str, name: str):
     text = requests.get(f"{url}/metrics", timeout=10).text
     return [f for f in text_string_to_metric_families(text) if f.name == name]
+
+
+def test_the_gateway_gives_freed_memory_back_while_it_runs(start_gateway):
+    """The gateway's memory thread checks its budget every second (``LAKE_FREED_MEMORY_KEEP_BYTES``; 0: a release at
+    every check), and ``/metrics`` counts the releases."""
+    url, gateway = start_gateway(freed_memory_keep_bytes=0)
+
+    def releases() -> float:
+        return next(
+            sample.value
+            for family in _family(url, "lake_process_malloc_releases")
+            for sample in family.samples
+            if sample.name == "lake_process_malloc_releases_total"
+        )
+
+    before = releases()
+    time.sleep(3 * gateway.MEMORY_CHECK_SECONDS)
+    assert releases() >= before + 2

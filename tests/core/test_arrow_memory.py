@@ -161,3 +161,32 @@ def test_freed_memory_is_kept_until_released():
     env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV and k != POOL_ENV}
     probe = subprocess.run([sys.executable, "-c", RELEASE], env=env, capture_output=True, text=True, check=True)
     assert probe.stdout.split() == ["True", "True", "True", "True"], probe.stdout + probe.stderr
+
+
+BUDGET = """
+import psutil, pyarrow as pa
+from metrics_lake.core.arrow_memory import FreedMemoryBudget, memory_usage, use_system_allocator
+use_system_allocator()
+process = psutil.Process()
+budget = FreedMemoryBudget(200 * 2**20)
+first = budget.check()  # its low: the resident size now
+small = [pa.array(range(10**6 + i)) for i in range(8)]  # about 64 MB, freed next: kept, below the budget
+del small
+kept_small = budget.check()
+releases = memory_usage().releases
+large = [pa.array(range(10**7 + i)) for i in range(8)]  # about 640 MB, freed next
+del large
+grown = process.memory_info().rss
+released = budget.check()
+print(first, kept_small, released, memory_usage().releases - releases, process.memory_info().rss < grown / 2,
+      budget.check(), FreedMemoryBudget(0).check())
+"""
+
+
+def test_a_budget_gives_freed_memory_back_once_the_resident_size_grew_past_it():
+    """``FreedMemoryBudget.check``: freed memory below the budget stays for reuse; once the resident size is the
+    budget above its low, the memory is given back (counted in ``releases``) and the next check finds nothing to do;
+    a budget of 0 releases at every check."""
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV and k != POOL_ENV}
+    probe = subprocess.run([sys.executable, "-c", BUDGET], env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.split() == ["False", "False", "True", "1", "True", "False", "True"], probe.stdout + probe.stderr
