@@ -175,6 +175,11 @@ def bronze_positions(root) -> tuple[int, int]:
     return rows, sum(int(np.count_nonzero(c)) for c in counts.values())
 
 
+def low_high(samples: list[int]) -> str:
+    """``lowest-highest`` of RSS samples (bytes), in MiB."""
+    return f"{mib(min(samples))}-{mib(max(samples))}"
+
+
 def active_files(text: str) -> dict[str, int]:
     """``lake_table_active_files`` per table, from the stream's ``/metrics`` text."""
     return {
@@ -272,9 +277,9 @@ def main() -> None:
                     f"{mib(rss(stream.pid, tree=True)):>12} {mib(rss(dashboard.pid)):>10} "
                     + " ".join(f"{files.get(str(t), 0):>12,}" for t in TABLES)
                     + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
-                    f" {rate:>11,.0f} {f'{mib(min(driver_rss))}-{mib(max(driver_rss))}':>15}"
+                    f" {rate:>11,.0f} {low_high(driver_rss):>15}"
                     f" {malloc_used / 2**20:>12,.0f} {malloc_free / 2**20:>12,.0f} {arrow / 2**20:>6,.0f}"
-                    f" {releases:>9,.0f} {f'{mib(min(gateway_rss))}-{mib(max(gateway_rss))}':>16}",
+                    f" {releases:>9,.0f} {low_high(gateway_rss):>16}",
                     flush=True,
                 )
                 lags, panel_seconds, driver_rss, gateway_rss = [], [], [], []

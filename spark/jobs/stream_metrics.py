@@ -291,8 +291,9 @@ def start_stream(
     offset log (:func:`logged_ends`); should that format change, from the
     batch's rows, with a warning. After a batch the driver gives the memory
     malloc keeps free back once it passes ``LAKE_FREED_MEMORY_KEEP_BYTES``
-    (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`). Batches run through ``gate``: close it
-    before stopping the query to stop between batches (:class:`BatchGate`).
+    (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`). Batches run
+    through ``gate``: close it before stopping the query to stop between
+    batches (:class:`BatchGate`).
     A checkpoint Spark would refuse is deleted first (:func:`discard_damaged_checkpoint`).
     """
     gate = gate or BatchGate()
@@ -380,11 +381,12 @@ def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], N
     The batches are the streaming query's (:func:`run_batch`), bounded the
     same way (:func:`~metrics_lake.spark.datasources.log_source.limit_offsets`)
     from the lowest position the tables hold up to the log's end offsets
-    when it starts, the memory malloc keeps free given back after a batch
-    once it passes ``LAKE_FREED_MEMORY_KEEP_BYTES`` (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`). Exactly once holds as for the query: each table commits
+    when it starts. Exactly once holds as for the query: each table commits
     its records with its positions, and a batch plans from those positions,
     so a run killed anywhere is completed by the next one, whatever batch
     bounds either chose. ``progress`` gets every committed batch's outcome.
+    After a batch the memory malloc keeps free is given back once it passes
+    ``LAKE_FREED_MEMORY_KEEP_BYTES`` (:class:`~metrics_lake.core.arrow_memory.FreedMemoryBudget`).
     """
     store = prepare_lake(settings)
     begin = starting_offsets(store, settings.topic)
