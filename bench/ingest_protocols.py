@@ -17,13 +17,16 @@ one shard does. The bodies are encoded before the clock starts:
   otherwise).
 
 Per receiver, protocol and sender count (``--senders``, default 1, 4 and
-32): samples/s over the wall time of the whole run, and the p50/p99 of a
-request's POST-to-answer time, then the lake ÷ Prometheus ratio. Every
-request must be answered 2xx. The lake's answer means durable in its log;
+32): samples/s over the wall time of the whole run, the p50/p99 of a
+request's POST-to-answer time, the receiver's CPU (cores busy on average,
+and CPU microseconds per sample, its child processes included), then the
+lake ÷ Prometheus ratio. Every request must be answered 2xx. The lake's answer means durable in its log;
 Prometheus's, in its head and WAL (not fsynced per request).
 
 With ``--profile DIR``, py-spy samples the gateway during each of its runs
-(collapsed stacks, ``DIR/<protocol>-<senders>.txt``): where its time goes.
+(collapsed stacks, ``DIR/<protocol>-<senders>.txt``), only the thread
+holding the GIL (``--gil``): where its Python time goes. Sampling every
+thread would count those waiting for the GIL as busy too.
 
 Run: ``python bench/ingest_protocols.py [--senders 1,4,32] [--series 1000] [--samples 2] [--samples-total 1280000]
 [--protocols remote-write,OTLP] [--set LAKE_X=value] [--linger-ms N] [--profile DIR]``.
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import cramjam
 import numpy as np
+import psutil
 import requests
 from common import LAKE, free_port, print_table, scratch_dir
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
@@ -109,8 +113,16 @@ def bodies_for(protocol: str, senders: int, requests_each: int, series: int, sam
     ]
 
 
-def drive(url: str, headers: dict[str, str], bodies: list[list[bytes]]) -> tuple[float, list[float]]:
-    """Every sender on its thread, one request in flight each; (wall seconds, answer times in s). Raises on a non-2xx."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` and its children have used so far."""
+    process = psutil.Process(pid)
+    processes = [process, *process.children(recursive=True)]
+    return sum(p.cpu_times().user + p.cpu_times().system for p in processes)
+
+
+def drive(url: str, headers: dict[str, str], bodies: list[list[bytes]], pid: int) -> tuple[float, list[float], float]:
+    """Every sender on its thread, one request in flight each; (wall seconds, answer times in s, CPU seconds the
+    receiver ``pid`` used meanwhile). Raises on a non-2xx."""
     latencies: list[float] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -131,14 +143,16 @@ def drive(url: str, headers: dict[str, str], bodies: list[list[bytes]]) -> tuple
             latencies.extend(mine)
 
     threads = [threading.Thread(target=sender, args=(own,)) for own in bodies]
+    cpu_before = cpu_seconds(pid)
     started = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    wall = time.perf_counter() - started
     if failures:
         raise SystemExit(f"{url}: {len(failures)} senders failed, e.g. {failures[0]}")
-    return time.perf_counter() - started, latencies
+    return wall, latencies, cpu_seconds(pid) - cpu_before
 
 
 def wait_ready(url: str, process: subprocess.Popen, log: Path) -> None:
@@ -193,7 +207,7 @@ def profiled(pid: int, folder: Path | None, name: str):
     folder.mkdir(parents=True, exist_ok=True)
     spy = subprocess.Popen(
         # --subprocesses: any process the gateway starts, too
-        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate", "200"]
+        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--gil", "--format", "raw", "--rate", "200"]
         + ["--output", f"{folder / name}.txt"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -215,7 +229,8 @@ def prometheus_features() -> tuple[str, bool]:
 
 @contextlib.contextmanager
 def prometheus_receiver(work: Path, otlp: bool):
-    """``prometheus --web.enable-remote-write-receiver`` (and the OTLP receiver if ``otlp``), no scrapes; its URL."""
+    """``prometheus --web.enable-remote-write-receiver`` (and the OTLP receiver if ``otlp``), no scrapes; yields
+    (URL, PID)."""
     port = free_port()
     folder = work / f"prometheus-{port}"
     folder.mkdir()
@@ -232,7 +247,7 @@ def prometheus_receiver(work: Path, otlp: bool):
     process = subprocess.Popen(args, stderr=open(log, "wb"))
     try:
         wait_ready(f"http://127.0.0.1:{port}/-/ready", process, log)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", process.pid
     finally:
         process.terminate()
         process.wait(60)
@@ -269,23 +284,31 @@ def main() -> None:
                 if protocol == "OTLP":
                     path, headers = ("/v1/metrics", OTLP_HEADERS)
                 with profiled(pid, args.profile, f"{protocol}-{senders}"):
-                    measured["lake"] = drive(url + path, headers, bodies)
+                    measured["lake"] = drive(url + path, headers, bodies, pid)
             if protocol == "remote-write" or has_otlp:
-                with prometheus_receiver(work, otlp=protocol == "OTLP") as url:
+                with prometheus_receiver(work, otlp=protocol == "OTLP") as (url, pid):
                     path = "/api/v1/write" if protocol == "remote-write" else "/api/v1/otlp/v1/metrics"
-                    measured["prometheus"] = drive(url + path, headers, bodies)
-            rates = {name: total / wall for name, (wall, _) in measured.items()}
-            for name, (_, latencies) in measured.items():
+                    measured["prometheus"] = drive(url + path, headers, bodies, pid)
+            rates = {name: total / wall for name, (wall, _, _) in measured.items()}
+            for name, (wall, latencies, cpu) in measured.items():
                 p50, p99 = np.percentile(np.array(latencies) * 1000, [50, 99])
                 ratio = (
                     f"{rates['lake'] / rates['prometheus']:.2f}x" if "prometheus" in rates and name == "lake" else ""
                 )
-                rows.append((protocol, str(senders), name, f"{rates[name]:,.0f}", f"{p50:.1f}", f"{p99:.1f}", ratio))
+                cores, per_sample = f"{cpu / wall:.2f}", f"{cpu / total * 1e6:.2f}"
+                rows.append(
+                    (protocol, str(senders), name, f"{rates[name]:,.0f}", f"{p50:.1f}", f"{p99:.1f}")
+                    + (cores, per_sample, ratio)
+                )
             if protocol == "OTLP" and not has_otlp:
-                rows.append((protocol, str(senders), "prometheus", f"(no OTLP receiver in {version})", "", "", ""))
+                rows.append((protocol, str(senders), "prometheus", f"(no OTLP receiver in {version})", *[""] * 5))
             print(f"{protocol} x {senders}: done", flush=True)
     print()
-    print_table(("protocol", "senders", "receiver", "samples/s", "ack p50 ms", "ack p99 ms", "lake / Prometheus"), rows)
+    print_table(
+        ("protocol", "senders", "receiver", "samples/s", "ack p50 ms", "ack p99 ms")
+        + ("receiver cores", "CPU µs/sample", "lake / Prometheus"),
+        rows,
+    )
 
 
 if __name__ == "__main__":
