@@ -28,7 +28,7 @@ from metrics_lake.app.gateway.protocols.histograms import (
     exponential_value,
 )
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
-from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries, SeriesCatalog
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 from metrics_lake.core.kernels.sketch import RELATIVE_ERROR
 from metrics_lake.lake_schemas.contract import PROTOCOL_REASON_CODES
@@ -346,9 +346,11 @@ def test_a_remote_write_body_declaring_too_many_bytes_is_refused_before_decompre
         remote_write.decode(body, 64)
 
 
-def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_gives():
+@pytest.mark.parametrize("limit", [3, 10_000], ids=["restarting", "kept"])
+def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_gives(limit):
     """A decoder keeps the series of earlier requests in a catalog, started again past SERIES_CACHE series (3
-    here, so it restarts often): neither reuse, nor the restart, nor threads sharing it change any record."""
+    here, so it restarts often, or never): neither reuse, nor the restart, nor the catalog combining its chunks
+    once no new series come, nor threads sharing it change any record."""
     import random
     from concurrent.futures import ThreadPoolExecutor
 
@@ -379,7 +381,7 @@ def test_one_decoder_across_requests_and_threads_gives_what_a_fresh_decoder_give
         return bytes(cramjam.snappy.compress_raw(request.SerializeToString()))
 
     bodies = [body(i) for i in range(300)]
-    shared = remote_write.Decoder(RecentSeries(limit=3))
+    shared = remote_write.Decoder(RecentSeries(limit=limit))
     with ThreadPoolExecutor(4) as threads:
         decoded = list(threads.map(lambda b: shared.decode(b, 1 << 20), bodies))
     for got, sent in zip(decoded, bodies, strict=True):
@@ -514,6 +516,23 @@ def test_line_protocol_escaping_per_the_reference():
     assert reasons(decoded) == ["wrong_type"]  # the string field, quarantined with its line
     (reject,) = [r for r in decoded.records.to_pylist() if r["reason"]]
     assert reject["raw"].startswith("my\\ measurement")
+
+
+def test_a_catalog_combines_its_chunks_once_no_new_series_come():
+    """Series added request by request sit in one chunk per conversion; the first look without new series
+    combines them into one, with the same values, and later additions still append."""
+    catalog = SeriesCatalog()
+    for i in range(3):
+        catalog.id_of(("key", i), lambda key: (f"s{key[1]}", "cpu", (("job", "node"),)))
+        chunked = catalog.columns()
+    assert chunked[0].num_chunks == 3
+    combined = catalog.columns()
+    assert [c.num_chunks for c in combined[:3]] == [1, 1, 1]
+    assert all(a.equals(b) for a, b in zip(chunked[:3], combined[:3], strict=True))
+    assert (chunked[3] == combined[3]).all()
+    catalog.id_of("new", lambda key: ("s9", "mem", ()))
+    assert catalog.columns()[0].to_pylist() == ["s0", "s1", "s2", "s9"]
+    assert catalog.series(3) == ("s9", "mem", ())
 
 
 def test_line_protocol_decoded_on_a_shared_catalog_gives_what_it_gives_without():
