@@ -57,8 +57,10 @@ __all__ = ["HeaderDeadlineProtocol", "build_app", "serve"]
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 1
-#: Threads validating request bodies at once (each holds one decoded body).
-VALIDATION_THREADS = 4
+#: Threads validating request bodies at once (each holds one decoded body). Decoding holds the GIL about half
+#: the time, so more threads only take turns: with 32 remote-write senders two took 242-261 k samples/s, three
+#: 238-245 k and four 226-229 k (bench/ingest_protocols.py, 2026-11-29, one flush thread, three runs each).
+VALIDATION_THREADS = 2
 #: Largest inventory change accepted (one server's labels: at most 30 of 1 KiB values, with room to spare).
 MAX_INVENTORY_BODY = 64 * 1024
 

@@ -636,11 +636,13 @@ class Producer:
     def _flush_aged_loop(self) -> None:
         # Sleep until the next batch is exactly linger_ms old (send() wakes the loop when a batch starts), and
         # flush each due partition on a pool thread without waiting for the others: on S3 an append is a few
-        # round trips, and one slow partition must not hold back the rest. Every partition is also ticked at
-        # least every TICK_SECONDS, for lease renewals and retries of failed flushes.
+        # round trips, and one slow partition must not hold back the rest (on a local disk the appends take one
+        # thread in turn: Store.parallel_appends). Every partition is also ticked at least every TICK_SECONDS,
+        # for lease renewals and retries of failed flushes.
         running: dict[int, Future] = {}
         ticked = dict.fromkeys(self.owned, 0.0)
-        with ThreadPoolExecutor(max_workers=min(8, len(self.owned)), thread_name_prefix="producer-flush") as pool:
+        threads = min(self.log.store.parallel_appends, len(self.owned))
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="producer-flush") as pool:
             while not self._closed.is_set():
                 self._wake.clear()
                 now = time.monotonic()

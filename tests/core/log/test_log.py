@@ -314,6 +314,40 @@ def test_the_adaptive_group_commit_flushes_once_no_request_is_incoming_and_waits
         producer.close()
 
 
+@pytest.mark.parametrize("parallel", [1, 4], ids=["local", "object-store"])
+def test_a_producer_flushes_as_many_partitions_side_by_side_as_its_store_takes(log, monkeypatch, parallel):
+    """Store.parallel_appends bounds the appends under way at once: one at a time on a local disk (side by side they
+    only take turns at the GIL), several on an object store (each waits on round trips); all land either way."""
+    monkeypatch.setattr(type(log.store), "parallel_appends", parallel)
+    under_way = peak = 0
+    lock = threading.Lock()
+    append = PartitionWriter.append
+
+    def slow_append(self, *args, **kwargs):
+        nonlocal under_way, peak
+        with lock:
+            under_way += 1
+            peak = max(peak, under_way)
+        try:
+            time.sleep(0.2)
+            return append(self, *args, **kwargs)
+        finally:
+            with lock:
+                under_way -= 1
+
+    monkeypatch.setattr(PartitionWriter, "append", slow_append)
+    producer = Producer(log, "p", partitions=4, linger_ms=10)
+    try:
+        body = pa.concat_tables([records(2, server=f"web-{i:02d}") for i in range(16)])  # rows in every partition
+        sent = producer.send(body)
+        for future in sent.futures:
+            future.result(timeout=10)
+    finally:
+        producer.close()
+    assert len(sent.futures) == 4 and peak == parallel
+    assert sum(end_offsets(log, "p").values()) == 32
+
+
 def test_a_request_key_is_appended_once_per_partition_across_producers_and_compaction(log):
     """A request retried whole (same key): not buffered again while its first copy is buffered, nor once appended
     within the window; a producer taking the partitions over reads the keys back from the segments' footers, also
