@@ -24,8 +24,10 @@ windows upsert grows over each wall-clock minute (the open minute's windows
 gain buckets), so a measured span of whole minutes (the default, 60 s) weighs
 every second of the minute once, wherever the run starts. With
 ``--compaction-cost`` the peer is instead ``lake stream`` with continuous
-compaction off, so the difference is what compaction costs. Run:
-``python bench/steady_load.py [--rates 50000 100000 200000] [--seconds 60] [--compaction-cost]``.
+compaction off, so the difference is what compaction costs; with
+``--peer-set LAKE_X=value`` (repeatable), ``lake stream`` with those
+settings. Run: ``python bench/steady_load.py [--rates 50000 100000 200000]
+[--seconds 60] [--compaction-cost] [--peer-set LAKE_X=value]``.
 """
 
 from __future__ import annotations
@@ -137,14 +139,12 @@ def measure(root: Path, settings, rate: int, seconds: int, start_consumer, stop_
     return result
 
 
-def run_lake(rate: int, seconds: int, compaction: bool = True) -> dict:
-    """``lake stream --trigger 1`` at ``rate`` (module docstring); ``compaction=False``: with continuous compaction
-    off (``LAKE_COMPACTION_INTERVAL_SECONDS=0``), to measure what it costs."""
+def run_lake(rate: int, seconds: int, settings: dict[str, str] | None = None) -> dict:
+    """``lake stream --trigger 1`` at ``rate`` (module docstring); ``settings``: ``LAKE_*`` variables it runs with
+    (``LAKE_COMPACTION_INTERVAL_SECONDS=0``: continuous compaction off, to measure what it costs)."""
     with tempfile.TemporaryDirectory(prefix="lake-steady-") as tmp:
         work = Path(tmp)
-        env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250")
-        if not compaction:
-            env["LAKE_COMPACTION_INTERVAL_SECONDS"] = "0"
+        env = lake_env(work, LAKE_TRIGGER_SECONDS="1", LAKE_SEGMENT_ROLL_MS="250") | (settings or {})
         settings = load_settings(root=env["LAKE_ROOT"], checkpoint_dir=env["LAKE_CHECKPOINT_DIR"])
         SegmentLog(LocalStore(settings.root)).ensure_topic(settings.topic, settings.partitions)
         process: list[subprocess.Popen] = []
@@ -242,6 +242,13 @@ def main() -> None:
         action="store_true",
         help="the peer is the same lake stream with continuous compaction off (what compaction costs)",
     )
+    parser.add_argument(
+        "--peer-set",
+        action="append",
+        default=[],
+        metavar="LAKE_X=value",
+        help="the peer is the same lake stream with this setting (repeatable): what the setting changes",
+    )
     args = parser.parse_args()
     use_system_allocator()  # the peer allocates as the lake's processes do (metrics_lake.core.arrow_memory)
     print(
@@ -250,7 +257,13 @@ def main() -> None:
     )
     peer = ("peer: same code, no Spark", run_peer)
     if args.compaction_cost:
-        peer = ("peer: no compaction", lambda rate, seconds: run_lake(rate, seconds, compaction=False))
+        args.peer_set.append("LAKE_COMPACTION_INTERVAL_SECONDS=0")
+    if args.peer_set:
+        changed = dict(setting.split("=", 1) for setting in args.peer_set)
+        name = (
+            "peer: no compaction" if args.compaction_cost and len(changed) == 1 else "peer: " + " ".join(args.peer_set)
+        )
+        peer = (name, lambda rate, seconds: run_lake(rate, seconds, changed))
     for rate in args.rates:
         for name, run in (("lake stream --trigger 1", run_lake), peer):
             r = run(rate, args.seconds)
