@@ -87,9 +87,13 @@ class Store(abc.ABC):
     """
 
     root: str
-    #: Appends worth running side by side (a producer's flush threads, one partition each): on an object store
-    #: each append waits on a few round trips, so several overlap; :class:`LocalStore` says 1.
+    #: Appends worth running side by side (a producer's flush threads, one partition each).
     parallel_appends: int = 8
+    #: Whether an append is mostly work under Python's GIL (encoding, a local disk's writes) rather than waiting on
+    #: round trips: a producer serving requests then appends one partition at a time while requests are being
+    #: decoded (:class:`~metrics_lake.core.log.producer.Producer`'s ``flush_when_idle``). On an object store an
+    #: append waits on a few round trips, so several overlap whatever else the process does.
+    appends_hold_the_gil: bool = False
 
     @abc.abstractmethod
     def uri(self, key: str) -> str:
@@ -162,10 +166,12 @@ def check_key(key: str) -> str:
 class LocalStore(Store):
     """A lake root on the local file system; ``root`` is its absolute path, ``base`` the same as a ``Path``."""
 
-    # An append here is CPU (encoding) and two fsyncs on one disk: appends side by side only take turns at the GIL,
-    # about 170 thread switches each. The gateway took 164-181 k remote-write samples/s from 32 senders with 4
-    # flush threads and 226-261 k with one (bench/ingest_protocols.py, 2026-11-29, three runs each).
-    parallel_appends = 1
+    # An append here is CPU (encoding) and two fsyncs on one disk: beside the threads decoding requests, appends side
+    # by side only took turns at the GIL, about 170 thread switches each. The gateway took 164-181 k remote-write
+    # samples/s from 32 senders with 4 flush threads and 226-261 k with one (bench/ingest_protocols.py, 2026-11-29,
+    # three runs each). With nothing being decoded (one sender waiting for its answer) side by side is faster.
+    parallel_appends = 4
+    appends_hold_the_gil = True
 
     def __init__(self, root: str | os.PathLike) -> None:
         self.base = Path(root).expanduser().resolve()

@@ -272,6 +272,9 @@ class Producer:
         self._closed = threading.Event()
         self._wake = threading.Event()  # set when a partition's buffer starts a batch or a flush ends
         self._full_pool = ThreadPoolExecutor(max_workers=min(4, len(self.owned)), thread_name_prefix="producer-full")
+        self._flush_threads = min(log.store.parallel_appends, len(self.owned))
+        self._appending = 0  # background appends under way (_append_turn)
+        self._append_turns = threading.Condition()
         self._flusher = threading.Thread(target=self._flush_aged_loop, name="producer-linger", daemon=True)
         self._flusher.start()
 
@@ -517,6 +520,8 @@ class Producer:
                 idle = self._incoming == 0
             if idle and self.flush_when_idle:
                 self._wake.set()
+                with self._append_turns:  # appends waiting for their turn may now run side by side
+                    self._append_turns.notify_all()
 
     def _linger_s(self) -> float:
         """How long a partition's oldest buffered record waits now before its flush (seconds)."""
@@ -636,13 +641,12 @@ class Producer:
     def _flush_aged_loop(self) -> None:
         # Sleep until the next batch is exactly linger_ms old (send() wakes the loop when a batch starts), and
         # flush each due partition on a pool thread without waiting for the others: on S3 an append is a few
-        # round trips, and one slow partition must not hold back the rest (on a local disk the appends take one
-        # thread in turn: Store.parallel_appends). Every partition is also ticked at least every TICK_SECONDS,
-        # for lease renewals and retries of failed flushes.
+        # round trips, and one slow partition must not hold back the rest (_append_turn says how many run at once
+        # on a local disk). Every partition is also ticked at least every TICK_SECONDS, for lease renewals and
+        # retries of failed flushes.
         running: dict[int, Future] = {}
         ticked = dict.fromkeys(self.owned, 0.0)
-        threads = min(self.log.store.parallel_appends, len(self.owned))
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="producer-flush") as pool:
+        with ThreadPoolExecutor(max_workers=self._flush_threads, thread_name_prefix="producer-flush") as pool:
             while not self._closed.is_set():
                 self._wake.clear()
                 now = time.monotonic()
@@ -667,7 +671,8 @@ class Producer:
         aged = buffer.tables and time.monotonic() - buffer.first_at >= self._linger_s()
         try:
             if aged or self._pending[partition] is not None:
-                self._flush_partition(partition)
+                with self._append_turn():
+                    self._flush_partition(partition)
             else:
                 self._renew(partition)
             self._failures[partition] = 0
@@ -676,6 +681,28 @@ class Producer:
             delay = min(0.1 * 2 ** (self._failures[partition] - 1), 5.0)
             self._retry_at[partition] = time.monotonic() + delay
             log.warning("flush of %s/%d failed, retrying in %.1f s: %s", self.topic, partition, delay, exc)
+
+    @contextlib.contextmanager
+    def _append_turn(self) -> Iterator[None]:
+        """Wait for a background append's turn and hold it for the block: up to the store's
+        ``parallel_appends`` side by side, but one at a time while requests are on their way (:meth:`incoming`)
+        to a producer with ``flush_when_idle`` on a store whose appends hold the GIL (``appends_hold_the_gil``):
+        appends beside the threads decoding those requests only take turns at the GIL."""
+        with self._append_turns:
+            while self._appending >= self._appends_now():
+                self._append_turns.wait()
+            self._appending += 1
+        try:
+            yield
+        finally:
+            with self._append_turns:
+                self._appending -= 1
+                self._append_turns.notify_all()
+
+    def _appends_now(self) -> int:
+        """How many background appends may run side by side now (:meth:`_append_turn`)."""
+        busy = self.flush_when_idle and self._incoming and self.log.store.appends_hold_the_gil
+        return 1 if busy else self._flush_threads
 
     def _renew(self, partition: int) -> None:
         # Skip if a flush holds the lock: an append renews the lease itself when due.

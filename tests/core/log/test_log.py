@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import time
@@ -314,11 +315,19 @@ def test_the_adaptive_group_commit_flushes_once_no_request_is_incoming_and_waits
         producer.close()
 
 
-@pytest.mark.parametrize("parallel", [1, 4], ids=["local", "object-store"])
-def test_a_producer_flushes_as_many_partitions_side_by_side_as_its_store_takes(log, monkeypatch, parallel):
-    """Store.parallel_appends bounds the appends under way at once: one at a time on a local disk (side by side they
-    only take turns at the GIL), several on an object store (each waits on round trips); all land either way."""
-    monkeypatch.setattr(type(log.store), "parallel_appends", parallel)
+@pytest.mark.parametrize(
+    ("holds_the_gil", "request_on_its_way", "side_by_side"),
+    [(True, False, 4), (True, True, 1), (False, True, 4)],
+    ids=["local-idle", "local-decoding", "object-store-decoding"],
+)
+def test_appends_run_side_by_side_unless_they_would_take_turns_at_the_gil_with_requests_being_decoded(
+    log, monkeypatch, holds_the_gil, request_on_its_way, side_by_side
+):
+    """Up to Store.parallel_appends partitions append at once; on a store whose appends hold the GIL (a local disk)
+    one at a time while a request is on its way to the buffer (being decoded), since side by side they only take
+    turns at the GIL; on an object store, whose appends wait on round trips, side by side regardless. All land."""
+    monkeypatch.setattr(type(log.store), "parallel_appends", 4)
+    monkeypatch.setattr(type(log.store), "appends_hold_the_gil", holds_the_gil)
     under_way = peak = 0
     lock = threading.Lock()
     append = PartitionWriter.append
@@ -336,15 +345,16 @@ def test_a_producer_flushes_as_many_partitions_side_by_side_as_its_store_takes(l
                 under_way -= 1
 
     monkeypatch.setattr(PartitionWriter, "append", slow_append)
-    producer = Producer(log, "p", partitions=4, linger_ms=10)
+    producer = Producer(log, "p", partitions=4, linger_ms=10, flush_when_idle=True)
     try:
         body = pa.concat_tables([records(2, server=f"web-{i:02d}") for i in range(16)])  # rows in every partition
-        sent = producer.send(body)
-        for future in sent.futures:
-            future.result(timeout=10)
+        with producer.incoming() if request_on_its_way else contextlib.nullcontext():
+            sent = producer.send(body)
+            for future in sent.futures:  # flushed after the linger while the request is on its way
+                future.result(timeout=10)
     finally:
         producer.close()
-    assert len(sent.futures) == 4 and peak == parallel
+    assert len(sent.futures) == 4 and peak == side_by_side
     assert sum(end_offsets(log, "p").values()) == 32
 
 
