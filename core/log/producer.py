@@ -210,7 +210,11 @@ class Producer:
     that arrived meanwhile: fewer, larger segments, the way a database's
     group commit waits only while more commits are coming (MySQL's
     ``binlog_group_commit_sync_no_delay_count``). A flush under way still
-    delays a partition's next flush.
+    delays a partition's next flush. The partitions' background appends run
+    side by side (up to the store's ``parallel_appends``), except on a store
+    whose appends hold the GIL (``appends_hold_the_gil``: a local disk),
+    where they take turns while a request is on its way: beside the threads
+    decoding requests they would only take turns at the GIL.
 
     ``request_window_ms``: how long the request keys of :meth:`send` are
     remembered after their records were appended (0, the default: only
