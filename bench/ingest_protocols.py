@@ -20,8 +20,9 @@ Per receiver, protocol and sender count (``--senders``, default 1, 4 and
 32): samples/s over the wall time of the whole run, the p50/p99 of a
 request's POST-to-answer time, the receiver's CPU (cores busy on average,
 and CPU microseconds per sample, its child processes included), then the
-lake ÷ Prometheus ratio. Every request must be answered 2xx. The lake's answer means durable in its log;
-Prometheus's, in its head and WAL (not fsynced per request).
+lake ÷ Prometheus ratio. Every request must be answered 2xx. The lake's
+answer means durable in its log; Prometheus's, in its head and WAL (not
+fsynced per request).
 
 With ``--profile DIR``, py-spy samples the gateway during each of its runs
 (collapsed stacks, ``DIR/<protocol>-<senders>.txt``), only the thread
@@ -117,7 +118,7 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds process ``pid`` and its children have used so far."""
     process = psutil.Process(pid)
     processes = [process, *process.children(recursive=True)]
-    return sum(p.cpu_times().user + p.cpu_times().system for p in processes)
+    return sum(times.user + times.system for times in (p.cpu_times() for p in processes))
 
 
 def drive(url: str, headers: dict[str, str], bodies: list[list[bytes]], pid: int) -> tuple[float, list[float], float]:

@@ -139,6 +139,10 @@ def measure(root: Path, settings, rate: int, seconds: int, start_consumer, stop_
     return result
 
 
+#: The setting ``--compaction-cost`` gives the peer: continuous compaction off.
+COMPACTION_OFF = "LAKE_COMPACTION_INTERVAL_SECONDS=0"
+
+
 def run_lake(rate: int, seconds: int, settings: dict[str, str] | None = None) -> dict:
     """``lake stream --trigger 1`` at ``rate`` (module docstring); ``settings``: ``LAKE_*`` variables it runs with
     (``LAKE_COMPACTION_INTERVAL_SECONDS=0``: continuous compaction off, to measure what it costs)."""
@@ -257,12 +261,10 @@ def main() -> None:
     )
     peer = ("peer: same code, no Spark", run_peer)
     if args.compaction_cost:
-        args.peer_set.append("LAKE_COMPACTION_INTERVAL_SECONDS=0")
+        args.peer_set.append(COMPACTION_OFF)
     if args.peer_set:
         changed = dict(setting.split("=", 1) for setting in args.peer_set)
-        name = (
-            "peer: no compaction" if args.compaction_cost and len(changed) == 1 else "peer: " + " ".join(args.peer_set)
-        )
+        name = "peer: no compaction" if args.peer_set == [COMPACTION_OFF] else "peer: " + " ".join(args.peer_set)
         peer = (name, lambda rate, seconds: run_lake(rate, seconds, changed))
     for rate in args.rates:
         for name, run in (("lake stream --trigger 1", run_lake), peer):
