@@ -6,6 +6,9 @@ or ``s3://bucket/prefix``)::
     log/<topic>/topic.json                        topic_key: partition count, created once
     log/<topic>/<partition>/lease.json            lease_key: the writer's lease
     log/<topic>/<partition>/index.json            index_key: the partition index
+    log/<topic>/<partition>/index-chunks/<name>.json
+                                                  index_chunk_key: an immutable run of the index's older
+                                                  entries, named from the index (core/log/index.py)
     log/<topic>/<partition>/<segment>.parquet     partition_key: immutable segments
     log/_consumers/<group>/<topic>.json           consumer_offsets_key: a consumer group's offsets
     log/_consumers/<group>/<topic>.inventory/<n>.json
@@ -48,6 +51,7 @@ from metrics_lake.lake_schemas.tables import Table
 __all__ = [
     "AUTH_PREFIX",
     "CONSUMERS_PREFIX",
+    "INDEX_CHUNKS_FOLDER",
     "INVENTORY_TOPIC",
     "LOG_PREFIX",
     "NAME_PATTERN",
@@ -63,6 +67,8 @@ __all__ = [
     "consumer_group_prefix",
     "consumer_offsets_key",
     "grants",
+    "index_chunk_key",
+    "index_chunks_prefix",
     "index_key",
     "inventory_pin_key",
     "inventory_pins_prefix",
@@ -167,6 +173,26 @@ def lease_key(topic: str, partition: int) -> str:
 def index_key(topic: str, partition: int) -> str:
     """``log/<topic>/<partition>/index.json``: the partition index."""
     return partition_key(topic, partition, "index.json")
+
+
+#: Folder of a partition's index chunks, relative to the partition.
+INDEX_CHUNKS_FOLDER = "index-chunks"
+
+
+def index_chunks_prefix(topic: str, partition: int) -> str:
+    """``log/<topic>/<partition>/index-chunks``: the partition index's chunks."""
+    return partition_key(topic, partition, INDEX_CHUNKS_FOLDER)
+
+
+def index_chunk_key(topic: str, partition: int, name: str) -> str:
+    """``log/<topic>/<partition>/index-chunks/<name>``: one chunk of the partition index.
+
+    ``name`` is the chunk's file name alone; raises :class:`InputError` for a
+    name that is not a plain file name (the index is read from storage).
+    """
+    if "/" in name or name.startswith(".") or not name.endswith(".json"):
+        raise InputError(f"index chunk name {name!r} is not a chunk's file name (<...>.json)")
+    return f"{index_chunks_prefix(topic, partition)}/{name}"
 
 
 def consumer_group_prefix(group: str) -> str:
