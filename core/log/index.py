@@ -34,8 +34,9 @@ write the chunks they change as new objects and retire the old ones like
 segments. A chunk is written before the index that names it, so a
 committed index never names a missing chunk; a chunk whose index swap lost
 is named by no index and :func:`purge_retired` retires it. Chunks are
-immutable, so each process keeps the ones it read (:data:`CHUNK_CACHE_SEGMENTS`
-entries at most) and loading an index reads only ``index.json``. Delta's
+immutable, so each process keeps those of the index it last loaded of each
+partition (:class:`LatestChunks`), and loading an index again mostly reads
+only ``index.json``. Delta's
 checkpoints and Iceberg's manifest lists follow the same idea: an immutable
 prefix read once, and a small mutable head.
 """
@@ -49,7 +50,6 @@ import operator
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from metrics_lake.core import keys
@@ -62,8 +62,6 @@ PRODUCER_EXPIRY_MS = 7 * 24 * 3600 * 1000
 INDEX_FORMAT = 3
 #: Segments per index chunk. An append writes at most twice this many entries: at about 300 bytes each, 77 KiB.
 CHUNK_SEGMENTS = 128
-#: Chunk entries a process keeps parsed (all partitions together); least recently used chunks go first.
-CHUNK_CACHE_SEGMENTS = 200_000
 
 
 class RunChangedError(ValueError):
@@ -107,64 +105,54 @@ class IndexChunk:
 
     @classmethod
     def read(cls, store: Store, topic: str, partition: int, ref: dict) -> IndexChunk:
-        """The chunk ``ref`` (an entry of ``index.json``'s ``chunks``) names, from :data:`chunk_cache` or storage.
+        """Read the chunk ``ref`` (an entry of ``index.json``'s ``chunks``) names from storage.
 
         Raises :class:`~metrics_lake.lake_schemas.errors.IntegrityError` if the object
         is missing or does not hold the entries ``ref`` describes.
         """
         key = keys.index_chunk_key(topic, partition, ref["name"])
-        segments = chunk_cache.get(store.root, key)
-        if segments is None:
-            try:
-                doc = json.loads(store.read(key))
-            except FileNotFoundError:
-                raise IntegrityError(
-                    f"{key} is missing but the partition index names it: the partition's index is damaged "
-                    "(an object deleted by hand?); restore the object from a backup of the lake"
-                ) from None
-            segments = tuple(SegmentInfo.from_json(entry) for entry in doc["segments"])
-            found = (segments[0].base_offset, segments[-1].end_offset, len(segments)) if segments else None
-            if found != (ref["base_offset"], ref["end_offset"], ref["count"]):
-                raise IntegrityError(f"{key} does not hold the entries the partition index names: {found} != {ref}")
-            chunk_cache.put(store.root, key, segments)
+        try:
+            doc = json.loads(store.read(key))
+        except FileNotFoundError:
+            raise IntegrityError(
+                f"{key} is missing but the partition index names it: the partition's index is damaged "
+                "(an object deleted by hand?); restore the object from a backup of the lake"
+            ) from None
+        segments = tuple(SegmentInfo.from_json(entry) for entry in doc["segments"])
+        found = (segments[0].base_offset, segments[-1].end_offset, len(segments)) if segments else None
+        if found != (ref["base_offset"], ref["end_offset"], ref["count"]):
+            raise IntegrityError(f"{key} does not hold the entries the partition index names: {found} != {ref}")
         return cls(ref["name"], segments)
 
 
-class ChunkCache:
-    """Parsed index chunks by (lake root, key), least recently used dropped past ``max_segments`` entries.
+class LatestChunks:
+    """The chunks of the index each partition had when this process last loaded or saved it.
 
-    Chunks are immutable and never reuse a name, so a cached chunk is never
-    stale. Thread-safe: a gateway's flush threads load indexes side by side.
+    Loading an index reuses those of its chunks it still names (chunks are
+    immutable and never reuse a name, so they are never stale) and reads
+    only the others, mostly none. Memory follows the current indexes, one
+    per partition read, not the history of the log: a chunk that compaction
+    or retention replaced is forgotten at the next load. Thread-safe: a
+    gateway's flush threads load indexes side by side.
     """
 
-    def __init__(self, max_segments: int) -> None:
-        self.max_segments = max_segments
-        self._chunks: OrderedDict[tuple[str, str], tuple[SegmentInfo, ...]] = OrderedDict()
-        self._segments = 0
+    def __init__(self) -> None:
+        self._chunks: dict[tuple[str, str], dict[str, IndexChunk]] = {}
         self._lock = threading.Lock()
 
-    def get(self, root: str, key: str) -> tuple[SegmentInfo, ...] | None:
-        """The chunk's entries if cached (marking it recently used), else ``None``."""
+    def of(self, store: Store, topic: str, partition: int) -> dict[str, IndexChunk]:
+        """The chunks of the partition's index as last loaded or saved here, by name (empty if never)."""
         with self._lock:
-            segments = self._chunks.get((root, key))
-            if segments is not None:
-                self._chunks.move_to_end((root, key))
-            return segments
+            return self._chunks.get((store.root, keys.partition_prefix(topic, partition)), {})
 
-    def put(self, root: str, key: str, segments: tuple[SegmentInfo, ...]) -> None:
-        """Keep a chunk's entries, dropping the least recently used chunks beyond the bound."""
+    def remember(self, store: Store, topic: str, partition: int, chunks: list[IndexChunk]) -> None:
+        """Keep ``chunks`` (the partition index's, just loaded or saved) in place of those kept before."""
         with self._lock:
-            if (root, key) in self._chunks:
-                return
-            self._chunks[root, key] = segments
-            self._segments += len(segments)
-            while self._segments > self.max_segments and len(self._chunks) > 1:
-                _, dropped = self._chunks.popitem(last=False)
-                self._segments -= len(dropped)
+            self._chunks[store.root, keys.partition_prefix(topic, partition)] = {chunk.name: chunk for chunk in chunks}
 
 
-#: This process's parsed index chunks.
-chunk_cache = ChunkCache(CHUNK_CACHE_SEGMENTS)
+#: This process's latest chunks of every partition index it read.
+latest_chunks = LatestChunks()
 
 
 @dataclass
@@ -227,7 +215,11 @@ class PartitionIndex:
                 f"{key} has format {doc['format']}, newer than this version of metrics-lake reads "
                 f"({INDEX_FORMAT}); upgrade it to read this lake"
             )
-        chunks = [IndexChunk.read(store, topic, partition, ref) for ref in doc.get("chunks", [])]
+        known = latest_chunks.of(store, topic, partition)
+        chunks = [
+            known.get(ref["name"]) or IndexChunk.read(store, topic, partition, ref) for ref in doc.get("chunks", [])
+        ]
+        latest_chunks.remember(store, topic, partition, chunks)
         segments = [info for chunk in chunks for info in chunk.segments]
         segments += [SegmentInfo.from_json(entry) for entry in doc["tail" if "tail" in doc else "segments"]]
         return cls(
@@ -279,8 +271,7 @@ class PartitionIndex:
         key = keys.index_key(topic, partition)
         self.version = store.replace_if(key, text.encode(), self.version)
         self.chunks, self.retired, self._chunks_changed = chunks, retired, False
-        for chunk in new:
-            chunk_cache.put(store.root, keys.index_chunk_key(topic, partition, chunk.name), chunk.segments)
+        latest_chunks.remember(store, topic, partition, chunks)
 
     def _layout(self) -> tuple[list[IndexChunk], list[SegmentInfo]]:
         """How to store :attr:`segments`: the chunks (stored ones kept where unchanged, new ones sealed) and the tail.

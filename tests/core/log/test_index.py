@@ -28,7 +28,7 @@ CHUNK = 4
 def small_chunks(monkeypatch):
     """Chunks of 4 entries, so a few dozen segments make many chunks; and a fresh chunk cache."""
     monkeypatch.setattr(index_module, "CHUNK_SEGMENTS", CHUNK)
-    monkeypatch.setattr(index_module, "chunk_cache", index_module.ChunkCache(1_000))
+    monkeypatch.setattr(index_module, "latest_chunks", index_module.LatestChunks())
 
 
 def stored(store, partition: int = 0) -> dict:
@@ -41,7 +41,7 @@ def chunk_files(store, partition: int = 0) -> set[str]:
 
 def reloaded(store) -> PartitionIndex:
     """The index as a process that never read it sees it (no cached chunks)."""
-    index_module.chunk_cache = index_module.ChunkCache(1_000)
+    index_module.latest_chunks = index_module.LatestChunks()
     return PartitionIndex.load(store, "t", 0)
 
 
@@ -131,6 +131,25 @@ def test_a_chunk_written_for_a_swap_that_lost_is_retired_then_deleted(store):
     assert purge_retired(store, "t", 0, delay_ms=60_000, now_ms=now + 60_000) == [f"{keys.INDEX_CHUNKS_FOLDER}/{lost}"]
     assert chunk_files(store) == named and stored(store)["retired"] == []
     assert spans(reloaded(store).segments) == spans(first.segments)
+
+
+def test_a_process_reads_only_the_chunks_it_has_not_read_and_keeps_only_the_current_ones(store, monkeypatch):
+    index = PartitionIndex()
+    for i in range(4 * CHUNK):
+        index.add(entry(i, i + 1))
+    index.save(store, "t", 0)  # three chunks and a tail of four
+    reads = []
+    monkeypatch.setattr(store, "read", lambda key, read=store.read: reads.append(key.rsplit("/", 2)[-2]) or read(key))
+    loaded = reloaded(store)
+    assert reads == ["0"] + [keys.INDEX_CHUNKS_FOLDER] * 3  # index.json, then each chunk
+    reads.clear()
+    assert spans(PartitionIndex.load(store, "t", 0).segments) == spans(loaded.segments) and reads == ["0"]
+    loaded.replace_run(loaded.segments[:2], entry(0, 2, "merged"), now_ms=0)  # changes the first chunk
+    loaded.save(store, "t", 0)
+    reads.clear()
+    assert spans(PartitionIndex.load(store, "t", 0).segments) == spans(loaded.segments) and reads == ["0"]
+    kept = set(index_module.latest_chunks.of(store, "t", 0))
+    assert kept == {chunk.name for chunk in loaded.chunks} and index.chunks[0].name not in kept
 
 
 def test_an_index_that_lists_every_segment_is_read_and_saved_in_chunks(store):
