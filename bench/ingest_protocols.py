@@ -20,7 +20,8 @@ Per receiver, protocol and sender count (``--senders``, default 1, 4 and
 32): samples/s over the wall time of the whole run, the p50/p99 of a
 request's POST-to-answer time, the receiver's CPU (cores busy on average,
 and CPU microseconds per sample, its child processes included), then the
-lake ÷ Prometheus ratio. Every request must be answered 2xx. The lake's
+lake ÷ Prometheus ratio, and for OTLP the gateway's rate ÷ its remote-write
+rate at the same sender count (when both ran). Every request must be answered 2xx. The lake's
 answer means durable in its log; Prometheus's, in its head and WAL (not
 fsynced per request).
 
@@ -273,7 +274,7 @@ def main() -> None:
         f"{args.samples_total:,} samples per run; Prometheus {version}; {os.cpu_count()} cores\n",
         flush=True,
     )
-    rows = []
+    rows, lake_rates = [], {}  # lake_rates: (protocol, senders) -> the gateway's samples/s
     for protocol in args.protocols.split(","):
         for senders in (int(n) for n in args.senders.split(",")):
             requests_each = max(1, args.samples_total // (senders * per_request))
@@ -291,6 +292,9 @@ def main() -> None:
                     path = "/api/v1/write" if protocol == "remote-write" else "/api/v1/otlp/v1/metrics"
                     measured["prometheus"] = drive(url + path, headers, bodies, pid)
             rates = {name: total / wall for name, (wall, _, _) in measured.items()}
+            lake_rates[protocol, senders] = rates["lake"]
+            written = lake_rates.get(("remote-write", senders))
+            vs_remote_write = f"{rates['lake'] / written:.2f}x" if protocol == "OTLP" and written else ""
             for name, (wall, latencies, cpu) in measured.items():
                 p50, p99 = np.percentile(np.array(latencies) * 1000, [50, 99])
                 ratio = (
@@ -299,15 +303,15 @@ def main() -> None:
                 cores, per_sample = f"{cpu / wall:.2f}", f"{cpu / total * 1e6:.2f}"
                 rows.append(
                     (protocol, str(senders), name, f"{rates[name]:,.0f}", f"{p50:.1f}", f"{p99:.1f}")
-                    + (cores, per_sample, ratio)
+                    + (cores, per_sample, ratio, vs_remote_write if name == "lake" else "")
                 )
             if protocol == "OTLP" and not has_otlp:
-                rows.append((protocol, str(senders), "prometheus", f"(no OTLP receiver in {version})", *[""] * 5))
+                rows.append((protocol, str(senders), "prometheus", f"(no OTLP receiver in {version})", *[""] * 6))
             print(f"{protocol} x {senders}: done", flush=True)
     print()
     print_table(
         ("protocol", "senders", "receiver", "samples/s", "ack p50 ms", "ack p99 ms")
-        + ("receiver cores", "CPU µs/sample", "lake / Prometheus"),
+        + ("receiver cores", "CPU µs/sample", "lake / Prometheus", "lake OTLP / remote-write"),
         rows,
     )
 

@@ -1,7 +1,16 @@
 """OTLP/HTTP metrics: an ``ExportMetricsServiceRequest`` (protobuf or proto3 JSON) into log records.
 
 Decoded with the ``opentelemetry-proto`` package's messages
-(https://opentelemetry.io/docs/specs/otlp/#otlphttp). Per metric:
+(https://opentelemetry.io/docs/specs/otlp/#otlphttp): protobuf's own parser
+(upb) decides whether a body is a request. The points of gauges and
+cumulative sums in a protobuf body are then taken as columns
+(:mod:`~metrics_lake.app.gateway.protocols.otlp_columns`, ptars) and their
+series looked up by their encoded bytes in a catalog
+(:mod:`~metrics_lake.app.gateway.protocols.series_catalog`), with no Python
+object per point; every other metric, and a JSON body, is walked through
+upb's messages, with the same records in the same order (a 1,000-gauge
+request of 2 points each: 4.4 → 2.2 ms, against 1.5 ms for the same samples
+as remote-write). Per metric:
 
 - **server**: the resource attribute ``host.name``, else
   ``service.instance.id``, else ``service.name`` (none: the points are
@@ -40,13 +49,16 @@ import base64
 import json
 import math
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, DataPointFlags
 
 from metrics_lake.app.gateway.protocols import Decoded
@@ -57,8 +69,9 @@ from metrics_lake.app.gateway.protocols.histograms import (
     exponential_value,
 )
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
-from metrics_lake.app.gateway.protocols.points import PointsBuilder, Tags
-from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries
+from metrics_lake.app.gateway.protocols.otlp_columns import GAUGE, SUM, NumberColumns, number_columns
+from metrics_lake.app.gateway.protocols.points import PointsBuilder, SeriesKey, Tags
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries, SeriesCatalog, joined_lists, length_prefixed
 from metrics_lake.app.gateway.protocols.temporality import SeriesMemory
 
 __all__ = ["JSON_TYPE", "PROTOBUF_TYPE", "decode", "response_body"]
@@ -85,7 +98,8 @@ def decode(body: bytes, content_type: str, memory: SeriesMemory, recent: RecentS
     ``recent``: the series of earlier requests, so this one's records take
     their columns from a catalog (:mod:`~metrics_lake.app.gateway.protocols.series_catalog`).
     """
-    builder = PointsBuilder(recent.catalog() if recent is not None else None)
+    catalog = recent.catalog() if recent is not None else SeriesCatalog()
+    builder = PointsBuilder(catalog)
     request = ExportMetricsServiceRequest()
     try:
         if is_json(content_type):
@@ -99,15 +113,106 @@ def decode(body: bytes, content_type: str, memory: SeriesMemory, recent: RecentS
         detail = f"not an OTLP ExportMetricsServiceRequest: {str(exc)[:200]}"
         builder.reject(raw, "invalid_payload", detail)
         return Decoded(builder.records(), unreadable=detail)
-    skipped = 0
+    columns = None if is_json(content_type) else number_columns(body)
+    if columns is None:
+        skipped = sum(
+            _metric(builder, memory, *_resource(resource_metrics.resource), metric)
+            for resource_metrics in request.resource_metrics
+            for scope_metrics in resource_metrics.scope_metrics
+            for metric in scope_metrics.metrics
+        )
+    else:
+        skipped = _by_columns(request, columns, builder, catalog, memory)
+    return Decoded(builder.records(), skipped)
+
+
+def _resource(resource) -> tuple[str | None, Tags]:
+    """(server, tags) of an OTLP ``Resource``: its attributes, and the first :data:`SERVER_ATTRIBUTES` set."""
+    tags = _attributes(resource.attributes)
+    named = dict(tags)
+    return next((named[a] for a in SERVER_ATTRIBUTES if named.get(a)), None), tags
+
+
+def _by_columns(request: ExportMetricsServiceRequest, columns: NumberColumns, builder, catalog, memory) -> int:
+    """Add a request's points to ``builder`` in body order; returns the points skipped.
+
+    The points of gauges and cumulative sums with a good name and a value at every point go in as columns
+    (:func:`_column_points`); every other metric (histograms, summaries, delta sums that keep a running total,
+    a point without a value, a name that is refused) goes through upb's message (:func:`_metric`), as before.
+    """
+    refused = [name for name in pc.unique(columns.names).to_pylist() if metric_name(name)[0] is None]
+    plain = (columns.kind == GAUGE) | ((columns.kind == SUM) & (columns.temporality == _CUMULATIVE))
+    if refused:
+        plain &= ~pc.is_in(columns.names, value_set=pa.array(refused, pa.string())).to_numpy(zero_copy_only=False)
+    missing = ~columns.has_double & ~columns.has_int & ((columns.flags & _NO_VALUE) == 0)
+    plain[columns.metric_of_point[missing | (columns.has_double & columns.has_int)]] = False
+    # A resource's key is its message as upb read it (protobuf merges a resource repeated on the wire).
+    resources = pa.array([rm.resource.SerializeToString(deterministic=True) for rm in request.resource_metrics])
+    resources = resources.cast(pa.binary())
+    first_point = np.searchsorted(columns.metric_of_point, np.arange(len(plain) + 1))
+    if plain.all():
+        return _column_points(request, columns, resources, builder, catalog, 0, len(columns.metric_of_point))
+    skipped, at, run = 0, 0, None  # run: the first metric of the current run of plain ones
     for resource_metrics in request.resource_metrics:
-        resource = _attributes(resource_metrics.resource.attributes)
-        named = dict(resource)
-        server = next((named[a] for a in SERVER_ATTRIBUTES if named.get(a)), None)
+        server_and_tags = None
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
-                skipped += _metric(builder, memory, server, resource, metric)
-    return Decoded(builder.records(), skipped)
+                if plain[at]:
+                    run = at if run is None else run
+                else:
+                    if run is not None:
+                        points = (first_point[run], first_point[at])
+                        skipped += _column_points(request, columns, resources, builder, catalog, *points)
+                        run = None
+                    server_and_tags = server_and_tags or _resource(resource_metrics.resource)
+                    skipped += _metric(builder, memory, *server_and_tags, metric)
+                at += 1
+    if run is not None:
+        points = (first_point[run], first_point[at])
+        skipped += _column_points(request, columns, resources, builder, catalog, *points)
+    return skipped
+
+
+def _column_points(request, columns: NumberColumns, resources: pa.Array, builder, catalog, start, end) -> int:
+    """Add points ``[start, end)`` of ``columns`` (of plain gauges and cumulative sums) to ``builder``; returns
+    those skipped (flagged as having no recorded value).
+
+    A point's series is looked up in ``catalog`` by its resource's (``resources``: binary, one per
+    ``ResourceMetrics``), metric name's and attributes' bytes, and
+    decoded (as :func:`_numbers` would) only for a series the catalog lacks. When no point in the range has
+    attributes of its own (a metric's points are then one series), the lookups are per metric.
+    """
+    recorded = (columns.flags[start:end] & _NO_VALUE) == 0
+    kept = np.arange(start, end)[recorded]
+    if not len(kept):
+        return end - start
+    metric = columns.metric_of_point[kept]
+    first_metric, count = int(metric[0]), int(metric[-1] - metric[0]) + 1
+    resource = columns.resource_of_metric[first_metric : first_metric + count]
+    names = columns.names.slice(first_metric, count)
+    keys = pc.binary_join_element_wise(length_prefixed(resources.take(pa.array(resource))), length_prefixed(names), b"")
+    attributes = columns.attributes.slice(start, end - start)
+    if pc.sum(pc.list_value_length(attributes)).as_py():
+        attributes = attributes.filter(pa.array(recorded))
+        keys = pc.binary_join_element_wise(keys.take(pa.array(metric - first_metric)), joined_lists(attributes), b"")
+        encoded = pc.dictionary_encode(keys)
+        keys, codes = encoded.dictionary, encoded.indices.to_numpy(zero_copy_only=False)
+        _, first = np.unique(codes, return_index=True)  # the first point of each distinct series
+        point_of = first.tolist()
+    else:
+        codes, point_of = metric - first_metric, None
+
+    def series_of(at: int) -> SeriesKey:
+        pairs = [] if point_of is None else [KeyValue.FromString(a) for a in attributes[point_of[at]].as_py()]
+        local = at if point_of is None else int(metric[point_of[at]]) - first_metric
+        server, tags = _resource(request.resource_metrics[int(resource[local])].resource)
+        name, original = metric_name(names[local].as_py())
+        return server, name, _tags(tags, pairs, original)
+
+    ids = catalog.ids_of(keys.to_pylist(), series_of)[codes]
+    values = np.where(columns.has_double[kept], columns.as_double[kept], columns.as_int[kept].astype(np.float64))
+    builder.extend(ids, (columns.time_unix_nano[kept] // 1_000_000).astype(np.int64), values)
+    return int((~recorded).sum())
 
 
 def response_body(rejected: int, error: str, content_type: str) -> tuple[bytes, str]:

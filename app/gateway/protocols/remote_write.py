@@ -49,7 +49,7 @@ from metrics_lake.app.gateway.protocols import Decoded
 from metrics_lake.app.gateway.protocols.metric_names import ORIGINAL_NAME_TAG, metric_name
 from metrics_lake.app.gateway.protocols.points import PointsBuilder, SeriesKey
 from metrics_lake.app.gateway.protocols.prompb.remote_pb2 import Label, WriteRequest
-from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries, SeriesCatalog
+from metrics_lake.app.gateway.protocols.series_catalog import RecentSeries, SeriesCatalog, joined_lists
 
 __all__ = ["SnappyError", "SnappyTooLarge", "decode", "snappy_length"]
 
@@ -189,15 +189,9 @@ def _points(samples: Samples, builder: PointsBuilder, catalog: SeriesCatalog) ->
 
 
 def _label_keys(labels: pa.Array) -> list[bytes]:
-    """Per series, its encoded labels joined into one key, each label preceded by its length (4 bytes, big
-    endian): equal exactly for equal label lists (a label's bytes may hold any byte, so no separator would do)."""
-    flat = pc.list_flatten(labels).cast(pa.binary())
-    lengths = pc.binary_length(flat).to_numpy(zero_copy_only=False).astype(">u4")
-    prefixes = pa.FixedSizeBinaryArray.from_buffers(pa.binary(4), len(flat), [None, pa.py_buffer(lengths.tobytes())])
-    prefixed = pc.binary_join_element_wise(prefixes.cast(pa.binary()), flat, pa.scalar(b"", pa.binary()))
-    offsets = pc.subtract(labels.offsets, labels.offsets[0])
-    joined = pc.binary_join(pa.ListArray.from_arrays(offsets, prefixed), pa.scalar(b"", pa.binary()))
-    return joined.to_pylist()
+    """Per series, its encoded labels joined into one key (:func:`~.series_catalog.joined_lists`): equal exactly
+    for equal label lists."""
+    return joined_lists(labels).to_pylist()
 
 
 def _unreadable(body: bytes, detail: str) -> Decoded:

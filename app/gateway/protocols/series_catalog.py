@@ -23,11 +23,12 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from metrics_lake.app.gateway.protocols.points import SeriesKey, series_ok, tags_array
 from metrics_lake.lake_schemas.types import TAGS
 
-__all__ = ["SERIES_CACHE", "RecentSeries", "SeriesCatalog", "SeriesColumns"]
+__all__ = ["SERIES_CACHE", "RecentSeries", "SeriesCatalog", "SeriesColumns", "joined_lists", "length_prefixed"]
 
 #: Series a catalog holds before requests start on a new one (Prometheus and OTLP senders resend the same series).
 SERIES_CACHE = 100_000
@@ -137,3 +138,20 @@ class RecentSeries:
             if len(self._catalog) >= self.limit:
                 self._catalog = SeriesCatalog()
             return self._catalog
+
+
+def length_prefixed(values: pa.Array) -> pa.Array:
+    """Each of ``values`` (binary or string) as binary preceded by its length (4 bytes, big endian): keys built by
+    concatenating such parts are equal exactly when the parts are (a part may hold any byte, so no separator
+    would do)."""
+    values = values.cast(pa.binary())
+    lengths = pc.binary_length(values).to_numpy(zero_copy_only=False).astype(">u4")
+    prefixes = pa.FixedSizeBinaryArray.from_buffers(pa.binary(4), len(values), [None, pa.py_buffer(lengths.tobytes())])
+    return pc.binary_join_element_wise(prefixes.cast(pa.binary()), values, pa.scalar(b"", pa.binary()))
+
+
+def joined_lists(lists: pa.ListArray) -> pa.Array:
+    """Per list of ``lists`` (of binary), its items :func:`length_prefixed` and concatenated (binary)."""
+    offsets = pc.subtract(lists.offsets, lists.offsets[0])
+    prefixed = length_prefixed(pc.list_flatten(lists))
+    return pc.binary_join(pa.ListArray.from_arrays(offsets, prefixed), pa.scalar(b"", pa.binary()))
