@@ -282,10 +282,23 @@ def affected_windows(query: StoredQuery, minutes_us: np.ndarray) -> np.ndarray:
     return np.unique(starts[inside])
 
 
+#: How a ``PER SERVER`` query's own 1-minute rows are handed to the window merge: ``settle(query, windows, keep)``
+#: gives the rows of ``windows`` that the boolean mask ``keep`` selects, sorted by minute, or rows that merge into
+#: the same per-server window states, some minutes of a window already merged into one row at the window's start
+#: (their fold, in minute order: exactly what merging them again would give). :func:`sorted_rows`, or a memo that
+#: keeps each window's settled minutes merged (:meth:`metrics_lake.core.speed.open_windows.OpenWindows.settled_minutes`).
+ServerRows = Callable[[StoredQuery, pa.Table, pa.ChunkedArray | pa.Array], pa.Table]
+
 #: How a query's 1-minute rows become one row per key and minute: ``merge(query, windows, keep, keyed)`` merges
 #: the rows of ``windows`` that the boolean mask ``keep`` selects, after ``keyed`` (rows -> rows keyed by group or
 #: fleet). :func:`merge_selected`, or a memo of it that selects only the minutes it has not merged before.
 MinuteMerge = Callable[[StoredQuery, pa.Table, pa.ChunkedArray | pa.Array, Callable[[pa.Table], pa.Table]], pa.Table]
+
+
+def sorted_rows(query: StoredQuery, windows: pa.Table, keep: pa.ChunkedArray | pa.Array) -> pa.Table:
+    """The rows of ``windows`` that ``keep`` selects, in minute order (stable): the :data:`ServerRows` that
+    remembers nothing."""
+    return windows.filter(keep).sort_by([("window_start", "ascending")])
 
 
 def merge_selected(
@@ -297,7 +310,11 @@ def merge_selected(
 
 
 def window_states(
-    windows: pa.Table, query: StoredQuery, starts_us: np.ndarray, merge: MinuteMerge | None = None
+    windows: pa.Table,
+    query: StoredQuery,
+    starts_us: np.ndarray,
+    merge: MinuteMerge | None = None,
+    settle: ServerRows | None = None,
 ) -> pa.Table:
     """Window states of ``query``'s windows starting at ``starts_us`` (epoch µs), like :func:`query_states`.
 
@@ -306,7 +323,9 @@ def window_states(
     besides :data:`WINDOW_STATE`'s are left to ``merge``. ``merge``: how the
     query's rows are keyed and merged per key and minute (a :data:`MinuteMerge`;
     default :func:`merge_selected`; the speed layer passes one that takes only
-    the minutes it has not merged before, :mod:`metrics_lake.core.speed.open_windows`).
+    the minutes it has not merged before, :mod:`metrics_lake.core.speed.open_windows`); ``settle``: how a
+    ``PER SERVER`` query's own rows are handed over (a :data:`ServerRows`; default: as they are). The states
+    returned then differ, but :func:`~metrics_lake.core.kernels.windows.merge_states` makes the same rows of them.
     """
     if len(starts_us) == 0:
         return WINDOW_STATE.empty_table()
@@ -317,6 +336,7 @@ def window_states(
         *window_span(query, wanted),
         lambda window_start, window_end: np.isin(window_start, wanted),
         merge,
+        settle,
     )
 
 
@@ -327,10 +347,16 @@ def window_span(query: StoredQuery, starts_us: np.ndarray) -> tuple[int, int]:
 
 
 def _states(
-    windows: pa.Table, query: StoredQuery, lo_us: int, hi_us: int, chosen, merge: MinuteMerge | None = None
+    windows: pa.Table,
+    query: StoredQuery,
+    lo_us: int,
+    hi_us: int,
+    chosen,
+    merge: MinuteMerge | None = None,
+    settle: ServerRows | None = None,
 ) -> pa.Table:
     """States of the query windows that ``chosen(window_start, window_end)`` (µs arrays) keeps, from the minutes
-    of ``windows`` in ``[lo_us, hi_us)``; ``merge`` as for :func:`window_states`.
+    of ``windows`` in ``[lo_us, hi_us)``; ``merge`` and ``settle`` as for :func:`window_states`.
 
     Keyed by ``server``: the server (``PER SERVER``), null (the fleet), or
     for ``BY`` an injective text of the group's label values, the group's
@@ -352,8 +378,7 @@ def _states(
     # sort. A PER SERVER query's own rows are a source as they are: in minute order, a server keeps its newest labels.
     keyed = partial(_keyed, query)
     if query.per_server:  # it also gets the fleet row (server null), so a dashboard shows both from stored rows
-        rows = windows.filter(keep).sort_by([("window_start", "ascending")])
-        sources = [rows, merge(query, rows, pa.array(np.ones(rows.num_rows, bool)), keyed)]  # selected once
+        sources = [(settle or sorted_rows)(query, windows, keep), merge(query, windows, keep, keyed)]
     else:
         sources = [merge(query, windows, keep, keyed)]
     hops = -(-query.duration_s // query.slide_s)

@@ -19,6 +19,7 @@ from deltalake import Transaction
 
 from metrics_lake.core.kernels.stored_queries import (
     MinuteMerge,
+    ServerRows,
     StoredQuery,
     affected_windows,
     query_rows,
@@ -219,12 +220,14 @@ def _query_states(
     rows are needed are taken (from what it keeps, else read): each minute
     of a ``PER SERVER`` query's windows, and the minutes it merges again for
     the others (:meth:`~metrics_lake.core.speed.open_windows.OpenWindows.stale_minutes`);
-    the rest of each minute comes merged from the evaluation before.
+    the rest of each minute comes merged from the evaluation before, and a ``PER SERVER`` query's settled
+    minutes too (:meth:`~metrics_lake.core.speed.open_windows.OpenWindows.settled_minutes`).
     """
     spans = {q.name: window_span(q, starts[q.name]) for q in queries}
     lo, hi = min(span[0] for span in spans.values()), max(span[1] for span in spans.values())
     files = _window_files(store, tables, lo, hi)
     merges: dict[str, MinuteMerge | None] = dict.fromkeys(spans)
+    settles: dict[str, ServerRows | None] = dict.fromkeys(spans)
     needed: dict[str, list[DataFile]] = {q.metric: files for q in queries}
     if open_windows is not None:
         wanted: dict[str, set[str]] = {}  # metric -> paths of the files whose rows of it are needed
@@ -233,9 +236,11 @@ def _query_states(
             minutes = coverage if query.per_server else open_windows.stale_minutes(query, coverage)
             wanted.setdefault(query.metric, set()).update(*(coverage[at] for at in minutes))
             merges[query.name] = partial(open_windows.merged_minutes, coverage=coverage)
+            settles[query.name] = partial(open_windows.settled_minutes, coverage=coverage)
         needed = {metric: [f for f in files if f.relative in paths] for metric, paths in wanted.items()}
     windows = _read_windows(store, needed, lo, hi, open_windows=open_windows)
-    return pa.concat_tables([window_states(windows, q, starts[q.name], merges[q.name]) for q in queries])
+    states = [window_states(windows, q, starts[q.name], merges[q.name], settles[q.name]) for q in queries]
+    return pa.concat_tables(states)
 
 
 def _window_files(store: Store, tables: LatestTables, lo_us: int, hi_us: int) -> list[DataFile]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from metrics_lake.core.log.segment_retention import apply_log_retention
 from metrics_lake.core.storage import LocalStore, VersionConflictError
 from metrics_lake.lake_schemas.errors import IntegrityError
 from tests.core.log.test_log import records
+from tests.core.log.test_log_maintenance import append_in_background
 
 CHUNK = 4
 
@@ -186,23 +186,14 @@ def test_appends_racing_compaction_and_retention_lose_and_duplicate_nothing(any_
     log = SegmentLog(any_store)
     log.ensure_topic("t", 1)
     writer = log.writer("t", 0, "w", ttl_ms=60_000)
-    appends, errors, done = 80, [], threading.Event()
-    horizon = {}
+    appends, horizon = 80, {}
 
-    def produce() -> None:
-        try:
-            for i in range(appends):
-                if i == appends // 2:
-                    horizon["ms"], horizon["offset"] = int(time.time() * 1000) + 1, writer.index.next_offset
-                    time.sleep(0.01)
-                writer.append(records(3, start_ms=1_800_000_000_000 + i * 3000), producer_id="w", producer_seq=i)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            errors.append(exc)
-        finally:
-            done.set()
+    def mark_the_horizon(i: int) -> None:
+        if i == appends // 2:
+            horizon["ms"], horizon["offset"] = int(time.time() * 1000) + 1, writer.index.next_offset
+            time.sleep(0.01)
 
-    thread = threading.Thread(target=produce)
-    thread.start()
+    thread, errors, done = append_in_background(writer, appends, mark_the_horizon)
     one = encode_segment(records(3), base_offset=0, appended_at=0, producers={"w": 0})[1].size_bytes
     target = 4 * one  # short runs, so merged segments straddle chunks, and merged ones merge again
     rounds = 0

@@ -23,6 +23,27 @@ def fill(log: SegmentLog, sizes: list[int], partition: int = 0, producer: str = 
     writer.release()
 
 
+def append_in_background(writer, appends: int, before=None) -> tuple[threading.Thread, list, threading.Event]:
+    """A started thread appending ``appends`` batches of 3 records with ``writer`` (producer ``w``, sequence ``i``),
+    calling ``before(i)`` first if given; (the thread, the errors it raised, set when it is done)."""
+    errors, done = [], threading.Event()
+
+    def produce() -> None:
+        try:
+            for i in range(appends):
+                if before is not None:
+                    before(i)
+                writer.append(records(3, start_ms=1_800_000_000_000 + i * 3000), producer_id="w", producer_seq=i)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    return thread, errors, done
+
+
 def test_plan_runs_merges_small_neighbours_up_to_the_target():
     def seg(base, size):
         return SegmentInfo(base, base + 1, None, None, 0, size)
@@ -88,19 +109,8 @@ def test_compaction_while_a_writer_appends_loses_and_duplicates_nothing(any_stor
     log = SegmentLog(any_store)
     log.ensure_topic("t", 1)
     writer = log.writer("t", 0, "w", ttl_ms=60_000)
-    appends, errors, done = 60, [], threading.Event()
-
-    def produce() -> None:
-        try:
-            for i in range(appends):
-                writer.append(records(3, start_ms=1_800_000_000_000 + i * 3000), producer_id="w", producer_seq=i)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
-            errors.append(exc)
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=produce)
-    thread.start()
+    appends = 60
+    thread, errors, done = append_in_background(writer, appends)
     compactions = 0
     while not done.is_set():
         compact_partition(log, "t", 0, target_bytes=1 << 20, delete_delay_ms=0)

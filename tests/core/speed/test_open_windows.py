@@ -14,7 +14,7 @@ import pytest
 
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.core.kernels.stored_queries import parse_query, window_span, window_states
-from metrics_lake.core.kernels.windows import aggregate_events
+from metrics_lake.core.kernels.windows import aggregate_events, merge_states
 from metrics_lake.core.speed import open_windows as module
 from metrics_lake.core.speed.open_windows import OpenWindows, minute_files
 from metrics_lake.core.tables.snapshots import DataFile
@@ -164,3 +164,68 @@ def test_a_minute_is_covered_by_every_file_whose_statistics_hold_it_and_by_files
         at[5]: {"unknown"},
     }
     assert minute_files(files[:3], at[4], at[5]) == {}
+
+
+def evaluate_per_server(kept: OpenWindows, query, selections: dict[str, pa.Table], window: int = 0) -> pa.Table:
+    """A PER SERVER query's states for its window starting ``window`` minutes into the hour, through the memo of
+    settled minutes, checked against merging every minute anew: the same states once merged, to the last bit."""
+    starts = np.array([START_MS * 1000 + window * MINUTE_US], np.int64)
+    files = [data_file(path, rows) for path, rows in selections.items()]
+    coverage = minute_files(files, *window_span(query, starts))
+    rows = pa.concat_tables(selections.values())
+    memo = partial(kept.merged_minutes, coverage=coverage), partial(kept.settled_minutes, coverage=coverage)
+    through_memo = window_states(rows, query, starts, *memo)
+    anew = window_states(rows, query, starts)
+    assert merge_states(through_memo).equals(merge_states(anew))
+    return through_memo
+
+
+def server_rows(states: pa.Table) -> int:
+    """States of single servers (not the fleet's row) handed to the window merge."""
+    return states.num_rows - states.column("server").null_count
+
+
+def test_a_per_server_window_merges_its_settled_minutes_once_and_anew_when_their_files_change():
+    query = parse_query("server_cpu_15m", "FROM * SELECT host.cpu.utilization WINDOW 15m COMPUTE avg, max PER SERVER")
+    windows, late = windows_of(17 * 60, seed=7), windows_of(17 * 60, seed=8)  # minutes 0-16, 4 servers
+    files = {f"m{m}": minute_rows(windows, m) for m in range(17)}
+
+    def through(last: int, **rewritten: pa.Table) -> dict[str, pa.Table]:
+        """Files of minutes 0 to ``last``; a rewritten minute's file under a new name (a file never changes)."""
+        kept = {f"m{m}": files[f"m{m}"] for m in range(last + 1) if f"m{m}" not in rewritten}
+        return {**kept, **{f"{name}-rewritten": rows for name, rows in rewritten.items()}}
+
+    kept = OpenWindows()
+    assert server_rows(evaluate_per_server(kept, query, through(1))) == 4 * 2  # nothing settled yet
+    assert server_rows(evaluate_per_server(kept, query, through(4))) == 4 * (1 + 2)  # minutes 0-2 settled
+    assert server_rows(evaluate_per_server(kept, query, through(5))) == 4 * (1 + 2)  # minute 3 joins them
+    assert server_rows(evaluate_per_server(kept, query, through(5))) == 4 * (1 + 2)  # nothing new
+    # A late event rewrites settled minute 1 (other values): every minute merged anew, settled again.
+    assert server_rows(evaluate_per_server(kept, query, through(5, m1=minute_rows(late, 1)))) == 4 * (1 + 2)
+    assert server_rows(evaluate_per_server(kept, query, through(6, m1=minute_rows(late, 1)))) == 4 * (1 + 2)
+    # A compaction rewrites minutes 0-4 into one file, the same rows: merged anew, the same states.
+    compacted = {"compacted": minute_rows(windows, 0, 1, 2, 3, 4), **{f"m{m}": files[f"m{m}"] for m in (5, 6, 7)}}
+    assert server_rows(evaluate_per_server(kept, query, compacted)) == 4 * (1 + 2)
+    # The next window: the first one's minutes are no longer kept.
+    assert server_rows(evaluate_per_server(kept, query, through(16), window=15)) == 4 * 2
+    assert kept.queries == ["server_cpu_15m"]
+    kept.forget_queries_except([])
+    assert kept.queries == []
+
+
+def test_a_hopping_per_server_window_or_one_without_coverage_merges_every_minute():
+    hopping = parse_query(
+        "server_cpu_hop", "FROM * SELECT host.cpu.utilization WINDOW 15m EVERY 5m COMPUTE max PER SERVER"
+    )
+    windows = windows_of(6 * 60, seed=9)
+    selections = {f"m{m}": minute_rows(windows, m) for m in range(6)}
+    kept = OpenWindows()
+    for _ in range(2):
+        assert server_rows(evaluate_per_server(kept, hopping, selections)) == 4 * 6
+    tumbling = dataclasses.replace(hopping, slide_s=hopping.duration_s)
+    rows = pa.concat_tables(selections.values())
+    starts = [START_MS * 1000]
+    assert window_states(rows, tumbling, starts, settle=kept.settled_minutes).equals(
+        window_states(rows, tumbling, starts)
+    )  # no coverage: nothing kept
+    assert kept.queries == ["server_cpu_hop"]  # its fleet row's minutes only
