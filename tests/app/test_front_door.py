@@ -487,6 +487,7 @@ def test_prometheus_retries_the_429s_of_a_full_gateway_buffer_and_every_sample_l
         NODE_EXPORTER,
         PROMETHEUS,
         node_samples,
+        quiet_end_ms,
         running_prometheus,
         stored_node_samples,
     )
@@ -510,9 +511,9 @@ remote_write:
 """
     with running_prometheus(config, tmp_path, prometheus_port, exporter_port):
         time.sleep(20)
-        end, window = time.time() - 2, 15
-        expected, _ = node_samples(prometheus_port, end, window)
-        lo_ms, hi_ms = int((end - window) * 1000), int(end * 1000)
+        end_ms, window = quiet_end_ms(prometheus_port, 2), 15
+        expected, _ = node_samples(prometheus_port, end_ms, window)
+        lo_ms, hi_ms = end_ms - window * 1000, end_ms
         wanted, deadline = sum(map(len, expected.values())), time.monotonic() + 90  # retries trail by the backoffs
         while sum(map(len, (found := stored_node_samples(stored(tmp_path), instance, lo_ms, hi_ms)).values())) < wanted:
             assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]

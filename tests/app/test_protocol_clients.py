@@ -311,12 +311,26 @@ def running_prometheus(config: str, tmp_path, port: int, exporter_port: int | No
                 process.wait(60)
 
 
-def node_samples(prometheus_port: int, end: float, window: int) -> tuple[dict, int]:
-    """Every raw sample of every ``node_*`` series in ``(end - window, end]`` from Prometheus's HTTP API:
-    ``{(name, sorted label pairs without __name__): [(ts ms, value)]}`` without NaNs, and the NaN samples left out."""
+def quiet_end_ms(prometheus_port: int, seconds_before: int) -> int:
+    """An end for :func:`node_samples` (epoch ms): ``seconds_before`` s before node_exporter's last scrape, and
+    half a scrape interval (1 s) from every scrape. Prometheus turns a query's ``time`` into milliseconds through
+    floats (``parseTime``: ``math.Round(ns*1000) / 1000``, then truncated to nanoseconds), so its range can end a
+    millisecond off ours: a sample on the edge would be in one and not the other."""
+    answer = requests.get(
+        f"http://127.0.0.1:{prometheus_port}/api/v1/query", params={"query": "node_load1[5s]"}, timeout=30
+    )
+    answer.raise_for_status()
+    last = max(round(float(t) * 1000) for t, _ in answer.json()["data"]["result"][0]["values"])
+    return last - seconds_before * 1000 + 500
+
+
+def node_samples(prometheus_port: int, end_ms: int, window: int) -> tuple[dict, int]:
+    """Every raw sample of every ``node_*`` series in ``(end_ms - window s, end_ms]`` (epoch ms) from Prometheus's
+    HTTP API: ``{(name, sorted label pairs without __name__): [(ts ms, value)]}`` without NaNs, and the NaN samples
+    left out. Take ``end_ms`` from :func:`quiet_end_ms`, so that no sample is near the range's edges."""
     answer = requests.get(
         f"http://127.0.0.1:{prometheus_port}/api/v1/query",
-        params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": end},
+        params={"query": f'{{__name__=~"node_.+"}}[{window}s]', "time": f"{end_ms // 1000}.{end_ms % 1000:03d}"},
         timeout=30,
     )
     answer.raise_for_status()
@@ -363,10 +377,10 @@ remote_write:
 """
     with running_prometheus(config, tmp_path, prometheus_port, exporter_port):
         time.sleep(SCRAPE_SECONDS)
-        end = time.time() - 10  # samples up to here were remote-written (1 s send deadline) well before we stop
-        window = SCRAPE_SECONDS - 15
+        end_ms = quiet_end_ms(prometheus_port, 10)  # remote-written (1 s send deadline) well before we stop
+        end, window = end_ms / 1000, SCRAPE_SECONDS - 15
         # The reference: every raw sample of every node_* series in (end - window, end], from Prometheus's HTTP API.
-        expected, nan_samples = node_samples(prometheus_port, end, window)
+        expected, nan_samples = node_samples(prometheus_port, end_ms, window)
         # query_range agrees on the series (one step per scrape): the same names come back.
         ranged = requests.get(
             f"http://127.0.0.1:{prometheus_port}/api/v1/query_range",
@@ -377,7 +391,7 @@ remote_write:
     run_stream(spark, settings, once=True)
 
     instance = f"127.0.0.1:{exporter_port}"
-    stored = stored_node_samples(bronze(store), instance, int((end - window) * 1000), int(end * 1000))
+    stored = stored_node_samples(bronze(store), instance, end_ms - window * 1000, end_ms)
     assert len(expected) > 100  # node_exporter exposes hundreds of node_* series
     assert sum(len(v) for v in expected.values()) >= len(expected) * (window - 3)  # about one sample a second
     assert stored == expected

@@ -6,7 +6,9 @@ set here, at collection time, before any test module imports it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ import pytest
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="lake-airflow-"))
+atexit.register(shutil.rmtree, AIRFLOW_HOME, ignore_errors=True)  # one per test process, each run
 os.environ.update(
     AIRFLOW_HOME=str(AIRFLOW_HOME),
     AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
