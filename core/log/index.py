@@ -183,7 +183,9 @@ class PartitionIndex:
     version: str | None = None
     #: The chunks as stored at :attr:`version`: ``segments`` starts with their entries, the same objects, in order.
     chunks: list[IndexChunk] = field(default_factory=list, repr=False)
-    #: Whether :meth:`replace_run` or :meth:`drop_head` changed entries the stored chunks hold.
+    #: Whether :meth:`replace_run` or :meth:`drop_head` changed entries the stored chunks hold. The check of the
+    #: chunks' first and last entries in :meth:`_kept_chunks` sees most such changes by itself, but not one segment
+    #: replaced by one inside a chunk (the entries keep their positions).
     _chunks_changed: bool = field(default=False, init=False, repr=False)
 
     @property

@@ -234,7 +234,7 @@ class OpenWindows:
         selected = pc.fill_null(keep, False).to_numpy(zero_copy_only=False)
         if not selected.any():
             self._settled.pop(key, None)
-            return sorted_rows(query, windows, keep).select(WINDOW_STATE.names)
+            return sorted_rows(query, windows, keep)
         minute = pc.cast(windows.column("window_start"), pa.int64()).to_numpy(zero_copy_only=False)
         window = minute - np.mod(minute, query.duration_s * 1_000_000)
         newest = int(window[selected].max())
@@ -252,7 +252,7 @@ class OpenWindows:
             kept, through = (newest, settled, merged), settle_to
         if kept is None:
             self._settled.pop(key, None)
-            return sorted_rows(query, windows, keep).select(WINDOW_STATE.names)
+            return sorted_rows(query, windows, keep)
         self._settled[key] = kept
         later = sorted_rows(query, windows, pa.array(selected & (~mine | (minute > through))))
         later = later.select(WINDOW_STATE.names)

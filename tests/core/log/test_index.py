@@ -112,6 +112,20 @@ def test_chunks_follow_every_change_of_compaction_and_retention_and_readers_see_
     assert chunk_files(store) == {ref["name"] for ref in stored(store)["chunks"]}
 
 
+def test_one_segment_replaced_by_one_inside_a_chunk_is_saved(store):
+    """A run of one segment rewritten (a key compaction's single segment) keeps every entry's position: the sealed
+    chunk holding it is written again all the same, and a reader sees the new entry."""
+    index = PartitionIndex()
+    for i in range(3 * CHUNK):
+        index.add(entry(i, i + 1))
+    index.save(store, "t", 0)
+    inside = index.chunks[0].segments[1]
+    index.replace_run([inside], entry(inside.base_offset, inside.end_offset, "rewritten"), now_ms=0)
+    index.save(store, "t", 0)
+    assert spans(reloaded(store).segments) == spans(index.segments)
+    assert reloaded(store).segments[1].name == "rewritten"
+
+
 def test_a_chunk_written_for_a_swap_that_lost_is_retired_then_deleted(store):
     index = PartitionIndex()
     for i in range(2 * CHUNK - 1):
