@@ -387,10 +387,19 @@ async def _all_done(futures: list[Future], timeout: float) -> bool:
     watchers = []
     for future in pending:
         watcher = loop.create_future()
-        future.add_done_callback(lambda _, w=watcher: loop.call_soon_threadsafe(_settle, w))
+        future.add_done_callback(lambda _, w=watcher: _settle_from_thread(loop, w))
         watchers.append(watcher)
     _, not_done = await asyncio.wait(watchers, timeout=timeout)
     return not not_done
+
+
+def _settle_from_thread(loop: asyncio.AbstractEventLoop, watcher: asyncio.Future) -> None:
+    """Mark ``watcher`` done on ``loop`` from a flush thread; nothing if the server has stopped since."""
+    if not loop.is_closed():  # a flush finishing after shutdown has no request left to answer
+        try:
+            loop.call_soon_threadsafe(_settle, watcher)
+        except RuntimeError:  # closed between the check and the call
+            pass
 
 
 def _settle(watcher: asyncio.Future) -> None:
