@@ -126,6 +126,7 @@ class OpenWindows:
         # PER SERVER query -> its newest window's settled minutes: (window start, minute -> paths of the files
         # covering it, the rows of those minutes merged per server with window_start the window's start), all µs
         self._settled: dict[tuple[str, int, str], tuple[int, dict[int, frozenset[str] | None], pa.Table]] = {}
+        self._results: dict[str, pa.Table] = {}  # path -> rows of a query_results file this driver wrote or read
 
     def rows_of(self, files: Iterable[DataFile]) -> list[pa.Table] | None:
         """The kept rows of each of ``files``, in their order; ``None`` unless every one is kept."""
@@ -140,6 +141,20 @@ class OpenWindows:
         only take memory.
         """
         self._rows = dict(written)
+
+    def result_rows(self, data_file: DataFile) -> pa.Table | None:
+        """The kept rows of ``query_results`` file ``data_file`` (every column of
+        :data:`~metrics_lake.lake_schemas.tables.QUERY_RESULTS`), or ``None``."""
+        return self._results.get(data_file.relative)
+
+    def remember_results(self, rows: Mapping[str, pa.Table]) -> None:
+        """After a committed ``query_results`` rewrite: keep ``rows`` (Delta log path -> every row of that file) and
+        forget the rest, so what is kept follows the files the last evaluation touched, not the run's history.
+
+        Call it only once the commit succeeded (a file of a failed commit is
+        never in a snapshot); a file named here must still be in the table.
+        """
+        self._results = dict(rows)
 
     def selection_of(self, data_file: DataFile, metrics: frozenset[str], columns: tuple[str, ...]) -> pa.Table | None:
         """``columns`` of the rows of ``metrics`` in ``data_file``, if kept: from a selection the last evaluation took
@@ -295,6 +310,11 @@ class OpenWindows:
     def selected_paths(self) -> list[str]:
         """The Delta log paths of the files a selection is kept of, sorted."""
         return sorted(self._selections)
+
+    @property
+    def result_paths(self) -> list[str]:
+        """The Delta log paths of the ``query_results`` files whose rows are kept, sorted."""
+        return sorted(self._results)
 
 
 def _key(query: StoredQuery) -> tuple[str, int, str]:

@@ -90,7 +90,7 @@ def upsert_query_results(
 
     def commit(table, advances: dict[int, int]) -> None:
         nonlocal written
-        files, removes, transactions = [], [], []
+        files, removes, transactions, open_files, untouched = [], [], [], {}, {}
         starts = dict(affected)
         cutoffs: dict[str, int | None] = {}  # adopted query -> rows ending after this (epoch µs) are replaced
         for query in queries:
@@ -127,16 +127,23 @@ def upsert_query_results(
             )
             # Only files holding a replaced row are rewritten: files of closed windows (and of other queries)
             # often overlap the range by their statistics but stay as they are.
-            rewritten, kept = [], []
+            rewritten, kept, untouched = [], [], {}
             for candidate in _result_files(store, table, starts, cutoffs, by_name):
-                keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start", "window_end"])
-                if not _replaced_mask(keys, replaced, cutoffs).any():
+                existing = open_windows.result_rows(candidate) if open_windows is not None else None
+                if existing is None:
+                    keys = read_data_files(store, [candidate], QUERY_RESULTS, ["query", "window_start", "window_end"])
+                    if not _replaced_mask(keys, replaced, cutoffs).any():
+                        continue
+                    existing = read_data_files(store, [candidate], QUERY_RESULTS).select(QUERY_RESULTS.names)
+                replaced_rows = _replaced_mask(existing, replaced, cutoffs)
+                if not replaced_rows.any():
+                    untouched[candidate.relative] = existing  # kept rows of a file this batch leaves as it is
                     continue
-                existing = read_data_files(store, [candidate], QUERY_RESULTS)
                 rewritten.append(candidate)
-                kept.append(existing.filter(pa.array(~_replaced_mask(existing, replaced, cutoffs))))
-            rows = pa.concat_tables([*(k.select(QUERY_RESULTS.names) for k in kept), results])
-            files, _ = write_window_files(store, rows, None if watermark is None else watermark * 1000, name=QUERIES)
+                kept.append(existing.filter(pa.array(~replaced_rows)))
+            rows = pa.concat_tables([*kept, results])
+            sealed_before_us = None if watermark is None else watermark * 1000
+            files, open_files = write_window_files(store, rows, sealed_before_us, name=QUERIES)
             removes = [remove_action(f) for f in rewritten]
             written = results.num_rows
         commit_changes(
@@ -147,6 +154,10 @@ def upsert_query_results(
             transactions=offset_transactions(CONSUMER, plan.topic, advances) + transactions,
             operation="STREAMING QUERIES",
         )
+        if open_windows is not None and (starts or cutoffs):
+            # The open query windows' files this commit wrote are the next batch's files to rewrite: their rows
+            # are kept instead of read back (a file is immutable and its name unique, so they are its content).
+            open_windows.remember_results(untouched | open_files)
 
     return written if commit_with_positions(store, tables, plan, QUERIES, commit) else 0
 

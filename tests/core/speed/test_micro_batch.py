@@ -37,7 +37,14 @@ from metrics_lake.core.tables.delta import LatestTables, open_table
 from metrics_lake.core.tables.snapshots import read_data_files, snapshot_files
 from metrics_lake.lake_schemas.errors import ConcurrentWriterError
 from metrics_lake.lake_schemas.log_records import with_dictionaries
-from metrics_lake.lake_schemas.tables import BRONZE_EVENTS, METRIC_WINDOWS_1M, QUARANTINE_EVENTS, Table, table_spec
+from metrics_lake.lake_schemas.tables import (
+    BRONZE_EVENTS,
+    METRIC_WINDOWS_1M,
+    QUARANTINE_EVENTS,
+    QUERY_RESULTS,
+    Table,
+    table_spec,
+)
 from tests.helpers import assert_quantile_within_bound, expected_windows, positions
 
 START_MS = 1_763_600_000_000 - 1_763_600_000_000 % 60_000  # a past minute boundary
@@ -279,35 +286,39 @@ def test_the_watermark_leaves_out_late_events_and_ignores_clocks_in_the_future(s
 def test_kept_open_windows_give_the_tables_reading_gives_and_files_they_do_not_hold_are_read(
     store, log, tmp_path, monkeypatch
 ):
-    """A stream keeps the rows of the open-window files it committed (OpenWindows) instead of reading them back:
-    the same windows and query results as a speed layer that reads every file, batch after batch; after a
-    restart, or once another writer rewrote a file it kept, the files are read again."""
+    """A stream keeps the rows of the open-window files it committed (OpenWindows), of ``metric_windows_1m`` and of
+    ``query_results``, instead of reading them back: the same windows and query results as a speed layer that reads
+    every file, batch after batch; after a restart, or once another writer rewrote a file it kept, the files are
+    read again."""
     events = FleetSimulator(servers=4, metrics=3, seconds=200, rate=2.0, seed=31, start_ms=START_MS).generate()
     reading = LocalStore(str(tmp_path / "reading"))
     produce(log, events, ["not json"])
     produce(SegmentLog(reading), events, ["not json"])
-    step, read_at = 0, []  # the batches whose windows upsert read the kept lake's window files
-    real_read = windows_commit.read_data_files
+    step, read_at = 0, {METRIC_WINDOWS_1M: [], QUERY_RESULTS: []}  # batches reading the kept lake's files whole
+    real_read = {module: module.read_data_files for module in (windows_commit, query_results_commit)}
 
-    def read_data_files(read_store, files, schema, columns=None, **options):
-        if read_store is store and schema is METRIC_WINDOWS_1M and columns is None and files:
-            read_at.append(step)
-        return real_read(read_store, files, schema, columns, **options)
+    for module in real_read:
 
-    monkeypatch.setattr(windows_commit, "read_data_files", read_data_files)
+        def read_data_files(read_store, files, schema, columns=None, module=module, **options):
+            if read_store is store and schema in read_at and columns is None and files:
+                read_at[schema].append(step)
+            return real_read[module](read_store, files, schema, columns, **options)
+
+        monkeypatch.setattr(module, "read_data_files", read_data_files)
     ends = end_offsets(log, TOPIC)
     kept = OpenWindows()
     for step in (1, 2, 3, 5, 8, 13, 21, 34):  # batches of a few seconds to a minute of events, out of 34 parts
         cut = {p: end * step // 34 for p, end in ends.items()}
         assert batch(store, cut, open_windows=kept).records == batch(reading, cut).records
-        assert kept.paths and set(kept.paths) <= {
-            f.relative for f in snapshot_files(store, WINDOWS, open_table(store, WINDOWS))
-        }
+        for name, paths in ((WINDOWS, kept.paths), (QUERIES, kept.result_paths)):
+            assert paths and set(paths) <= {f.relative for f in snapshot_files(store, name, open_table(store, name))}
         if step == 8:  # another writer rewrites the files kept (as a compaction would)
             rewrite_files(store, WINDOWS, kept.paths)
+            rewrite_files(store, QUERIES, kept.result_paths)
         if step == 21:
             kept = OpenWindows()  # a restarted stream holds nothing
-    assert read_at == [13, 34]  # every other batch read no window file
+    assert read_at[METRIC_WINDOWS_1M] == [13, 34]  # every other batch read no window file
+    assert sorted(set(read_at[QUERY_RESULTS])) == [13, 34]  # nor a query_results file it would rewrite
     assert_exact(store, log)
     for name, clock, key in ((WINDOWS, "updated_at", ()), (QUERIES, "computed_at", ("query", "aggregate"))):
         tables = [open_table(s, name).to_pyarrow_table().drop_columns([clock]) for s in (store, reading)]
@@ -386,6 +397,38 @@ def test_a_stream_forgets_the_merged_minutes_of_a_stored_query_removed_from_the_
     assert kept.queries == ["fleet_cpu", "peak_cpu"]
     results = open_table(store, QUERIES).to_pyarrow_table()
     assert set(results.column("query").to_pylist()) == {"fleet_cpu", "peak_cpu"}
+
+
+def test_kept_query_results_rows_of_windows_a_batch_does_not_touch_are_rewritten_unchanged(store, log, tmp_path):
+    """The open query windows of three queries share one ``query_results`` file (same start and end); a batch with
+    events of one metric replaces that query's rows and writes the other two's again from the rows the driver
+    kept, as a speed layer that reads the file writes them. A fourth query's window (another end, another file)
+    the batches leave as it is stays kept."""
+    reading = LocalStore(str(tmp_path / "reading"))
+    texts = {m: f"FROM * SELECT {m} WINDOW 5m COMPUTE max, avg" for m in "abc"} | {
+        "d": "FROM * SELECT d WINDOW 10m COMPUTE avg"
+    }
+    queries = [parse_query(f"peak_{m}", text) for m, text in texts.items()]
+
+    def events(metrics: str, second: int) -> list[str]:
+        at = START_MS - START_MS % 600_000 + second * 1000  # where a 5-minute and a 10-minute window start
+        return [json.dumps({"ts": at, "server": "s1", "metric": m, "value": float(second)}) for m in metrics]
+
+    kept = OpenWindows()
+    for metrics, second in (("abcd", 1), ("b", 20), ("b", 40)):
+        for lake in (log, SegmentLog(reading)):
+            produce(lake, payloads=events(metrics, second), partitions=1)
+        batch(store, queries=queries, rules=[], open_windows=kept)
+        batch(reading, queries=queries, rules=[])
+        assert len(kept.result_paths) == 2
+    tables = [open_table(s, QUERIES).to_pyarrow_table().drop_columns(["computed_at"]) for s in (store, reading)]
+    order = [("query", "ascending"), ("aggregate", "ascending")]
+    assert tables[0].sort_by(order).equals(tables[1].sort_by(order))
+    values = {(r["query"], r["aggregate"]): r["value"] for r in tables[0].to_pylist()}
+    assert values == {
+        ("peak_a", "max"): 1.0, ("peak_a", "avg"): 1.0, ("peak_b", "max"): 40.0, ("peak_b", "avg"): 61 / 3,
+        ("peak_c", "max"): 1.0, ("peak_c", "avg"): 1.0, ("peak_d", "avg"): 1.0,
+    }  # fmt: skip
 
 
 def rewrite_files(store, name: str, paths: list[str]) -> None:
