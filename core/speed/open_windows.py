@@ -65,6 +65,14 @@ the Parquet reader. Keeping every file of the hour instead held 43 MB at
 minute 7 of the hour (4,000 servers, the default queries), growing by about
 6 MB a minute until the hour ended.
 
+The ``query_results`` files of open query windows are rewritten by nearly
+every batch too (a window's rows replaced, the other queries' rows of the
+same window kept), and reading each candidate file's keys and then its rows
+was about a fifth of an in-process batch's time. The driver keeps the rows
+of the open-window files its last ``query_results`` commit wrote, and of the
+kept files that commit left as they were (:meth:`OpenWindows.remember_results`),
+and reads only the others.
+
 Memory: the rows of the files one commit wrote, about one minute's windows
 (at 200,000 series near a minute's end: about 120 MB, most of it sketches),
 plus the selections the last evaluation needed (for the default stored
@@ -72,7 +80,8 @@ queries: the CPU rows of the current quarter hour for ``server_cpu_15m``, and
 the rows of the minutes merged again, usually the current one), plus each
 query's merged minutes (a row per minute for a fleet-wide query, a row per
 group and minute for ``BY``), plus a row per server for each ``PER SERVER``
-query's newest window.
+query's newest window, plus the ``query_results`` rows of the open query
+windows (a row per aggregate and window, and per server for ``PER SERVER``).
 """
 
 from __future__ import annotations
@@ -108,7 +117,7 @@ def minute_files(files: Iterable[DataFile], lo_us: int, hi_us: int) -> dict[int,
 
 class OpenWindows:
     """Rows of the open-window files the speed layer committed last, selections of window files, by Delta log path,
-    and the stored queries' merged minutes.
+    the stored queries' merged minutes, and the rows of the ``query_results`` files the last evaluation wrote.
 
     One per running stream (its driver); not thread-safe (a stream commits
     one batch at a time). Kept rows are :data:`~metrics_lake.lake_schemas.tables.METRIC_WINDOWS_1M`
