@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from metrics_lake.core import keys
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.log.segment import decode_segment
+from metrics_lake.core.log.segment import decode_segment, read_segment_parts
 from metrics_lake.lake_schemas.errors import InputError
 from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD, LOG_RECORD, LOG_ROW, with_dictionaries
 
@@ -60,6 +60,7 @@ def _read_segments(
     for info in index.segments_for(start, end):
         with log.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
             records = decode_segment(source, record)
+            parts = read_segment_parts(source) if info.parts_in_footer else None
         lo = max(start, info.base_offset)
         hi = min(end, info.end_offset)
         records = records.slice(lo - info.base_offset, hi - lo)
@@ -71,7 +72,7 @@ def _read_segments(
                     pa.array(np.full(n, partition, dtype=np.int32)),
                     pa.array(np.arange(lo, hi, dtype=np.int64)),
                     *records.columns,
-                    pa.array(info.ingested_at(lo, hi)).cast(row.field("ingested_at").type),
+                    pa.array(info.ingested_at(lo, hi, parts)).cast(row.field("ingested_at").type),
                 ],
                 schema=row,
             )
@@ -108,10 +109,11 @@ def _read_keyed(log: SegmentLog, topic: str, partition: int, start: int) -> pa.T
     for info in index.segments_for(start, index.next_offset):
         with log.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
             records = decode_segment(source, INVENTORY_RECORD)
+            parts = read_segment_parts(source) if info.parts_in_footer else None
         if info.base_offset < start:
             records = records.filter(pc.greater_equal(records.column("offset"), start))
         offsets = records.column("offset").to_numpy(zero_copy_only=False)
-        appended = pa.array(info.append_times(offsets)).cast(KEYED_ROW.field("ingested_at").type)
+        appended = pa.array(info.append_times(offsets, parts)).cast(KEYED_ROW.field("ingested_at").type)
         pieces.append(records.append_column("ingested_at", appended).cast(KEYED_ROW))
     return pa.concat_tables(pieces) if pieces else KEYED_ROW.empty_table()
 

@@ -413,16 +413,24 @@ class PartitionIndex:
         return [info for info in self.segments[first:] if info.base_offset < end and info.end_offset > start]
 
     def appended_at(self, offset: int) -> int | None:
-        """Append time (epoch ms) of the record at ``offset``; None if the index holds no such record."""
+        """Append time (epoch ms) of the record at ``offset``, or a lower bound of it: the earliest append time of
+        its segment when that is a compacted one whose parts only its footer lists (the index alone cannot tell
+        them; :class:`~metrics_lake.core.log.segment.SegmentInfo`). None if the index holds no such record."""
         found = self.segments_for(offset, offset + 1)
-        return int(found[0].ingested_at(offset, offset + 1)[0]) if found else None
+        if not found:
+            return None
+        if found[0].parts_in_footer:
+            return found[0].earliest_appended_at
+        return int(found[0].ingested_at(offset, offset + 1)[0])
 
     def first_appended_at_or_after(self, ms: int) -> int:
         """First offset whose record was appended at or after ``ms`` (epoch ms); :attr:`next_offset` if none.
 
         Append times come from the writers' clocks, so they need not grow
         with offsets: every record appended at or after ``ms`` is at this
-        offset or later, but not every record after it was.
+        offset or later, but not every record after it was. Within a
+        compacted segment whose parts only its footer lists, the offset is
+        its first (its ``appended_at`` is its newest part's).
         """
         for info in self.segments:
             for base, at in info.parts or [[info.base_offset, info.appended_at]]:

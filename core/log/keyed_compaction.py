@@ -40,6 +40,7 @@ from metrics_lake.core.log.segment import (
     SEGMENT_SUFFIX,
     SegmentInfo,
     decode_segment,
+    read_segment_parts,
 )
 from metrics_lake.core.log.segment_compaction import PartitionCompaction, swap_into_index, write_run_segment
 from metrics_lake.lake_schemas.log_records import INVENTORY_RECORD
@@ -157,12 +158,15 @@ def _compacted(
     """The compacted segment replacing ``run`` (written), ``True`` if no record is kept, None if nothing changes."""
     if not run:
         return None
-    tables, appended = [], []
+    tables, appended, footer_parts = [], [], {}
     for info in run:
         with log_.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
             records = decode_segment(source, INVENTORY_RECORD)
+            if info.parts_in_footer:
+                footer_parts[info.name] = read_segment_parts(source)
         tables.append(records)
-        appended.append(info.append_times(records.column("offset").to_numpy(zero_copy_only=False)))
+        offsets = records.column("offset").to_numpy(zero_copy_only=False)
+        appended.append(info.append_times(offsets, footer_parts.get(info.name)))
     records = pa.concat_tables(tables).combine_chunks()
     codes = records.column("server").dictionary_encode().combine_chunks().indices.to_numpy(zero_copy_only=False)
     keep = kept_records(
@@ -180,4 +184,4 @@ def _compacted(
         return True
     kept = records.filter(pa.array(keep))
     name = _keyed_name(run[0].base_offset, run[-1].end_offset, kept.num_rows)
-    return write_run_segment(log_, topic, partition, run, kept, name)
+    return write_run_segment(log_, topic, partition, run, kept, name, footer_parts=footer_parts)

@@ -337,7 +337,7 @@ class PartitionWriter:
     def _stored_info(self, key: str) -> SegmentInfo:
         """The :class:`~metrics_lake.core.log.segment.SegmentInfo` of a stored segment (one GET; its size is the bytes read)."""
         data = self.store.read(key)
-        return read_segment_info(pa.BufferReader(data), len(data))
+        return read_segment_info(pa.BufferReader(data), len(data)).for_index()
 
     def _recover(self, info) -> PartitionIndex:
         """After a failed index swap: find out whether the append of ``info`` committed, and finish it if not.

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -84,7 +84,13 @@ class SegmentInfo:
     ``object_name`` of its own (``<base>-<end>.parquet``, so it never collides
     with the segments it replaces) and ``parts``: ``[base_offset,
     appended_at]`` of each merged segment, so every record keeps its original
-    append time; its ``appended_at`` is the newest part's.
+    append time; its ``appended_at`` is the newest part's. The parts are in
+    the segment's footer; the partition index's entry (:meth:`for_index`)
+    lists none and keeps their earliest append time, ``oldest_appended_at``:
+    a part per append merged (about 4 a second per partition at 40,000
+    events/s), a week of them would have made every process holding the
+    index hold millions of pairs. Entries written before that still list
+    their parts, and are read as before.
     """
 
     base_offset: int
@@ -98,6 +104,7 @@ class SegmentInfo:
     digests: dict[str, str] = field(default_factory=dict)
     object_name: str | None = None
     parts: list[list[int]] = field(default_factory=list)
+    oldest_appended_at: int | None = None
 
     @classmethod
     def from_json(cls, doc: dict) -> SegmentInfo:
@@ -113,16 +120,44 @@ class SegmentInfo:
         """The segment's object name in its partition."""
         return self.object_name or segment_name(self.base_offset)
 
-    def ingested_at(self, start: int, end: int) -> np.ndarray:
-        """Append time (epoch ms, int64) of each record with offset in ``[start, end)`` of this segment."""
-        return self.append_times(np.arange(start, end, dtype=np.int64))
+    @property
+    def parts_in_footer(self) -> bool:
+        """Whether this is an index entry of a compacted segment whose parts only its footer lists
+        (:func:`read_segment_parts`): its records' append times need them."""
+        return not self.parts and self.oldest_appended_at is not None
 
-    def append_times(self, offsets: np.ndarray) -> np.ndarray:
-        """Append time (epoch ms, int64) of the records at ``offsets`` (int64, within this segment)."""
+    @property
+    def earliest_appended_at(self) -> int:
+        """The earliest append time (epoch ms) of the segment's records, from this info alone."""
+        if self.parts:
+            return min(at for _, at in self.parts)
+        return self.appended_at if self.oldest_appended_at is None else self.oldest_appended_at
+
+    def for_index(self) -> SegmentInfo:
+        """This info as the partition index keeps it: a compacted segment's parts left to its footer, their
+        earliest append time kept (class docstring)."""
         if not self.parts:
+            return self
+        return replace(self, parts=[], oldest_appended_at=self.earliest_appended_at)
+
+    def ingested_at(self, start: int, end: int, parts: list[list[int]] | None = None) -> np.ndarray:
+        """Append time (epoch ms, int64) of each record with offset in ``[start, end)`` of this segment
+        (``parts`` as for :meth:`append_times`)."""
+        return self.append_times(np.arange(start, end, dtype=np.int64), parts)
+
+    def append_times(self, offsets: np.ndarray, parts: list[list[int]] | None = None) -> np.ndarray:
+        """Append time (epoch ms, int64) of the records at ``offsets`` (int64, within this segment).
+
+        ``parts``: the segment's footer's (:func:`read_segment_parts`), needed when
+        :attr:`parts_in_footer`; raises ``ValueError`` if they are missing then.
+        """
+        parts = self.parts or parts
+        if not parts:
+            if self.parts_in_footer:
+                raise ValueError(f"{self.name}: its append times need the parts in its footer")  # programming error
             return np.full(len(offsets), self.appended_at, dtype=np.int64)
-        bases = np.array([base for base, _ in self.parts], dtype=np.int64)
-        times = np.array([at for _, at in self.parts], dtype=np.int64)
+        bases = np.array([base for base, _ in parts], dtype=np.int64)
+        times = np.array([at for _, at in parts], dtype=np.int64)
         return times[np.searchsorted(bases, offsets, side="right") - 1]
 
     @property
@@ -131,8 +166,13 @@ class SegmentInfo:
         return self.end_offset - self.base_offset
 
     def to_json(self) -> dict:
-        """JSON-ready dict."""
-        return asdict(self)
+        """JSON-ready dict; ``parts`` and ``oldest_appended_at`` only if set (an appended segment has neither)."""
+        doc = asdict(self)
+        if not self.parts:
+            del doc["parts"]
+        if self.oldest_appended_at is None:
+            del doc["oldest_appended_at"]
+        return doc
 
     @cached_property
     def json_text(self) -> str:
@@ -161,7 +201,7 @@ def encode_segment(
     (default: ``base_offset`` plus the record count). ``requests``: the
     request keys of the records, by append time (epoch ms), kept in the
     footer for :func:`read_segment_requests`. Returns the bytes and
-    the :class:`SegmentInfo` for the index. Raises ``ValueError`` if
+    the :class:`SegmentInfo` for the index (:meth:`SegmentInfo.for_index`). Raises ``ValueError`` if
     ``records`` is empty or matches none of the schemas.
     """
     if records.num_rows == 0:
@@ -202,7 +242,7 @@ def encode_segment(
         if requests := {at: keys for at, keys in (requests or {}).items() if keys}:
             writer.add_key_value_metadata({_REQUESTS_KEY: json.dumps(requests).encode()})
     data = sink.getvalue()
-    return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)})
+    return data, SegmentInfo.from_json({**info.to_json(), "size_bytes": len(data)}).for_index()
 
 
 def read_segment_info(source, size_bytes: int) -> SegmentInfo:
@@ -215,6 +255,18 @@ def read_segment_info(source, size_bytes: int) -> SegmentInfo:
         raise IntegrityError("not a lake segment: its Parquet footer lacks the lake.segment metadata")
     fields = json.loads(metadata[_META_KEY])
     return SegmentInfo.from_json({**fields, "size_bytes": size_bytes})
+
+
+def read_segment_parts(source) -> list[list[int]]:
+    """The ``parts`` (``[base_offset, appended_at]`` of each segment merged) a compacted segment's footer lists;
+    ``[]`` for an appended segment. ``source``: a file-like object or Arrow file (only the footer is read).
+
+    Raises :class:`~metrics_lake.lake_schemas.errors.IntegrityError` for a Parquet file the log did not write.
+    """
+    metadata = pq.read_metadata(source).metadata or {}
+    if _META_KEY not in metadata:
+        raise IntegrityError("not a lake segment: its Parquet footer lacks the lake.segment metadata")
+    return [list(part) for part in json.loads(metadata[_META_KEY]).get("parts", [])]
 
 
 def read_segment_requests(source) -> dict[int, list[str]]:

@@ -45,6 +45,7 @@ from metrics_lake.core.log.segment import (
     decode_segment,
     encode_segment,
     read_segment_info,
+    read_segment_parts,
     read_segment_requests,
 )
 from metrics_lake.core.storage import ObjectExistsError, VersionConflictError
@@ -93,11 +94,13 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
     exactly their offsets' records, :class:`~metrics_lake.lake_schemas.errors.ConflictError` if
     another compaction wrote a different object under the merged name.
     """
-    tables, requests = [], {}
+    tables, requests, footer_parts = [], {}, {}
     for info in run:
         with log_.store.open_arrow(keys.partition_key(topic, partition, info.name)) as source:
             for at, request_keys in read_segment_requests(source).items():  # a new writer's retry checks read them
                 requests.setdefault(at, []).extend(request_keys)
+            if info.parts_in_footer:
+                footer_parts[info.name] = read_segment_parts(source)
             tables.append(decode_segment(source))
     records = pa.concat_tables(tables)
     base, end = run[0].base_offset, run[-1].end_offset
@@ -106,7 +109,8 @@ def _merge(log_: SegmentLog, topic: str, partition: int, run: list[SegmentInfo])
             f"{keys.partition_prefix(topic, partition)}: segments [{base}, {end}) hold {records.num_rows} records, "
             f"not {end - base}; nothing was compacted"
         )
-    return write_run_segment(log_, topic, partition, run, records, compacted_segment_name(base, end), requests)
+    name = compacted_segment_name(base, end)
+    return write_run_segment(log_, topic, partition, run, records, name, requests, footer_parts)
 
 
 def write_run_segment(
@@ -117,10 +121,13 @@ def write_run_segment(
     records: pa.Table,
     name: str,
     requests: dict[int, list[str]] | None = None,
+    footer_parts: dict[str, list[list[int]]] | None = None,
 ) -> SegmentInfo:
     """Write ``records`` as the one segment object ``name`` replacing ``run`` (offsets ``[run's base, run's
     end)``; its producers' sequences, digests and append parts merged, its newest append time and epoch, and
-    ``requests``, the run's request keys by append time); returns its info. A leftover object of that name from
+    ``requests``, the run's request keys by append time); returns its info for the index. ``footer_parts``: the
+    parts of each compacted segment of ``run`` whose index entry lists none, by name
+    (:func:`~metrics_lake.core.log.segment.read_segment_parts`). A leftover object of that name from
     a compaction that crashed before its index swap is reused if it covers the same range and parts, else
     :class:`~metrics_lake.lake_schemas.errors.ConflictError`.
     """
@@ -130,7 +137,7 @@ def write_run_segment(
     for info in run:  # in offset order, so the last segment naming a producer has its highest sequence
         producers.update(info.producers)
         digests.update(info.digests)
-    parts = [part for info in run for part in (info.parts or [[info.base_offset, info.appended_at]])]
+    parts = [part for info in run for part in _parts(info, footer_parts or {})]
     data, merged = encode_segment(
         records,
         base_offset=base,
@@ -154,8 +161,20 @@ def write_run_segment(
                 f"{key} exists and is not this run's compacted segment "
                 "(another compaction of the partition?); run the compaction again"
             ) from None
-        return existing
+        return existing.for_index()
     return merged
+
+
+def _parts(info: SegmentInfo, footer_parts: dict[str, list[list[int]]]) -> list[list[int]]:
+    """``[base_offset, appended_at]`` of each append ``info``'s segment holds: its own, if appended; its parts, if
+    compacted (listed by its index entry, else ``footer_parts[info.name]``)."""
+    if info.parts:
+        return info.parts
+    if info.parts_in_footer:
+        if info.name not in footer_parts:
+            raise ValueError(f"{info.name}: its parts must be read from its footer")  # programming error
+        return footer_parts[info.name]
+    return [[info.base_offset, info.appended_at]]
 
 
 def compact_partition(

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
+import numpy as np
 import pytest
 
+from metrics_lake.core import keys
 from metrics_lake.core.log.consumer import read_range
 from metrics_lake.core.log.consumer_groups import commit_offsets
 from metrics_lake.core.log.log import SegmentLog
-from metrics_lake.core.log.segment import SegmentInfo
+from metrics_lake.core.log.segment import SegmentInfo, read_segment_parts
 from metrics_lake.core.log.segment_compaction import compact_partition, compact_topic, plan_runs
 from metrics_lake.core.log.segment_retention import apply_log_retention, plan_log_retention
 from tests.core.log.test_log import records
@@ -58,7 +61,8 @@ def test_compaction_keeps_offsets_rows_and_append_times(any_store):
     log.ensure_topic("t", 1)
     fill(log, [3, 5, 1, 7, 2, 4])
     before = read_range(log, "t", 0, 0, 22)
-    old_names = [s.name for s in log.index("t", 0).segments]
+    appended = log.index("t", 0).segments
+    old_names = [s.name for s in appended]
 
     (result,) = compact_topic(log, "t", target_bytes=1 << 20, delete_delay_ms=60_000)
     assert (result.segments_before, result.segments_after, result.runs, result.deleted) == (6, 1, 1, 0)
@@ -67,6 +71,14 @@ def test_compaction_keeps_offsets_rows_and_append_times(any_store):
     assert read_range(log, "t", 0, 0, 22).equals(before)  # ingested_at per record too
     assert read_range(log, "t", 0, 4, 9).equals(before.slice(4, 5))
     assert index.last_seq("p") == 5
+    # The index lists no append of the merged segment (its footer does), only the earliest append time.
+    (merged,) = index.segments
+    assert merged.parts == [] and merged.oldest_appended_at == min(s.appended_at for s in appended)
+    assert b'"parts"' not in any_store.read(keys.index_key("t", 0))
+    with any_store.open_arrow(keys.partition_key("t", 0, merged.name)) as source:
+        assert read_segment_parts(source) == [[s.base_offset, s.appended_at] for s in appended]
+    assert index.appended_at(21) == merged.oldest_appended_at  # a lower bound, from the index alone
+    assert index.first_appended_at_or_after(merged.appended_at) == 0
     # Old objects stay for readers holding the previous index until the delete delay passes.
     assert set(old_names) <= set(any_store.list("log/t/0"))
     assert compact_partition(log, "t", 0, target_bytes=1 << 20, delete_delay_ms=0).deleted == 6
@@ -74,9 +86,26 @@ def test_compaction_keeps_offsets_rows_and_append_times(any_store):
 
     # The writer appends on top, and a second compaction merges the merged segment with the new ones.
     fill(log, [2, 2], producer="q")
+    grown = read_range(log, "t", 0, 0, 26)
     compact_partition(log, "t", 0, target_bytes=1 << 20, delete_delay_ms=0)
     assert [(s.base_offset, s.end_offset) for s in log.index("t", 0).segments] == [(0, 26)]
+    assert read_range(log, "t", 0, 0, 26).equals(grown)  # the first merge's parts came from its footer
     assert read_range(log, "t", 0, 0, 22).equals(before)
+
+
+def test_an_index_entry_listing_its_parts_still_gives_each_records_append_time():
+    """Entries of compacted segments written before the parts moved to the footer list them: they are read as
+    before, and their index form (what a rewrite keeps) gives the same times with the footer's parts."""
+    listed = SegmentInfo(0, 10, 1, 2, 300, 99, object_name="x", parts=[[0, 100], [4, 300], [7, 200]])
+    offsets = np.arange(10, dtype=np.int64)
+    times = [100] * 4 + [300] * 3 + [200] * 3
+    assert listed.append_times(offsets).tolist() == times
+    entry = listed.for_index()
+    assert (entry.parts, entry.oldest_appended_at, entry.parts_in_footer) == ([], 100, True)
+    assert entry.append_times(offsets, listed.parts).tolist() == times
+    assert SegmentInfo.from_json(json.loads(entry.json_text)) == entry
+    with pytest.raises(ValueError, match="footer"):
+        entry.append_times(offsets)
 
 
 def test_a_reader_with_a_stale_index_reads_the_compacted_segment(store):
