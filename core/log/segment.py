@@ -145,17 +145,26 @@ class SegmentInfo:
         (``parts`` as for :meth:`append_times`)."""
         return self.append_times(np.arange(start, end, dtype=np.int64), parts)
 
-    def append_times(self, offsets: np.ndarray, parts: list[list[int]] | None = None) -> np.ndarray:
-        """Append time (epoch ms, int64) of the records at ``offsets`` (int64, within this segment).
+    def appends(self, footer_parts: list[list[int]] | None = None) -> list[list[int]]:
+        """``[base_offset, appended_at]`` of each append the segment holds: its own if it was appended, its parts if
+        compacted (listed by this info, else ``footer_parts``, the footer's: :func:`read_segment_parts`).
 
-        ``parts``: the segment's footer's (:func:`read_segment_parts`), needed when
-        :attr:`parts_in_footer`; raises ``ValueError`` if they are missing then.
+        Raises ``ValueError`` if :attr:`parts_in_footer` and ``footer_parts`` is missing.
         """
-        parts = self.parts or parts
-        if not parts:
-            if self.parts_in_footer:
-                raise ValueError(f"{self.name}: its append times need the parts in its footer")  # programming error
-            return np.full(len(offsets), self.appended_at, dtype=np.int64)
+        if self.parts:
+            return self.parts
+        if self.parts_in_footer:
+            if not footer_parts:
+                raise ValueError(f"{self.name}: its appends are the parts in its footer")  # programming error
+            return footer_parts
+        return [[self.base_offset, self.appended_at]]
+
+    def append_times(self, offsets: np.ndarray, parts: list[list[int]] | None = None) -> np.ndarray:
+        """Append time (epoch ms, int64) of the records at ``offsets`` (int64, within this segment); ``parts`` as
+        ``footer_parts`` of :meth:`appends`."""
+        parts = self.appends(parts)
+        if len(parts) == 1:
+            return np.full(len(offsets), parts[0][1], dtype=np.int64)
         bases = np.array([base for base, _ in parts], dtype=np.int64)
         times = np.array([at for _, at in parts], dtype=np.int64)
         return times[np.searchsorted(bases, offsets, side="right") - 1]

@@ -137,7 +137,8 @@ def write_run_segment(
     for info in run:  # in offset order, so the last segment naming a producer has its highest sequence
         producers.update(info.producers)
         digests.update(info.digests)
-    parts = [part for info in run for part in _parts(info, footer_parts or {})]
+    footer_parts = footer_parts or {}
+    parts = [part for info in run for part in info.appends(footer_parts.get(info.name))]
     data, merged = encode_segment(
         records,
         base_offset=base,
@@ -163,18 +164,6 @@ def write_run_segment(
             ) from None
         return existing.for_index()
     return merged
-
-
-def _parts(info: SegmentInfo, footer_parts: dict[str, list[list[int]]]) -> list[list[int]]:
-    """``[base_offset, appended_at]`` of each append ``info``'s segment holds: its own, if appended; its parts, if
-    compacted (listed by its index entry, else ``footer_parts[info.name]``)."""
-    if info.parts:
-        return info.parts
-    if info.parts_in_footer:
-        if info.name not in footer_parts:
-            raise ValueError(f"{info.name}: its parts must be read from its footer")  # programming error
-        return footer_parts[info.name]
-    return [[info.base_offset, info.appended_at]]
 
 
 def compact_partition(

@@ -127,7 +127,7 @@ def upsert_query_results(
             )
             # Only files holding a replaced row are rewritten: files of closed windows (and of other queries)
             # often overlap the range by their statistics but stay as they are.
-            rewritten, kept, untouched = [], [], {}
+            rewritten, kept = [], []
             for candidate in _result_files(store, table, starts, cutoffs, by_name):
                 existing = open_windows.result_rows(candidate) if open_windows is not None else None
                 if existing is None:
