@@ -4,7 +4,10 @@
 ``/metrics``) from a registry of their own; every counter is fed by the
 stream's progress callback with a
 :class:`~metrics_lake.core.speed.micro_batch.BatchOutcome`, so a replayed batch
-that committed nothing counts nothing.
+that committed nothing counts nothing. ``lake_stream_batch_stage_seconds_total{stage}``
+adds up the wall seconds of each step of the batches (``plan``, ``tasks``, each
+table's commit): divided by ``lake_stream_batches_total`` over the same period it
+is the step's mean seconds per batch.
 
 For a stream that runs for months, gauges read at each scrape say whether
 anything grows that should not: the process's own (``process_*``:
@@ -99,6 +102,14 @@ class SpeedMetrics:
             buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=self.registry,
         )
+        # A counter per stage rather than a histogram: rate(stage) / rate(batches) is the stage's mean seconds per
+        # batch, which is what tells an operator which step a slower stream spends its time in.
+        self.stage_seconds = prom.Counter(
+            "lake_stream_batch_stage_seconds",
+            "Wall seconds spent in each step of the micro-batches (plan, tasks, each table's commit...).",
+            ["stage"],
+            registry=self.registry,
+        )
         for name in ("labels_per_event", "series_per_metric", "values_per_label"):
             self.limited.labels(name)  # shown at 0 before the first refusal
 
@@ -113,6 +124,8 @@ class SpeedMetrics:
         for name, count in outcome.limited.items():
             self.limited.labels(name).inc(count)
         self.seconds.observe(outcome.seconds)
+        for stage, seconds in outcome.stages.items():
+            self.stage_seconds.labels(stage).inc(seconds)
 
     def serve(self, host: str, port: int):
         """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns (server, thread)."""

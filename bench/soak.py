@@ -24,7 +24,10 @@ panel's latency and a warm analyst query's (the last 15 minutes of
 this process: the same snapshot every reader sees), and what the driver's
 allocators hold (its ``lake_process_*`` gauges: glibc malloc's bytes in use
 and kept free, pyarrow's pool; the times it gave free memory back so far):
-data held, against memory kept for reuse. At the end the agents
+data held, against memory kept for reuse; and the stream's mean batch
+seconds over the period, followed by a line of each step's mean seconds per
+batch (``lake_stream_batch_stage_seconds_total``): which step a slower
+stream spends its time in. At the end the agents
 stop, the stream catches up, and bronze must hold every acknowledged event
 exactly once (positions unique, count equal).
 
@@ -187,6 +190,27 @@ def active_files(text: str) -> dict[str, int]:
     }
 
 
+def batch_seconds(text: str) -> dict[str, float]:
+    """From the stream's ``/metrics`` text: the batches so far (``batches``), their total seconds (``total``) and
+    the seconds spent in each of their steps (by step name): counters, so two scrapes give a period's means."""
+    spent = {
+        "batches": gauge(text, "lake_stream_batch_seconds_count"),
+        "total": gauge(text, "lake_stream_batch_seconds_sum"),
+    }
+    for found in re.finditer(r'^lake_stream_batch_stage_seconds_total\{stage="([^"]+)"\} (\S+)$', text, re.M):
+        spent[found[1]] = float(found[2])
+    return spent
+
+
+def per_batch(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """Mean seconds per batch of each counter of :func:`batch_seconds` between two scrapes (``total``: the whole
+    batch); empty if no batch ran between them."""
+    batches = now["batches"] - before.get("batches", 0.0)
+    if not batches > 0:
+        return {}
+    return {name: (value - before.get(name, 0.0)) / batches for name, value in now.items() if name != "batches"}
+
+
 def gauge(text: str, name: str) -> float:
     """The value of unlabelled gauge ``name`` in a ``/metrics`` text (NaN if absent)."""
     found = re.search(rf"^{name} (\S+)$", text, re.M)
@@ -238,11 +262,12 @@ def main() -> None:
     driver_rss: list[int] = []
     gateway_rss: list[int] = []
     next_panel = next_report = started
+    spent_before: dict[str, float] = {}
     print(
         f"{'min':>5} {'gateway':>9} {'driver':>9} {'stream tree':>12} {'dashboard':>10} "
         + " ".join(f"{t[:12]:>12}" for t in TABLES)
         + f" {'lag p99 s':>10} {'panel s':>8} {'query s':>8} {'acked ev/s':>11} {'driver min-max':>15}"
-        + f" {'malloc used':>12} {'malloc free':>12} {'arrow':>6} {'releases':>9} {'gateway min-max':>16}",
+        + f" {'malloc used':>12} {'malloc free':>12} {'arrow':>6} {'releases':>9} {'gateway min-max':>16} {'batch s':>8}",
         flush=True,
     )
     try:
@@ -270,6 +295,8 @@ def main() -> None:
                     for name in ("malloc_in_use", "malloc_free", "arrow_allocated")
                 )
                 releases = gauge(scraped, "lake_process_malloc_releases_total")
+                spent = batch_seconds(scraped)
+                means, spent_before = per_batch(spent, spent_before), spent
                 minutes = (now - started) / 60
                 rate = agents.acked / max(now - started, 1e-9)
                 print(
@@ -279,9 +306,11 @@ def main() -> None:
                     + f" {np.percentile(lags, 99):>10.1f} {np.median(panel_seconds):>8.3f} {analyst_query(root):>8.3f}"
                     f" {rate:>11,.0f} {low_high(driver_rss):>15}"
                     f" {malloc_used / 2**20:>12,.0f} {malloc_free / 2**20:>12,.0f} {arrow / 2**20:>6,.0f}"
-                    f" {releases:>9,.0f} {low_high(gateway_rss):>16}",
+                    f" {releases:>9,.0f} {low_high(gateway_rss):>16} {means.get('total', float('nan')):>8.3f}",
                     flush=True,
                 )
+                steps = ", ".join(f"{name} {seconds:.3f}" for name, seconds in means.items() if name != "total")
+                print(f"{'':>5} batch steps, mean s: {steps}", flush=True)
                 lags, panel_seconds, driver_rss, gateway_rss = [], [], [], []
     finally:
         agents.stop.set()
