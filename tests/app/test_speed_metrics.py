@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from metrics_lake.agents.simulator import FleetSimulator
 from metrics_lake.app.speed_metrics import SpeedMetrics
 from metrics_lake.core.log.consumer import end_offsets
-from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
 from metrics_lake.core.speed.micro_batch import run_batch_in_process
 from metrics_lake.core.speed.progress import POSITION_TABLES
@@ -64,8 +63,7 @@ def test_batches_rows_stage_seconds_and_the_lakes_size_are_exported(store, log):
         delta = DeltaTable(table_uri(store, table))
         assert got[("lake_table_active_files", (("table", str(table)),))] == len(delta.file_uris())
         assert got[("lake_table_version", (("table", str(table)),))] == delta.version()
-    segments_log = SegmentLog(store)
-    listed = {partition: len(segments_log.index(TOPIC, partition).segments) for partition in range(2)}
+    listed = {partition: len(log.index(TOPIC, partition).segments) for partition in range(2)}
     assert sum(listed.values()) >= 2  # a segment per producer at least
     for partition, count in listed.items():
         assert got[("lake_log_segments", (("partition", str(partition)),))] == count
