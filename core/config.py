@@ -194,8 +194,9 @@ class LakeSettings(BaseSettings):
     compaction_interval_seconds: float = Field(
         30.0,
         ge=0,
-        description="`lake stream` merges the small files its batches leave at most this often, between batches "
-        "(continuous compaction; 0: never, leave it to `lake compact`).",
+        description="`lake stream` merges the small files its batches leave this often, on a thread beside its "
+        "batches (continuous compaction; seconds from the end of one round to the start of the next; 0: never, "
+        "leave it to `lake compact`).",
     )
     compaction_target_bytes: int = Field(
         64 * 1024 * 1024,

@@ -1,13 +1,13 @@
-"""Continuous compaction of the speed layer's tables: small files merged between micro-batches, by size tier.
+"""Continuous compaction of the speed layer's tables: small files merged beside the micro-batches, by size tier.
 
 A stream at one batch a second adds files to every table it writes, each
 batch: a bronze file per partition, a sealed windows and query-results file
 per day, an ``alerts`` file when a rule changes state. Left alone they pile up
 (about 260,000 bronze files a day), and every reader lists and plans them.
 The stream therefore merges them as it runs (:func:`compact_speed_tables`,
-called between batches at most every ``LAKE_COMPACTION_INTERVAL_SECONDS``,
-in the same process and through the same gate as the batches, so it never
-races them):
+a round every ``LAKE_COMPACTION_INTERVAL_SECONDS`` on a thread of its own,
+beside the batches: a merge of a size tier of 64 MiB files takes seconds, and
+run between batches it stalled the stream that long):
 
 - Per table and day partition of its newest two days (older days are left to
   the nightly ``lake compact``), the files a compaction may touch are sorted
@@ -24,6 +24,25 @@ races them):
   stream's own to rewrite.
 - ``last_seen`` is rewritten whole by every batch (one active file): nothing
   to merge; its removed files go with VACUUM.
+
+Why a round merges beside the batches but commits between them: delta-rs
+1.6 does not fail a commit that removes a file a concurrent
+``dataChange=false`` commit removed (see
+:func:`metrics_lake.core.leases.maintenance_lease`), so a round committing
+while a batch that rewrites the same file plans would leave both rewrites'
+rows; and it fails a round's commit after any concurrent commit that
+removed a file of the table ("a concurrent transaction deleted data this
+operation read": a commit without a read predicate counts as reading the
+whole table), which nearly every batch does to ``metric_windows_1m`` and
+``query_results``, so a merge that takes seconds would hardly ever commit.
+A round therefore writes its merged files beside the batches, where its time
+goes, and commits in the stream's *commit slot* (``commit_slot``: a batch
+neither plans nor commits meanwhile; ``lake stream``'s batch gate) on the
+table's latest snapshot, once it has checked that every file it removes is
+still active there. Should the stream have rewritten one meanwhile (it never
+rewrites a closed window's file, but a stored query adopted from where its
+backfill stopped may: :mod:`metrics_lake.core.speed.table_commits.query_results`),
+the round plans again.
 
 Each merge is one Delta commit with ``dataChange=false`` (rows and their
 positions unchanged; time travel keeps working until VACUUM). It holds the
@@ -57,6 +76,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,16 +87,17 @@ from deltalake import DeltaTable
 
 from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.commits import commit_changes, remove_action, retry_on_conflict
+from metrics_lake.core.tables.commits import COMMIT_ATTEMPTS, commit_changes, remove_action, retry_on_conflict
 from metrics_lake.core.tables.delta import LOG_RETENTION, TOMBSTONE_RETENTION, LatestTables
 from metrics_lake.core.tables.file_merge import merge_data_files
 from metrics_lake.core.tables.snapshots import DataFile, snapshot_files
-from metrics_lake.lake_schemas.errors import LeaseHeldError
+from metrics_lake.lake_schemas.errors import ConflictError, LeaseHeldError
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
 __all__ = [
     "COMPACTED_TABLES",
     "LEASE_TTL_MS",
+    "CommitSlot",
     "CompactionPolicy",
     "CompactionRound",
     "clean_delta_log",
@@ -126,6 +147,17 @@ class CompactionRound:
     skipped: list[str] = field(default_factory=list)
     vacuumed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+
+
+#: Runs a round's commit where no batch of the stream plans or commits meanwhile (module docstring), unless the
+#: stream is stopping; returns whether it ran it.
+CommitSlot = Callable[[Callable[[], None]], bool]
+
+
+def _at_once(commit: Callable[[], None]) -> bool:
+    """The commit slot of a caller that runs a round between its batches: now."""
+    commit()
+    return True
 
 
 def size_tier(size_bytes: int, policy: CompactionPolicy) -> int | None:
@@ -205,14 +237,17 @@ def _merge(
     policy: CompactionPolicy,
     sealed_before_us: int | None,
     renew: Callable[[], None],
-):
-    """Merge every due group of ``name`` in one commit; returns (files merged away, files written).
+    commit_slot: CommitSlot,
+) -> tuple[int, int]:
+    """Merge every due group of ``name`` and commit them in one version in ``commit_slot``; returns (files merged
+    away, files written), (0, 0) if the slot did not run the commit (the stream is stopping).
 
     ``renew`` renews the maintenance lease before each group and before the commit (raising ``FencedError``, and
-    committing nothing, if another writer took it over)."""
+    committing nothing, if another writer took it over). Plans again, up to ``COMMIT_ATTEMPTS`` times, when a
+    file it would remove is no longer active at the commit (then raises :class:`~metrics_lake.lake_schemas.errors.ConflictError`)."""
 
-    def attempt() -> tuple[int, int]:
-        groups, table = _due(store, tables, name, policy, sealed_before_us)
+    def attempt() -> tuple[int, int] | None:
+        groups, _ = _due(store, tables, name, policy, sealed_before_us)
         if not groups:
             return 0, 0
         adds, removes = [], []
@@ -220,13 +255,32 @@ def _merge(
             renew()
             adds.append(merge_data_files(store, name, group))  # a row group at a time: bounded memory
             removes += [remove_action(f, data_change=False) for f in group]
-        renew()
-        commit_changes(
-            table, name, adds, removes, transactions=[], operation="CONTINUOUS COMPACTION", data_change=False
-        )
-        return len(removes), len(adds)
+        merged = {f.relative for group in groups for f in group}
+        outcome: list[tuple[int, int] | None] = [(0, 0)]  # the slot did not run the commit: nothing committed
 
-    return retry_on_conflict(attempt, f"{name} continuous compaction")
+        def commit() -> None:
+            renew()
+            latest = tables.latest(store, name)
+            if not merged <= {f.relative for f in snapshot_files(store, name, latest)}:
+                outcome[0] = None  # a batch rewrote one of them meanwhile: its rows are in that batch's file now
+                return
+            commit_changes(
+                latest, name, adds, removes, transactions=[], operation="CONTINUOUS COMPACTION", data_change=False
+            )
+            outcome[0] = len(removes), len(adds)
+
+        commit_slot(commit)
+        return outcome[0]
+
+    for _ in range(COMMIT_ATTEMPTS):
+        done = retry_on_conflict(attempt, f"{name} continuous compaction")
+        if done is not None:
+            return done
+        log.info("%s continuous compaction: a batch rewrote a file it merged; planning again", name)
+    raise ConflictError(
+        f"{name}: continuous compaction lost {COMMIT_ATTEMPTS} times to the stream rewriting the files it merged; "
+        "it tries again at its next round"
+    )
 
 
 def compact_speed_tables(
@@ -236,19 +290,27 @@ def compact_speed_tables(
     sealed_before_us: int | None,
     vacuum: bool = False,
     tables: LatestTables | None = None,
+    commit_slot: CommitSlot | None = None,
+    stop: threading.Event | None = None,
 ) -> CompactionRound:
     """One round of continuous compaction over the speed tables (module docstring); with ``vacuum``, VACUUM them too.
 
     ``sealed_before_us``: the watermark (epoch µs), below which windows are
     closed; None: no window is closed yet (windowed tables are left alone).
     Tables whose maintenance lease another writer holds are skipped
-    (:attr:`CompactionRound.skipped`). Raises what the store or a commit
-    raises after its retries (``CommitFailedError``).
+    (:attr:`CompactionRound.skipped`). ``commit_slot`` runs each commit
+    where no batch plans or commits (module docstring); None: at once (the
+    caller runs between batches). Once ``stop`` is set the round ends before
+    its next table (a merge under way finishes first). Raises what the store
+    or a commit raises after its retries (``CommitFailedError``,
+    :class:`~metrics_lake.lake_schemas.errors.ConflictError`).
     """
     started = time.monotonic()
     tables = tables or LatestTables()
     outcome = CompactionRound()
     for name, windowed in COMPACTED_TABLES.items():
+        if stop is not None and stop.is_set():
+            break
         if windowed and sealed_before_us is None:
             continue
         sealed = sealed_before_us if windowed else None
@@ -256,7 +318,7 @@ def compact_speed_tables(
             continue  # nothing to merge: no lease taken (a store write) for nothing
         try:
             with maintenance_lease(store, name, wait_s=0, ttl_ms=LEASE_TTL_MS) as renew:  # planned again under it
-                merged, written = _merge(store, tables, name, policy, sealed, renew)
+                merged, written = _merge(store, tables, name, policy, sealed, renew, commit_slot or _at_once)
         except LeaseHeldError:
             outcome.skipped.append(name)
             continue
@@ -264,7 +326,7 @@ def compact_speed_tables(
             outcome.merged[name], outcome.written[name] = merged, written
     for name in VACUUMED_TABLES:
         clean_delta_log(tables.latest(store, name))
-    if vacuum and policy.vacuum_hours:
+    if vacuum and policy.vacuum_hours and not (stop is not None and stop.is_set()):
         for name in VACUUMED_TABLES:
             try:
                 with maintenance_lease(store, name, wait_s=0, ttl_ms=LEASE_TTL_MS):

@@ -46,6 +46,7 @@ from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.maintenance.continuous_compaction import (
     VACUUMED_TABLES,
+    CommitSlot,
     CompactionPolicy,
     CompactionRound,
     compact_speed_tables,
@@ -65,6 +66,7 @@ from metrics_lake.spark.datasources.log_source import limit_offsets
 
 __all__ = [
     "BatchGate",
+    "CompactionWorker",
     "catch_up",
     "checkpoint_location",
     "compact",
@@ -263,11 +265,15 @@ class BatchGate:
         self._closed = False
         self._stop = stop or threading.Event()
 
-    def run(self, batch: Callable[[], None]) -> None:
-        """Run ``batch()`` unless the gate is closed. Its errors propagate."""
+    def run(self, batch: Callable[[], None]) -> bool:
+        """Run ``batch()`` unless the gate is closed; returns whether it ran. Its errors propagate. Also the
+        commit slot of continuous compaction (:class:`CompactionWorker`): a round's commit taken through the
+        gate never meets a batch's planning or commit."""
         with self._lock:
-            if not (self._closed or self._stop.is_set()):
-                batch()
+            if self._closed or self._stop.is_set():
+                return False
+            batch()
+            return True
 
     def close(self) -> None:
         """Let no batch start from now on, once the one running (if any) has ended."""
@@ -350,10 +356,17 @@ def compaction_policy(settings: LakeSettings) -> CompactionPolicy:
 
 
 def compact(
-    settings: LakeSettings, *, vacuum: bool = False, tables: LatestTables | None = None, store: Store | None = None
+    settings: LakeSettings,
+    *,
+    vacuum: bool = False,
+    tables: LatestTables | None = None,
+    store: Store | None = None,
+    commit_slot: CommitSlot | None = None,
+    stop: threading.Event | None = None,
 ) -> CompactionRound:
     """One round of continuous compaction of the speed tables (and VACUUM with ``vacuum``), closed windows being those
-    before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`).
+    before the windows table's watermark (:func:`~metrics_lake.core.maintenance.continuous_compaction.compact_speed_tables`:
+    its commits in ``commit_slot``, at once without one; ``stop`` ends it before its next table).
 
     The log's segments are not the stream's to merge: it may only read ``log/`` (``lake compact --log-only`` and
     the compaction DAG do, with write access there). Afterwards the process gives the memory malloc keeps free
@@ -368,11 +381,75 @@ def compact(
             sealed_before_us=None if watermark_ms is None else watermark_ms * 1000,
             vacuum=vacuum,
             tables=tables,
+            commit_slot=commit_slot,
+            stop=stop,
         )
     finally:
         # A round's merges are this process's largest, rarest allocations: malloc keeps freed memory for the
         # next batch (metrics_lake.core.arrow_memory), and would keep their peak resident for good.
         release_freed_memory()
+
+
+class CompactionWorker:
+    """Continuous compaction beside a running stream: a round (:func:`compact`) every
+    ``LAKE_COMPACTION_INTERVAL_SECONDS`` after the last one ended, with VACUUM every
+    ``LAKE_VACUUM_INTERVAL_SECONDS``, on a thread of its own; each commit of a round through the stream's
+    ``gate`` (:meth:`BatchGate.run`), between two batches.
+
+    Why not the whole round between batches: a round that merges a size
+    tier of large files takes seconds (8.4 s for 8 window files at minute 59
+    of the 2-hour soak, docs/performance.md), and run between batches it
+    stalled the stream that long; its commit takes milliseconds. The merge's
+    work is Parquet decoding and encoding, which releases the GIL. A round
+    that fails is logged and tried again at the next interval. It has its
+    own store and snapshots (:class:`~metrics_lake.core.tables.delta.LatestTables`
+    is not for concurrent use).
+    """
+
+    #: How long :meth:`close` waits for a round under way (seconds): a merge group is written within the
+    #: maintenance lease's 30 s; one still running after this is abandoned (nothing committed; VACUUM removes
+    #: its files).
+    CLOSE_TIMEOUT_S = 60.0
+
+    def __init__(self, settings: LakeSettings, gate: BatchGate) -> None:
+        self._settings = settings
+        self._gate = gate
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lake-continuous-compaction", daemon=True)
+
+    def start(self) -> CompactionWorker:
+        """Start the rounds; returns self."""
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the rounds: the one under way ends after its current table, within :attr:`CLOSE_TIMEOUT_S`."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(self.CLOSE_TIMEOUT_S)
+            if self._thread.is_alive():
+                log.warning("a compaction round was still merging at exit; it committed nothing (VACUUM removes it)")
+
+    def _run(self) -> None:
+        settings = self._settings
+        tables, store = LatestTables(), open_store(settings)
+        last_vacuum = time.monotonic()
+        while not self._stop.wait(settings.compaction_interval_seconds):
+            vacuum_every = settings.vacuum_interval_seconds
+            vacuum = bool(vacuum_every) and time.monotonic() - last_vacuum >= vacuum_every
+            try:
+                compact(
+                    settings, vacuum=vacuum, tables=tables, store=store, commit_slot=self._gate.run, stop=self._stop
+                )
+            except Exception:  # noqa: BLE001 - a failed round is retried at the next interval
+                log.warning(
+                    "continuous compaction failed; retried in %.0f s",
+                    settings.compaction_interval_seconds,
+                    exc_info=True,
+                )
+                continue
+            if vacuum:
+                last_vacuum = time.monotonic()
 
 
 def catch_up(spark, settings: LakeSettings, progress: Callable[[BatchOutcome], None] | None = None) -> int:
@@ -430,10 +507,10 @@ def run_stream(
     stream does its idle work through the same gate: it evaluates absence
     rules and ``LakeNoData`` (:func:`idle_alerts`), so a log that gets no
     record at all still fires them (``alerted`` is called when that recorded
-    transitions: the alert relay's ``wake``), and every
-    ``LAKE_COMPACTION_INTERVAL_SECONDS`` a compaction round (:func:`compact`;
-    with VACUUM every ``LAKE_VACUUM_INTERVAL_SECONDS``). An idle step that
-    fails is logged and tried again at the next trigger.
+    transitions: the alert relay's ``wake``); an idle step that fails is
+    logged and tried again at the next trigger. Continuous compaction runs
+    beside the batches (:class:`CompactionWorker`, unless
+    ``LAKE_COMPACTION_INTERVAL_SECONDS`` is 0).
     """
     if once:
         catch_up(spark, settings, progress)
@@ -444,19 +521,12 @@ def run_stream(
     idle_tables = LatestTables()  # the idle work's own: LatestTables is not for concurrent use
     idle_store = open_store(settings)
     every = max(settings.trigger_seconds, 1.0)
-    last_idle = last_compaction = last_vacuum = time.monotonic()
+    last_idle = time.monotonic()
+    compaction = CompactionWorker(settings, gate).start() if settings.compaction_interval_seconds > 0 else None
 
     def idle() -> None:
-        nonlocal last_compaction, last_vacuum
         if idle_alerts(settings, idle_tables, idle_store) and alerted is not None:
             alerted()
-        now = time.monotonic()
-        if settings.compaction_interval_seconds and now - last_compaction >= settings.compaction_interval_seconds:
-            vacuum = bool(settings.vacuum_interval_seconds) and now - last_vacuum >= settings.vacuum_interval_seconds
-            compact(settings, vacuum=vacuum, tables=idle_tables, store=idle_store)
-            last_compaction = time.monotonic()
-            if vacuum:
-                last_vacuum = last_compaction
 
     try:
         # This query's termination: the session's awaitAnyTermination returns at once after any earlier query ended.
@@ -466,12 +536,12 @@ def run_stream(
                 try:
                     gate.run(idle)
                 except Exception:  # noqa: BLE001 - idle work that fails is retried at the next trigger
-                    log.warning(
-                        "idle alert evaluation or compaction failed; retried at the next trigger", exc_info=True
-                    )
+                    log.warning("idle alert evaluation failed; retried at the next trigger", exc_info=True)
         if query.exception() is not None:
             raise query.exception()
     finally:
         gate.close()
+        if compaction is not None:
+            compaction.close()
         if query.isActive:
             query.stop()

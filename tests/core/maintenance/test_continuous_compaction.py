@@ -1,9 +1,12 @@
-"""Continuous compaction: size tiers, and a stream compacting between batches keeps every table exact (the same rows
-as a twin lake never compacted) with a bounded number of files per day."""
+"""Continuous compaction: size tiers, and a stream compacting between its batches or beside them (a thread of rounds
+racing the batches' commits) keeps every table exact (the same rows as a twin lake never compacted) with a bounded
+number of files per day; a round whose merged file a batch rewrote before its commit plans again."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 
 import pyarrow as pa
@@ -18,6 +21,7 @@ from metrics_lake.core.kernels.stored_queries import parse_query
 from metrics_lake.core.log.consumer import end_offsets
 from metrics_lake.core.log.log import SegmentLog
 from metrics_lake.core.log.producer import Producer
+from metrics_lake.core.maintenance import continuous_compaction
 from metrics_lake.core.maintenance.continuous_compaction import (
     CompactionPolicy,
     compact_speed_tables,
@@ -58,51 +62,109 @@ def rows(store, name: str, columns: list[str]) -> list[tuple]:
     )
 
 
-def run_lake(root, start_ms: int, *, compact_every: int | None, batches: int = 48) -> tuple[LocalStore, list[int]]:
-    """``batches`` batches of 12 servers, one second of events each, 10 s apart from ``start_ms``; with
-    ``compact_every``, a compaction round after every that many batches (as the stream runs it between batches).
-    Returns the store and files per day after each round."""
-    store = LocalStore(str(root))
-    log = SegmentLog(store)
-    sim = FleetSimulator(servers=12, metrics=3, seconds=1, seed=3, start_ms=0).generate()
-    open_windows, tables = OpenWindows(), LatestTables()
-    policy = CompactionPolicy(target_bytes=4 * 1024 * 1024, min_files=3, vacuum_hours=0)
-    counts = []
-    with Producer(log, TOPIC, partitions=2, linger_ms=0) as producer:
-        for i in range(batches):
-            ts = pc.add(
-                pc.subtract(sim.column("ts").cast(pa.int64()), sim.column("ts").cast(pa.int64())), start_ms + i * 10_000
-            )
+POLICY = CompactionPolicy(target_bytes=4 * 1024 * 1024, min_files=3, vacuum_hours=0)
+
+
+def most_files(store) -> int:
+    """The most active files of bronze, the windows and the query results."""
+    return max(
+        len(snapshot_files(store, name, open_table(store, name)))
+        for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
+    )
+
+
+def compaction_round(store, tables: LatestTables, *, commit_slot=None, stop=None, sealed_before_us=None):
+    """A round as the stream runs one (closed windows those before the windows' watermark, unless given)."""
+    if sealed_before_us is None:
+        watermark = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(TOPIC))
+        sealed_before_us = None if watermark is None else watermark * 1000
+    return compact_speed_tables(
+        store, POLICY, sealed_before_us=sealed_before_us, tables=tables, commit_slot=commit_slot, stop=stop
+    )
+
+
+class Lake:
+    """A lake fed a batch at a time: 12 servers, one second of events each, batch ``i`` at ``start_ms + i * 10 s``,
+    run in process as the stream's driver runs it (open windows and snapshots kept)."""
+
+    def __init__(self, root, start_ms: int) -> None:
+        self.store = LocalStore(str(root))
+        self.log = SegmentLog(self.store)
+        self.sim = FleetSimulator(servers=12, metrics=3, seconds=1, seed=3, start_ms=0).generate()
+        self.open_windows, self.tables = OpenWindows(), LatestTables()
+        self.start_ms, self.batches = start_ms, 0
+
+    def batch(self) -> None:
+        """Produce and process the next batch."""
+        sim = self.sim
+        ts = pc.add(
+            pc.subtract(sim.column("ts").cast(pa.int64()), sim.column("ts").cast(pa.int64())),
+            self.start_ms + self.batches * 10_000,
+        )
+        with Producer(self.log, TOPIC, partitions=2, linger_ms=0) as producer:
             producer.send(sim.set_column(0, "ts", ts.cast(sim.schema.field("ts").type)))
-            producer.flush()
-            run_batch_in_process(
-                store,
-                TOPIC,
-                end_offsets(log, TOPIC),
-                watermark_seconds=10,
-                clock_skew_seconds=300,
-                queries=QUERIES,
-                rules=[],
-                open_windows=open_windows,
-                tables=tables,
-            )
-            if compact_every and (i + 1) % compact_every == 0:
-                watermark = tables.latest(store, Table.METRIC_WINDOWS_1M).transaction_version(watermark_app_id(TOPIC))
-                compact_speed_tables(store, policy, sealed_before_us=watermark * 1000, tables=LatestTables())
-                counts.append(
-                    max(
-                        len(snapshot_files(store, name, open_table(store, name)))
-                        for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS)
-                    )
-                )
-    return store, counts
+        run_batch_in_process(
+            self.store,
+            TOPIC,
+            end_offsets(self.log, TOPIC),
+            watermark_seconds=10,
+            clock_skew_seconds=300,
+            queries=QUERIES,
+            rules=[],
+            open_windows=self.open_windows,
+            tables=self.tables,
+        )
+        self.batches += 1
 
 
-def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounded(tmp_path):
+def run_lake(
+    root, start_ms: int, *, compact_every: int | None, beside: bool = False, batches: int = 48
+) -> tuple[LocalStore, list[int]]:
+    """``batches`` batches (:class:`Lake`); with ``compact_every``, a compaction round after every that many
+    batches (as ``lake stream --once`` runs one after its batches); with ``beside``, rounds back to back on a
+    thread from the first batch on, committing between batches (as ``lake stream`` runs them, its batch gate a
+    lock here). Returns the store and files per day after each round that merged."""
+    lake = Lake(root, start_ms)
+    counts: list[int] = []
+    gate, stop, failures = threading.Lock(), threading.Event(), []
+
+    def between_batches(commit) -> bool:
+        with gate:
+            commit()
+        return True
+
+    def compact_beside() -> None:
+        own = LatestTables()
+        try:
+            while not stop.is_set():
+                if compaction_round(lake.store, own, commit_slot=between_batches, stop=stop).merged:
+                    counts.append(most_files(lake.store))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            failures.append(exc)
+
+    thread = threading.Thread(target=compact_beside)
+    for i in range(batches):
+        with gate:
+            lake.batch()
+        time.sleep(0.01)  # the gap between two triggers: a lock is not fair, and the stream's gate is free there
+        if beside and i == 0:
+            thread.start()
+        if compact_every and (i + 1) % compact_every == 0:
+            compaction_round(lake.store, LatestTables())
+            counts.append(most_files(lake.store))
+    if beside:
+        stop.set()
+        thread.join()
+        assert not failures, failures
+    return lake.store, counts
+
+
+@pytest.mark.parametrize("beside", [False, True], ids=["between batches", "beside batches"])
+def test_compacting_keeps_every_table_exact_and_the_files_bounded(tmp_path, beside):
     # One start for both lakes: computed in each, two runs straddling a minute would hold different events.
     start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 48 * 10_000 - 120_000
     plain, _ = run_lake(tmp_path / "plain", start_ms, compact_every=None)
-    compacted, counts = run_lake(tmp_path / "compacted", start_ms, compact_every=4)
+    compacted, counts = run_lake(tmp_path / "compacted", start_ms, compact_every=None if beside else 4, beside=beside)
     bronze = ["server", "metric", "ts", "value"]
     windows = ["metric", "server", "window_start", "count", "sum", "min", "max"]
     results = ["query", "server", "window_start", "aggregate", "value"]
@@ -116,7 +178,7 @@ def test_compacting_between_batches_keeps_every_table_exact_and_the_files_bounde
     plain_bronze = len(snapshot_files(plain, Table.BRONZE_EVENTS, open_table(plain, Table.BRONZE_EVENTS)))
     assert plain_bronze >= 48  # a file per batch and partition, uncompacted
     # A day keeps fewer than 3 x min_files small files per tier, plus the open windows' own files.
-    assert max(counts) <= 3 * 3 * 2 + 4, counts
+    assert counts and max(counts) <= 3 * 3 * 2 + 4, counts
     for name in (Table.BRONZE_EVENTS, Table.METRIC_WINDOWS_1M, Table.QUERY_RESULTS):
         history = open_table(compacted, name).history()
         assert any(h.get("lake.operation") == "CONTINUOUS COMPACTION" for h in history), name
@@ -164,3 +226,44 @@ def test_checkpoints_leave_out_the_tombstones_older_than_the_tables_tombstone_re
     checkpoint = tmp_path / "table" / "_delta_log" / f"{table.version():020d}.checkpoint.parquet"
     removes = pq.read_table(checkpoint, columns=["remove"]).column("remove").drop_null()
     assert len(removes) == 6
+
+
+def test_a_merge_whose_file_a_batch_rewrote_before_the_commit_slot_plans_again(tmp_path, caplog, monkeypatch):
+    """The check at the commit: a round over the windows merges every small file, open windows' too (as a stored
+    query adopted from where its backfill stopped would rewrite closed windows), and a batch runs in the commit
+    slot before the commit, rewriting an open window's file. Committed as planned, its rows would be in the table
+    twice."""
+    monkeypatch.setattr(continuous_compaction, "COMPACTED_TABLES", {Table.METRIC_WINDOWS_1M: True})
+    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 24 * 10_000 - 120_000
+    plain, _ = run_lake(tmp_path / "plain", start_ms, compact_every=None, batches=24)
+    lake = Lake(tmp_path / "raced", start_ms)
+    for _ in range(23):
+        lake.batch()
+    slots = []
+
+    def batch_first(commit) -> bool:
+        if not slots:
+            lake.batch()  # the 24th batch, between the merge and its commit
+        slots.append(commit)
+        commit()
+        return True
+
+    with caplog.at_level(logging.INFO, logger="metrics_lake.core.maintenance.continuous_compaction"):
+        compaction = compaction_round(lake.store, LatestTables(), commit_slot=batch_first, sealed_before_us=2**62)
+    assert any("a batch rewrote a file it merged; planning again" in r.message for r in caplog.records)
+    assert compaction.merged[Table.METRIC_WINDOWS_1M] >= POLICY.min_files
+    columns = ["metric", "server", "window_start", "count", "sum", "min", "max"]
+    assert rows(lake.store, Table.METRIC_WINDOWS_1M, columns) == rows(plain, Table.METRIC_WINDOWS_1M, columns)
+
+
+def test_a_round_ends_before_its_next_table_once_stopped_and_commits_nothing_the_slot_refuses(tmp_path):
+    start_ms = int(time.time() * 1000) // 60_000 * 60_000 - 12 * 10_000 - 120_000
+    store, _ = run_lake(tmp_path, start_ms, compact_every=None, batches=12)
+    versions = {name: open_table(store, name).version() for name in (Table.BRONZE_EVENTS, Table.QUERY_RESULTS)}
+    refused = compaction_round(store, LatestTables(), commit_slot=lambda commit: False)  # the stream is stopping
+    assert not refused.merged
+    stop = threading.Event()
+    stop.set()
+    assert not compaction_round(store, LatestTables(), stop=stop).merged
+    assert {name: open_table(store, name).version() for name in versions} == versions
+    assert compaction_round(store, LatestTables()).merged.get(Table.BRONZE_EVENTS)  # there was something to merge
