@@ -251,3 +251,38 @@ def test_a_kept_table_is_refreshed_only_when_another_commit_exists(settings, sto
     _append(store, 1)
     assert reader.table(Table.BRONZE_EVENTS).version() == 1 and refreshed_from == [0]
     assert reader.table(Table.BRONZE_EVENTS).version() == 1 and refreshed_from == [0]
+
+
+def test_a_kept_query_results_follows_the_stored_queries_progress_commit_by_commit(settings, store):
+    """The panel asks ``query_results`` for a query's progress (three ``txn`` versions) on every request: the kept
+    table follows the commits instead of asking delta-rs each time, and its answers are those of a table opened
+    afresh."""
+    from deltalake import Transaction
+
+    from metrics_lake.core.speed.progress import live_revision_app_id, query_progress
+    from metrics_lake.core.tables.app_transactions import FollowedTable
+    from metrics_lake.core.tables.commits import commit_changes
+    from metrics_lake.core.tables.delta import ensure_table, open_table
+    from metrics_lake.lake_schemas.tables import Table
+
+    ensure_table(store, Table.QUERY_RESULTS)
+    query = parse_query("web_p99", "FROM web-* SELECT m.lat WINDOW 5m COMPUTE percentile(99)")
+    query = dataclasses.replace(query, revision=1)
+    reader = DashboardReader(settings, [query], refresh_seconds=0)
+    assert isinstance(reader.table(Table.QUERY_RESULTS), FollowedTable)
+    assert reader.query_status(query) == {"revision": 1, "live": False, "backfilled": False}
+    for revision in (1, 2):  # the stream adopts revision 1, then 2, in six commits each (a checkpoint between)
+        for _ in range(6):
+            commit_changes(
+                open_table(store, Table.QUERY_RESULTS),
+                Table.QUERY_RESULTS,
+                [],
+                [],
+                transactions=[Transaction(live_revision_app_id(query.name), revision)],
+                operation="WRITE",
+            )
+        kept = reader.table(Table.QUERY_RESULTS)
+        assert query_progress(kept, query.name) == query_progress(open_table(store, Table.QUERY_RESULTS), query.name)
+        assert query_progress(kept, query.name).live_revision == revision
+    assert reader.query_status(query)["live"] is False  # revision 1 is no longer the one evaluated
+    assert reader.query_status(dataclasses.replace(query, revision=2))["live"] is True
