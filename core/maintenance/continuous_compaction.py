@@ -84,14 +84,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
 
 from metrics_lake.core.leases import maintenance_lease
 from metrics_lake.core.storage import Store
-from metrics_lake.core.tables.commits import COMMIT_ATTEMPTS, commit_changes, remove_action, retry_on_conflict
+from metrics_lake.core.tables.commits import commit_changes, remove_action, retry_on_conflict
 from metrics_lake.core.tables.delta import LOG_RETENTION, TOMBSTONE_RETENTION, LatestTables
 from metrics_lake.core.tables.file_merge import merge_data_files
 from metrics_lake.core.tables.snapshots import DataFile, snapshot_files
-from metrics_lake.lake_schemas.errors import ConflictError, LeaseHeldError
+from metrics_lake.lake_schemas.errors import LeaseHeldError
 from metrics_lake.lake_schemas.tables import TABLES, Table
 
 __all__ = [
@@ -243,10 +244,10 @@ def _merge(
     away, files written), (0, 0) if the slot did not run the commit (the stream is stopping).
 
     ``renew`` renews the maintenance lease before each group and before the commit (raising ``FencedError``, and
-    committing nothing, if another writer took it over). Plans again, up to ``COMMIT_ATTEMPTS`` times, when a
-    file it would remove is no longer active at the commit (then raises :class:`~metrics_lake.lake_schemas.errors.ConflictError`)."""
+    committing nothing, if another writer took it over). A file it would remove that is no longer active at the
+    commit is a lost race like any other (``CommitFailedError``): planned again by :func:`retry_on_conflict`."""
 
-    def attempt() -> tuple[int, int] | None:
+    def attempt() -> tuple[int, int]:
         groups, _ = _due(store, tables, name, policy, sealed_before_us)
         if not groups:
             return 0, 0
@@ -256,31 +257,24 @@ def _merge(
             adds.append(merge_data_files(store, name, group))  # a row group at a time: bounded memory
             removes += [remove_action(f, data_change=False) for f in group]
         merged = {f.relative for group in groups for f in group}
-        outcome: list[tuple[int, int] | None] = [(0, 0)]  # the slot did not run the commit: nothing committed
 
         def commit() -> None:
             renew()
             latest = tables.latest(store, name)
             if not merged <= {f.relative for f in snapshot_files(store, name, latest)}:
-                outcome[0] = None  # a batch rewrote one of them meanwhile: its rows are in that batch's file now
-                return
+                # A batch rewrote one of them meanwhile (its rows are in that batch's file now): the conflict
+                # delta-rs does not detect for a dataChange=false remove (module docstring).
+                log.info("%s continuous compaction: a batch rewrote a file it merged; planning again", name)
+                raise CommitFailedError(f"{name}: a batch rewrote a file this compaction merged")
             commit_changes(
                 latest, name, adds, removes, transactions=[], operation="CONTINUOUS COMPACTION", data_change=False
             )
-            outcome[0] = len(removes), len(adds)
 
-        commit_slot(commit)
-        return outcome[0]
+        if not commit_slot(commit):
+            return 0, 0  # the stream is stopping: nothing committed (VACUUM removes the merged files)
+        return len(removes), len(adds)
 
-    for _ in range(COMMIT_ATTEMPTS):
-        done = retry_on_conflict(attempt, f"{name} continuous compaction")
-        if done is not None:
-            return done
-        log.info("%s continuous compaction: a batch rewrote a file it merged; planning again", name)
-    raise ConflictError(
-        f"{name}: continuous compaction lost {COMMIT_ATTEMPTS} times to the stream rewriting the files it merged; "
-        "it tries again at its next round"
-    )
+    return retry_on_conflict(attempt, f"{name} continuous compaction")
 
 
 def compact_speed_tables(
@@ -302,14 +296,17 @@ def compact_speed_tables(
     where no batch plans or commits (module docstring); None: at once (the
     caller runs between batches). Once ``stop`` is set the round ends before
     its next table (a merge under way finishes first). Raises what the store
-    or a commit raises after its retries (``CommitFailedError``,
-    :class:`~metrics_lake.lake_schemas.errors.ConflictError`).
+    or a commit raises after its retries (``CommitFailedError``).
     """
     started = time.monotonic()
     tables = tables or LatestTables()
     outcome = CompactionRound()
+
+    def stopped() -> bool:
+        return stop is not None and stop.is_set()
+
     for name, windowed in COMPACTED_TABLES.items():
-        if stop is not None and stop.is_set():
+        if stopped():
             break
         if windowed and sealed_before_us is None:
             continue
@@ -326,7 +323,7 @@ def compact_speed_tables(
             outcome.merged[name], outcome.written[name] = merged, written
     for name in VACUUMED_TABLES:
         clean_delta_log(tables.latest(store, name))
-    if vacuum and policy.vacuum_hours and not (stop is not None and stop.is_set()):
+    if vacuum and policy.vacuum_hours and not stopped():
         for name in VACUUMED_TABLES:
             try:
                 with maintenance_lease(store, name, wait_s=0, ttl_ms=LEASE_TTL_MS):
